@@ -1,0 +1,179 @@
+"""Run configuration: one flat dataclass whose defaults are the CPU smoke run.
+
+Every chapter and every CLI command resolves a run the same way:
+``configs/runs/<name>.yaml`` (keys are the fields below) overridden by CLI flags
+(``--key value``), validated in ``__post_init__`` before any process is launched.
+
+    smolfsdp train --config configs/runs/smoke.yaml --max_steps 20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENGINES = ("native", "trl")
+FSDP_VERSIONS = (1, 2)
+BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+MIXED_PRECISION = ("no", "bf16")
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot work; the message names the problem and the fix."""
+
+
+def nearest(name: str, options, n: int = 1) -> list[str]:
+    """Closest spellings of ``name`` among ``options`` (case-insensitive), best first."""
+    by_lower = {str(o).lower(): str(o) for o in options}
+    hits = difflib.get_close_matches(str(name).lower(), list(by_lower), n=n, cutoff=0.5)
+    return [by_lower[h] for h in hits]
+
+
+def _did_you_mean(name: str, options) -> str:
+    hits = nearest(name, options)
+    return f" Did you mean {hits[0]!r}?" if hits else ""
+
+
+@dataclass
+class TrainConfig:
+    """What to train and how to shard it. Defaults = the CPU smoke run (``make demo``)."""
+
+    # --- identity and output
+    name: str = "smoke"
+    output_dir: str = "runs"
+    seed: int = 0
+
+    # --- model and tokenizer
+    model: str = "tiny"  # "tiny" preset, a hub id (e.g. HuggingFaceTB/SmolLM3-3B) or a local path
+    tokenizer: str | None = None  # None: the bundled tokenizer for "tiny", the model's own otherwise
+    trust_remote_code: bool = False
+    wrap_class: str | None = None  # None: discovered from the model's _no_split_modules
+
+    # --- data
+    dataset: str = "bundled"  # "bundled", a local .jsonl/.json/.csv/.parquet file, or a hub id
+    dataset_config: str | None = None
+    dataset_split: str = "train"
+    columns: str = "auto"  # "auto" or a mapping name in smolfsdp.data.COLUMN_MAPPINGS
+    include_reasoning: bool = False
+    system_prompt: str | None = None
+    max_length: int = 256
+    eval_size: float = 0.1  # fraction (<1) or number of rows (>=1) held out for eval
+    max_rows: int | None = None
+
+    # --- distribution
+    engine: str = "native"  # "native" (plain PyTorch loop) or "trl" (TRL SFTTrainer)
+    fsdp_version: int = 1
+    nproc: int = 2
+    backward_prefetch: str = "BACKWARD_PRE"
+    state_dict_type: str = "SHARDED_STATE_DICT"
+    cpu_offload: bool = False
+    mixed_precision: str = "no"  # "no" (fp32) or "bf16"
+    activation_checkpointing: bool = False
+
+    # --- optimisation
+    num_train_epochs: float = 3.0
+    max_steps: int = -1  # > 0 overrides num_train_epochs
+    per_device_train_batch_size: int = 4
+    per_device_eval_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.05
+    lr_scheduler_type: str = "cosine"
+    max_grad_norm: float = 1.0
+
+    # --- logging, eval, checkpoints
+    logging_steps: int = 1
+    eval_steps: int = 10
+    save_steps: int = 0  # 0: no periodic checkpoints; the final model is always saved
+    save_final_model: bool = True
+
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes copied into summary.json
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine={self.engine!r} is not known; use one of {ENGINES}.{_did_you_mean(self.engine, ENGINES)}")
+        if int(self.fsdp_version) not in FSDP_VERSIONS:
+            raise ConfigError(f"fsdp_version={self.fsdp_version!r}: use 1 (FullyShardedDataParallel) or 2 (fully_shard).")
+        self.fsdp_version = int(self.fsdp_version)
+        self.backward_prefetch = str(self.backward_prefetch).upper()
+        if self.backward_prefetch not in BACKWARD_PREFETCH:
+            raise ConfigError(
+                f"backward_prefetch={self.backward_prefetch!r}: use one of {BACKWARD_PREFETCH}."
+                f"{_did_you_mean(self.backward_prefetch, BACKWARD_PREFETCH)}"
+            )
+        self.state_dict_type = str(self.state_dict_type).upper()
+        if self.state_dict_type not in STATE_DICT_TYPES:
+            raise ConfigError(f"state_dict_type={self.state_dict_type!r}: use one of {STATE_DICT_TYPES}.")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {MIXED_PRECISION}.")
+        if self.nproc < 1:
+            raise ConfigError(f"nproc={self.nproc}: need at least one process.")
+        if self.max_length < 8:
+            raise ConfigError(f"max_length={self.max_length} is too small; use at least 8 (256 for the smoke run).")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "logging_steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
+        if self.eval_size < 0:
+            raise ConfigError(f"eval_size={self.eval_size} must be >= 0 (fraction < 1 or a row count).")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate={self.learning_rate} must be > 0.")
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            raise ConfigError("Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing.")
+        if self.wrap_class is not None:
+            from smolfsdp.modeling import normalise_wrap_class_name
+
+            self.wrap_class = normalise_wrap_class_name(self.wrap_class)
+
+    # ------------------------------------------------------------------ I/O
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]
+
+
+def check_keys(keys, where: str) -> None:
+    """Raise ConfigError for keys that are not TrainConfig fields, suggesting the nearest one."""
+    valid = field_names()
+    for key in keys:
+        if key not in valid:
+            raise ConfigError(f"Unknown key {key!r} in {where}.{_did_you_mean(key, valid)} Valid keys: {', '.join(valid)}.")
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """Load ``configs/runs/*.yaml`` (optional) and apply ``overrides``; validate everything.
+
+    Raises:
+        ConfigError: a missing file, an unknown key (with the nearest valid one), or an invalid value.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"Run config {str(p)!r} does not exist. Named runs live in configs/runs/*.yaml.")
+        values = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{p} must hold a mapping of TrainConfig fields, got {type(values).__name__}.")
+        check_keys(values, str(p))
+    check_keys(overrides, "the overrides")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return TrainConfig(**values)

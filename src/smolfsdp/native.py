@@ -1,0 +1,285 @@
+"""The ``native`` engine: SmolLM3 fine-tuned in a plain PyTorch loop, sharded with FSDP1 or FSDP2.
+
+This is the path that really shards on CPU (gloo), so the smoke profile shows FSDP, not DDP. The
+loop is explicit: build, shard, then create the optimizer; each step all-reduces the number of
+label tokens so the loss is the mean over the global batch (gradients then equal a single-process
+run on the full batch); eval runs on every rank in lock-step; the final model is gathered to rank 0
+and saved with ``save_pretrained``.
+
+    torchrun --standalone --nproc-per-node 2 -m smolfsdp.cli train --config configs/runs/smoke.yaml
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from smolfsdp.data import IGNORE_INDEX, prepare_data
+from smolfsdp.distributed import DistInfo, all_gather_object
+from smolfsdp.modeling import build_model, count_parameters, decoder_layers, load_tokenizer, resolve_wrap_class
+
+log = logging.getLogger(__name__)
+
+
+class PadCollator:
+    """Right-pad ``input_ids`` with ``pad_id`` and ``labels`` with -100; build the attention mask."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        n = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), n), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((len(rows), n), dtype=torch.long)
+        for i, r in enumerate(rows):
+            k = len(r["input_ids"])
+            ids[i, :k] = torch.tensor(r["input_ids"])
+            labels[i, :k] = torch.tensor(r["labels"])
+            mask[i, :k] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[str, Any]]:
+    """Wrap ``model`` with FSDP1 or FSDP2 as ``cfg`` asks; return it and evidence of what happened."""
+    wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
+    n_layers = len(decoder_layers(model, wrap_cls))
+    param_dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
+    if cfg.activation_checkpointing and cfg.fsdp_version == 2:
+        _apply_activation_checkpointing(model, wrap_cls)
+    if cfg.fsdp_version == 1:
+        from smolfsdp import fsdp1
+
+        model = fsdp1.wrap_fsdp1(model, wrap_cls, device=info.device, backward_prefetch=cfg.backward_prefetch,
+                                 cpu_offload=cfg.cpu_offload, param_dtype=param_dtype)
+        units, local = len(fsdp1.fsdp_units(model)), fsdp1.local_numel(model)
+        param_type = "FlatParameter"
+    else:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        from smolfsdp import fsdp2
+
+        mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp_shard",))
+        offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else None
+        model.to(info.device)
+        fsdp2.apply_fsdp2(model, mesh, wrap_cls, mp_policy=fsdp2.default_mp_policy(cfg.mixed_precision),
+                          offload_policy=offload)
+        units, local = len(fsdp2.fsdp_units(model)), fsdp2.local_numel(model)
+        param_type = "DTensor"
+    if cfg.activation_checkpointing and cfg.fsdp_version == 1:
+        _apply_activation_checkpointing(model, wrap_cls)
+    evidence = {"wrap_class": wrap_cls.__name__, "decoder_layers": n_layers, "fsdp_units": units,
+                "parameter_type": param_type, "sharding_strategy": "FULL_SHARD"}
+    return model, {**evidence, "local_numel": local}
+
+
+def _apply_activation_checkpointing(model: nn.Module, wrap_cls: type[nn.Module]) -> None:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, wrap_cls))
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def count_label_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens that carry a loss after the causal shift (what HF's ForCausalLMLoss averages over)."""
+    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def forward_backward(model: nn.Module, micro_batches: list[dict[str, torch.Tensor]], world_size: int,
+                     device: torch.device) -> tuple[float, int]:
+    """Forward and backward over this rank's micro-batches of one optimizer step.
+
+    The loss of each micro-batch is its summed token loss divided by the label tokens of the whole
+    global batch (all ranks, all micro-batches; one all-reduce), times ``world_size`` because FSDP
+    averages gradients over ranks. The gradient is then exactly that of the mean token loss over the
+    global batch, as in a single-process run. Returns ``(global mean loss, global label tokens)``.
+    """
+    local_items = torch.tensor([sum(count_label_tokens(b) for b in micro_batches)], device=device)
+    dist.all_reduce(local_items)
+    n_items = int(local_items.item())
+    total = torch.zeros((), device=device)
+    for batch in micro_batches:
+        out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1))
+        (out.loss * world_size).backward()
+        total += out.loss.detach().float()
+    dist.all_reduce(total)
+    return float(total.item()), n_items
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, eval_ds, collator, batch_size: int, info: DistInfo) -> float:
+    """Mean token loss over the whole eval split. Rows are split over ranks; ranks with fewer rows
+    run fully-masked batches so every rank makes the same number of FSDP forward calls."""
+    model.eval()
+    idx = list(range(info.rank, len(eval_ds), info.world_size))
+    n_batches = math.ceil(math.ceil(len(eval_ds) / info.world_size) / batch_size)
+    sums = torch.zeros(2, device=info.device, dtype=torch.float64)
+    for b in range(n_batches):
+        rows = [eval_ds[i] for i in idx[b * batch_size:(b + 1) * batch_size]]
+        if not rows:  # keep collectives in step: one row, no labels
+            rows = [{**eval_ds[0], "labels": [IGNORE_INDEX] * len(eval_ds[0]["labels"])}]
+        batch = collator(rows)
+        n = count_label_tokens(batch)
+        out = model(**_to(batch, info.device), num_items_in_batch=1)  # loss = summed token loss
+        sums += torch.tensor([out.loss.double().item() if n else 0.0, n], device=info.device, dtype=torch.float64)
+    dist.all_reduce(sums)
+    model.train()
+    return float(sums[0] / sums[1])
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float, fsdp_version: int) -> float:
+    if fsdp_version == 1:
+        return float(model.clip_grad_norm_(max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def save_final_model(model: nn.Module, tokenizer, out_dir: Path, info: DistInfo) -> None:
+    """Gather the full state dict to rank 0 (a collective) and save it with ``save_pretrained``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # cpu_offload=True moves the gathered tensors to host memory on GPU runs; on a CPU-only FSDP1 run
+    # (torch 2.13, gloo) it crashes rank 0 with SIGSEGV, and the tensors are on the host already.
+    offload = info.device.type == "cuda"
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
+    if info.is_main:
+        inner = getattr(model, "module", model)
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        _replace_dir(tmp, out_dir)
+    dist.barrier()
+
+
+def _replace_dir(tmp: Path, out_dir: Path) -> None:
+    """Move a finished ``tmp`` into place; an existing ``out_dir`` is removed only after that."""
+    import shutil
+
+    old = out_dir.with_name(out_dir.name + ".old")
+    if out_dir.exists():
+        out_dir.replace(old)
+    tmp.replace(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
+    """Train ``cfg`` with the native engine on the current process group; return summary fields."""
+    from tqdm.auto import tqdm
+    from transformers import get_scheduler
+
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
+    data = prepare_data(cfg, tokenizer)
+    dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" and cfg.model != "tiny" else None
+    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+                        dtype=dtype)
+    total_params = count_parameters(model)
+    model, evidence = shard_model(model, cfg, info)
+    local = all_gather_object(evidence.pop("local_numel"))
+    # The optimizer sees the sharded parameters: created only now, after wrapping.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+    collator = PadCollator(tokenizer.pad_token_id)
+    sampler = DistributedSampler(data.train, num_replicas=info.world_size, rank=info.rank, shuffle=True,
+                                 seed=cfg.seed, drop_last=True)
+    loader = DataLoader(data.train, batch_size=cfg.per_device_train_batch_size, sampler=sampler,
+                        collate_fn=collator, drop_last=True)
+    steps_per_epoch = len(loader) // cfg.gradient_accumulation_steps
+    if steps_per_epoch == 0 and cfg.max_steps <= 0:
+        raise ValueError(f"{len(data.train)} training rows make no full step of "
+                         f"{cfg.per_device_train_batch_size} x {info.world_size} ranks x "
+                         f"{cfg.gradient_accumulation_steps}; lower the batch size or add rows.")
+    total_steps = cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
+    scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer,
+                              num_warmup_steps=math.ceil(cfg.warmup_ratio * total_steps),
+                              num_training_steps=total_steps)
+    log.info("model %s: %s parameters, %d FSDP units (%s), %d ranks; %d steps of %d sequences",
+             cfg.model, f"{total_params:,}", evidence["fsdp_units"], evidence["parameter_type"], info.world_size,
+             total_steps, cfg.per_device_train_batch_size * info.world_size * cfg.gradient_accumulation_steps)
+
+    def run_eval(step: int) -> float | None:
+        if data.eval is None:
+            return None
+        loss = evaluate(model, data.eval, collator, cfg.per_device_eval_batch_size, info)
+        writer.log({"split": "eval", "step": step, "eval_loss": loss})
+        return loss
+
+    eval_losses = [run_eval(0)]
+    epoch, batches = 0, None
+    sampler.set_epoch(epoch)
+    batches = iter(loader)
+    train_losses, tokens_total, t_train = [], 0, time.perf_counter()
+    bar = tqdm(total=total_steps, desc="train", disable=not info.is_main, dynamic_ncols=True)
+    for step in range(1, total_steps + 1):
+        t0 = time.perf_counter()
+        micro = []
+        while len(micro) < cfg.gradient_accumulation_steps:
+            try:
+                micro.append(next(batches))
+            except StopIteration:
+                epoch += 1
+                sampler.set_epoch(epoch)
+                batches = iter(loader)
+        loss, n_items = forward_backward(model, micro, info.world_size, info.device)
+        grad_norm = clip_grad_norm(model, cfg.max_grad_norm, cfg.fsdp_version)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if info.device.type == "cuda":
+            torch.cuda.synchronize(info.device)
+        step_ms = (time.perf_counter() - t0) * 1e3
+        # non-padding input tokens over all ranks (one small all-reduce, after the step is timed)
+        stats = torch.tensor([sum(int(b["attention_mask"].sum()) for b in micro)], device=info.device)
+        dist.all_reduce(stats)
+        tokens = int(stats.item())
+        tokens_total += tokens
+        train_losses.append(loss)
+        record = {"split": "train", "step": step, "epoch": round(step / max(steps_per_epoch, 1), 4), "loss": loss,
+                  "learning_rate": scheduler.get_last_lr()[0], "grad_norm": grad_norm, "step_time_ms": step_ms,
+                  "tokens": tokens, "label_tokens": n_items,
+                  "samples": cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size}
+        if step % cfg.logging_steps == 0 or step == total_steps:
+            writer.log(record)
+        bar.set_postfix(loss=f"{loss:.3f}")
+        bar.update()
+        if cfg.eval_steps > 0 and (step % cfg.eval_steps == 0) and step != total_steps:
+            eval_losses.append(run_eval(step))
+    bar.close()
+    eval_losses.append(run_eval(total_steps))
+    train_time = time.perf_counter() - t_train
+
+    final_dir = None
+    if cfg.save_final_model:
+        final_dir = writer.run_dir / "final_model"
+        save_final_model(model, tokenizer, final_dir, info)
+    return {
+        "requested": {"engine": "native", "strategy": f"fsdp{cfg.fsdp_version}", "sharding_strategy": "FULL_SHARD"},
+        "effective": {"strategy": f"fsdp{cfg.fsdp_version}",
+                      "reason": "native engine: torch.distributed.fsdp shards on any backend, gloo included",
+                      "evidence": evidence},
+        "params": {"total": total_params, "local_numel_per_rank": local,
+                   "fraction_per_rank": [round(n / total_params, 4) for n in local]},
+        "data": data.stats(),
+        "metrics": {"steps": total_steps, "train_loss_first": train_losses[0], "train_loss_last": train_losses[-1],
+                    "eval_loss_first": eval_losses[0], "eval_loss_last": eval_losses[-1],
+                    "train_runtime_s": round(train_time, 2), "tokens": tokens_total,
+                    "tokens_per_s": round(tokens_total / train_time, 1)},
+        "final_model": str(final_dir) if final_dir else None,
+    }

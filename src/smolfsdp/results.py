@@ -1,0 +1,134 @@
+"""One run folder format for every engine: ``runs/<name>/{config.yaml, metrics.jsonl, summary.json}``.
+
+Written by rank 0 of a run (:class:`RunWriter`), read by the chapters (:func:`load_run`).
+
+    python -c "from smolfsdp.results import load_run; print(load_run('runs/smoke').summary)"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
+
+
+def git_sha(cwd: str | Path | None = None) -> str | None:
+    from smolfsdp.data import repo_root
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or repo_root(), capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "trl", "peft", "accelerate", "datasets"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def hardware() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"platform": platform.platform(), "cpu_count": os.cpu_count()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_count"] = torch.cuda.device_count()
+        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
+    else:
+        info["gpu"] = None
+        info["gpu_count"] = 0
+    return info
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir``; an earlier run folder there is replaced, anything else is refused."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not (run_dir / "config.yaml").exists():
+            raise FileExistsError(f"{run_dir} exists, is not empty and is not a smolfsdp run folder; "
+                                  "choose another name or output_dir.")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+class RunWriter:
+    """Writes a run folder. Only the instance with ``enabled=True`` (rank 0) touches the disk."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool = True):
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.t0 = time.time()
+        self._fh = None
+        if enabled:
+            prepare_run_dir(self.run_dir)
+            self._fh = (self.run_dir / "metrics.jsonl").open("a", buffering=1)
+
+    def write_config(self, cfg) -> None:
+        if self.enabled:
+            cfg.save(self.run_dir / "config.yaml")
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps({**record, "time_s": round(time.time() - self.t0, 3)}) + "\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        path = self.run_dir / "summary.json"
+        if self.enabled:
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(summary, indent=2, default=str))
+            tmp.replace(path)  # atomic: a reader never sees half a summary
+        return path
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass
+class Run:
+    """A finished run, as the chapters read it."""
+
+    path: Path
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    summary: dict[str, Any]
+
+    @property
+    def train(self) -> pd.DataFrame:
+        return self.metrics[self.metrics["split"] == "train"].reset_index(drop=True)
+
+    @property
+    def eval(self) -> pd.DataFrame:
+        return self.metrics[self.metrics["split"] == "eval"].reset_index(drop=True)
+
+
+def load_run(path: str | Path) -> Run:
+    """Read ``runs/<name>/``. Raises FileNotFoundError naming the missing file."""
+    import yaml
+
+    path = Path(path)
+    for name in RUN_FILES:
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path / name} is missing: is {path} a finished smolfsdp run?")
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return Run(path, yaml.safe_load((path / "config.yaml").read_text()), pd.DataFrame(rows),
+               json.loads((path / "summary.json").read_text()))

@@ -1,0 +1,222 @@
+"""The fine-tune: SmolLM3 on medical Q&A, with the TRL engine or the native engine.
+
+``run(cfg)`` is what chapters and tests call: it checks the configuration before anything starts
+(:func:`preflight`), launches ``cfg.nproc`` processes with torchrun, and returns the run's summary.
+``train(cfg)`` is what each launched process runs.
+
+Engines:
+
+* ``trl``: TRL ``SFTTrainer`` with the seed run's FSDP settings passed as ``fsdp_config``
+  (FSDP1 by default, full shard, auto-wrap at ``SmolLM3DecoderLayer``, ``BACKWARD_PRE``,
+  ``SHARDED_STATE_DICT``, offload switch). On CPU accelerate does not enable FSDP and the Trainer
+  runs DDP instead; the summary says so.
+* ``native``: ``smolfsdp.native``, a plain PyTorch loop that shards with FSDP1 or FSDP2 everywhere.
+
+    smolfsdp train                                        # CPU smoke run, 2 processes, native FSDP1
+    smolfsdp train --engine trl                           # the TRL path (DDP on CPU, FSDP on GPUs)
+    smolfsdp train --config configs/runs/smollm3_3b_medical.yaml   # the real run, 2 GPUs
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from smolfsdp.config import TrainConfig
+from smolfsdp.data import prepare_data
+from smolfsdp.distributed import DistInfo, init_distributed, setup_logging, teardown
+from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
+from smolfsdp.results import RunWriter, git_sha, hardware, load_run, versions
+
+log = logging.getLogger(__name__)
+
+
+def preflight(cfg: TrainConfig) -> dict[str, Any]:
+    """Every check that can fail before processes start: tokenizer and chat template, data file,
+    column mapping, rows left after filtering and truncation, model preset, wrap class.
+
+    Raises ConfigError with the problem and the fix. Returns what it found (for logs).
+    """
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
+    data = prepare_data(cfg, tokenizer)
+    meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
+    wrap_cls = resolve_wrap_class(meta, cfg.wrap_class)
+    return {"data": data.stats(), "wrap_class": wrap_cls.__name__}
+
+
+def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None):
+    """Check ``cfg``, launch ``cfg.nproc`` processes, wait, and return the finished run (``results.Run``).
+
+    Raises ConfigError before launching on bad input, RuntimeError if the launched run fails.
+    """
+    from smolfsdp.launch import launch
+
+    preflight(cfg)
+    proc = launch(cfg, capture=capture, timeout=timeout)
+    if proc.returncode != 0:
+        tail = (proc.stdout or "")[-4000:] if capture else "(see the output above)"
+        raise RuntimeError(f"run {cfg.name!r} failed with exit code {proc.returncode}:\n{tail}")
+    result = load_run(cfg.run_dir)
+    result.log = proc.stdout if capture else None
+    return result
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """Body of one launched process: join the group, train, write the run folder (rank 0), tear down."""
+    info = init_distributed()
+    setup_logging(info.rank)
+    torch.manual_seed(cfg.seed)
+    writer = RunWriter(cfg.run_dir, enabled=info.is_main)
+    writer.write_config(cfg)
+    torch.distributed.barrier()
+    t0 = time.time()
+    try:
+        if cfg.engine == "native":
+            from smolfsdp.native import run_native
+
+            fields = run_native(cfg, info, writer)
+        else:
+            fields = run_trl(cfg, info, writer)
+        summary = {
+            "name": cfg.name, "engine": cfg.engine, "world_size": info.world_size, "backend": info.backend,
+            "device": info.device.type, "hardware": hardware(), "versions": versions(), "git_sha": git_sha(),
+            "wall_time_s": round(time.time() - t0, 2), **fields,
+        }
+        writer.write_summary(summary)
+        if info.is_main:
+            _log_summary(summary)
+    finally:
+        writer.close()
+    teardown()
+    return summary
+
+
+def _log_summary(s: dict[str, Any]) -> None:
+    eff, m = s["effective"], s["metrics"]
+    log.info("requested %s, ran %s (%s)", s["requested"]["strategy"], eff["strategy"], eff["reason"])
+    if "fraction_per_rank" in s.get("params", {}):
+        log.info("parameters held per rank: %s of %s", s["params"]["fraction_per_rank"], f"{s['params']['total']:,}")
+    log.info("eval loss %.3f -> %.3f over %d steps (%.1f s); run folder written", m.get("eval_loss_first") or float("nan"),
+             m.get("eval_loss_last") or float("nan"), m["steps"], m["train_runtime_s"])
+
+
+# ------------------------------------------------------------------------------- TRL engine
+def detect_effective(trainer) -> dict[str, Any]:
+    """What the Trainer actually did with the model: FSDP1, FSDP2, DDP or nothing, and why."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrapped = trainer.model_wrapped
+    acc = trainer.accelerator
+    evidence = {"accelerate_distributed_type": str(acc.distributed_type), "trainer_is_fsdp_enabled": trainer.is_fsdp_enabled,
+                "wrapper": type(wrapped).__name__}
+    modules = list(wrapped.modules())
+    if any(isinstance(m, FullyShardedDataParallel) for m in modules):
+        n = sum(isinstance(m, FullyShardedDataParallel) for m in modules)
+        return {"strategy": "fsdp1", "reason": "accelerate wrapped the model in FullyShardedDataParallel",
+                "evidence": {**evidence, "fsdp_units": n, "parameter_type": "FlatParameter"}}
+    if any(isinstance(m, FSDPModule) for m in modules) or any(isinstance(p, DTensor) for p in wrapped.parameters()):
+        n = sum(isinstance(m, FSDPModule) for m in modules)
+        return {"strategy": "fsdp2", "reason": "accelerate applied fully_shard (DTensor parameters)",
+                "evidence": {**evidence, "fsdp_units": n, "parameter_type": "DTensor"}}
+    if isinstance(wrapped, DistributedDataParallel):
+        return {"strategy": "ddp", "evidence": evidence, "reason": (
+            "accelerate enables FSDP only on accelerator devices; on CPU (use_cpu=True) the Trainer wrapped "
+            "the model in DistributedDataParallel instead, so every rank held all parameters")}
+    return {"strategy": "none", "reason": "single process: the Trainer applied no data-parallel wrapper",
+            "evidence": evidence}
+
+
+def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str):
+    """The ``SFTConfig`` for the TRL engine (the seed run's settings; CPU-safe overrides on CPU)."""
+    from trl import SFTConfig
+
+    from smolfsdp.fsdp1 import hf_fsdp_config
+
+    on_cpu = info.device.type == "cpu"
+    multi = info.world_size > 1
+    return SFTConfig(
+        output_dir=output_dir,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        learning_rate=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_ratio,  # a float < 1 is a ratio in transformers 5.x
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        max_grad_norm=cfg.max_grad_norm,
+        num_train_epochs=cfg.num_train_epochs,
+        max_steps=cfg.max_steps,
+        logging_steps=cfg.logging_steps,
+        eval_strategy="steps" if cfg.eval_steps > 0 else "no",
+        eval_steps=cfg.eval_steps if cfg.eval_steps > 0 else None,
+        save_strategy="steps" if cfg.save_steps > 0 else "no",
+        save_steps=cfg.save_steps if cfg.save_steps > 0 else 500,
+        report_to="none",
+        max_length=cfg.max_length,
+        # TRL defaults bf16=True and gradient_checkpointing=True; neither works or is wanted on CPU,
+        # and HF gradient checkpointing under FSDP adds a redundant all-gather (FSDP's own is used).
+        bf16=cfg.mixed_precision == "bf16" and not on_cpu,
+        gradient_checkpointing=False,
+        use_cpu=on_cpu,
+        ddp_backend=info.backend if multi else None,
+        fsdp=multi,
+        fsdp_config=hf_fsdp_config(cfg.fsdp_version, wrap_class, backward_prefetch=cfg.backward_prefetch,
+                                   state_dict_type=cfg.state_dict_type, cpu_offload=cfg.cpu_offload,
+                                   activation_checkpointing=cfg.activation_checkpointing,
+                                   sync_module_states=not on_cpu) if multi else None,
+        dataset_kwargs={"skip_prepare_dataset": True},  # smolfsdp.data already tokenised with labels
+        remove_unused_columns=False,
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=not info.is_main,
+        dataloader_drop_last=True,
+    )
+
+
+def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
+    from trl import SFTTrainer
+
+    from smolfsdp.trl_callbacks import RunWriterCallback
+
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
+    data = prepare_data(cfg, tokenizer)
+    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
+    total_params = sum(p.numel() for p in model.parameters())
+    args = trl_args(cfg, info, str(writer.run_dir / "trainer"), wrap_cls.__name__)
+    callback = RunWriterCallback(writer, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+                                 * info.world_size)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
+                         processing_class=tokenizer, callbacks=[callback])
+    out = trainer.train()
+    effective = detect_effective(trainer)
+    final_dir = None
+    if cfg.save_final_model:
+        final_dir = writer.run_dir / "final_model"
+        if trainer.is_fsdp_enabled and cfg.state_dict_type != "FULL_STATE_DICT":
+            # SHARDED_STATE_DICT is right for checkpoints; the final model must load with from_pretrained.
+            trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+        trainer.save_model(str(final_dir))
+    requested = {"engine": "trl", "strategy": f"fsdp{cfg.fsdp_version}" if info.world_size > 1 else "none",
+                 "sharding_strategy": "FULL_SHARD", "fsdp_config": args.fsdp_config}
+    evals = [r["eval_loss"] for r in callback.records if r.get("split") == "eval"]
+    trains = [r["loss"] for r in callback.records if r.get("split") == "train"]
+    return {
+        "requested": requested,
+        "effective": effective,
+        "params": {"total": total_params},
+        "data": data.stats(),
+        "metrics": {"steps": out.global_step, "train_loss_first": trains[0] if trains else None,
+                    "train_loss_last": trains[-1] if trains else None,
+                    "eval_loss_first": evals[0] if evals else None, "eval_loss_last": evals[-1] if evals else None,
+                    "train_runtime_s": round(out.metrics.get("train_runtime", 0.0), 2),
+                    "tokens": int(trainer.state.num_input_tokens_seen),
+                    "tokens_per_s": round(trainer.state.num_input_tokens_seen / max(out.metrics.get("train_runtime", 1e-9), 1e-9), 1)},
+        "final_model": str(final_dir) if final_dir else None,
+    }
