@@ -77,7 +77,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
 
     # --- optimisation
-    num_train_epochs: float = 3.0
+    num_train_epochs: float = 6.0
     max_steps: int = -1  # > 0 overrides num_train_epochs
     per_device_train_batch_size: int = 4
     per_device_eval_batch_size: int = 8
@@ -176,4 +176,22 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
         check_keys(values, str(p))
     check_keys(overrides, "the overrides")
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return TrainConfig(**values)
+    types = {f.name: str(f.type) for f in fields(TrainConfig)}
+    return TrainConfig(**{k: _coerce(k, types[k], v) for k, v in values.items()})
+
+
+def _coerce(key: str, type_name: str, value: Any) -> Any:
+    """YAML reads ``1e-4`` as a string and ``3`` where a float is meant; convert to the field's type."""
+    base = type_name.replace(" | None", "")
+    if value is None or not isinstance(value, str | int | float) or isinstance(value, bool):
+        return value
+    try:
+        if base == "float":
+            return float(value)
+        if base == "int" and not isinstance(value, float):
+            return int(value)
+    except ValueError as err:
+        raise ConfigError(f"{key}={value!r} is not a valid {base}.") from err
+    if base == "str":
+        return str(value)
+    return value

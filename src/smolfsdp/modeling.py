@@ -22,8 +22,8 @@ SMOLLM3_3B = "HuggingFaceTB/SmolLM3-3B"
 #: Geometry of the tiny preset. Layers are a multiple of 4 so layer 3 is a NoPE layer
 #: (SmolLM3Config.no_rope_layer_interval = 4), heads 4 with 2 KV heads keep GQA.
 TINY_GEOMETRY: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 176,
+    "hidden_size": 128,
+    "intermediate_size": 352,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,

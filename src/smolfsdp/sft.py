@@ -163,7 +163,7 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         # TRL defaults bf16=True and gradient_checkpointing=True; neither works or is wanted on CPU,
         # and HF gradient checkpointing under FSDP adds a redundant all-gather (FSDP's own is used).
         bf16=cfg.mixed_precision == "bf16" and not on_cpu,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         use_cpu=on_cpu,
         ddp_backend=info.backend if multi else None,
         fsdp=multi,

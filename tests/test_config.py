@@ -1,0 +1,47 @@
+"""Run configs: defaults, YAML recipes, overrides, and errors that name the fix."""
+
+import pytest
+
+from smolfsdp.cli import parse_overrides
+from smolfsdp.config import ConfigError, TrainConfig, load_config
+
+
+def test_defaults_are_the_smoke_recipe():
+    assert load_config("configs/runs/smoke.yaml").to_dict() == TrainConfig().to_dict()
+
+
+def test_recipes_load():
+    real = load_config("configs/runs/smollm3_3b_medical.yaml")
+    assert (real.model, real.engine, real.fsdp_version, real.nproc) == ("HuggingFaceTB/SmolLM3-3B", "trl", 1, 2)
+    assert load_config("configs/runs/smoke_trl.yaml").engine == "trl"
+
+
+def test_unknown_key_suggests_nearest(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("learning_rat: 0.1\n")
+    with pytest.raises(ConfigError, match="Did you mean 'learning_rate'"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="Did you mean 'max_steps'"):
+        load_config(None, max_step=3)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"engine": "trll"}, "Did you mean 'trl'"),
+    ({"fsdp_version": 3}, "use 1"),
+    ({"backward_prefetch": "backward_pree"}, "BACKWARD_PRE"),
+    ({"nproc": 0}, "at least one"),
+    ({"max_length": 2}, "too small"),
+    ({"max_steps": -1, "num_train_epochs": 0}, "train nothing"),
+])
+def test_bad_values(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**kw)
+
+
+def test_cli_overrides_parse():
+    over = parse_overrides(["--max-steps", "20", "--cpu_offload", "--name=x", "--learning_rate", "1e-4"])
+    assert over == {"max_steps": 20, "cpu_offload": True, "name": "x", "learning_rate": "1e-4"}
+    cfg = load_config(None, **over)
+    assert (cfg.max_steps, cfg.cpu_offload, cfg.name, cfg.learning_rate) == (20, True, "x", 1e-4)
+    with pytest.raises(ConfigError, match="not a valid int"):
+        load_config(None, max_steps="many")

@@ -1,0 +1,63 @@
+"""The FSDP arguments the Trainer receives for the seed's settings, and fsdp_config checking."""
+
+import pytest
+import torch
+
+from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.distributed import DistInfo
+from smolfsdp.fsdp1 import check_hf_fsdp_config, hf_fsdp_config
+
+
+def test_seed_settings():
+    cfg = hf_fsdp_config(1, "SmolLM3DecoderLayer")
+    assert cfg["version"] == 1
+    assert cfg["transformer_layer_cls_to_wrap"] == ["SmolLM3DecoderLayer"]
+    assert cfg["backward_prefetch"] == "BACKWARD_PRE"
+    assert cfg["state_dict_type"] == "SHARDED_STATE_DICT"
+    assert cfg["reshard_after_forward"] == "full_shard"  # FULL_SHARD in FSDP1 terms
+    assert cfg["cpu_offload"] is False
+
+
+def _trainer_args(rank, world):
+    """SFTConfig for three settings, built inside a 2-rank group as the Trainer would be."""
+    from smolfsdp.sft import trl_args
+
+    info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
+    out = {}
+    for key, cfg in {"seed": TrainConfig(engine="trl"), "offload": TrainConfig(engine="trl", cpu_offload=True),
+                     "v2": TrainConfig(engine="trl", fsdp_version=2)}.items():
+        args = trl_args(cfg, info, f"/tmp/smolfsdp-test-trainer-{rank}", "SmolLM3DecoderLayer")
+        out[key] = {"plugin": dict(args.fsdp_plugin_args), "activation_checkpointing": args.activation_checkpointing,
+                    "bf16": args.bf16}
+    return out
+
+
+def test_trainer_receives_seed_fsdp_plugin_args():
+    """What accelerate's FullyShardedDataParallelPlugin is built from, via transformers' own parsing."""
+    from _dist import run_distributed
+
+    got = run_distributed(_trainer_args, 2)[0]
+    plugin = got["seed"]["plugin"]
+    assert plugin["fsdp_version"] == 1
+    assert plugin["transformer_cls_names_to_wrap"] == "SmolLM3DecoderLayer"
+    assert plugin["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert plugin["backward_prefetch"] == "BACKWARD_PRE"
+    assert plugin["state_dict_type"] == "SHARDED_STATE_DICT"
+    assert plugin["reshard_after_forward"] == "full_shard"
+    assert plugin["sync_module_states"] is False  # on CPU it would raise "no available devices"
+    # TRL defaults bf16=True and gradient (activation) checkpointing on; both are overridden on CPU
+    assert got["seed"]["activation_checkpointing"] is False and got["seed"]["bf16"] is False
+    assert got["offload"]["plugin"]["cpu_offload"] is True
+    assert got["v2"]["plugin"]["fsdp_version"] == 2 and got["v2"]["plugin"]["reshard_after_forward"] is True
+
+
+def test_unknown_key_suggests_nearest_and_leaves_caller_dict_alone():
+    mine = {"fsdp_backward_prefetch": "BACKWARD_PRE", "transformer_layer_cls_to_wrap": ["X"]}
+    before = {k: (list(v) if isinstance(v, list) else v) for k, v in mine.items()}
+    out = check_hf_fsdp_config(mine)
+    assert out["backward_prefetch"] == "BACKWARD_PRE"  # prefix stripped in the copy
+    assert mine == before
+    with pytest.raises(ConfigError, match="did you mean 'backward_prefetch'"):
+        check_hf_fsdp_config({"backward_prefech": "BACKWARD_PRE"})
+    with pytest.raises(ConfigError, match="did you mean 'state_dict_type'"):
+        hf_fsdp_config(1, "X", extra={"state_dict_typ": "FULL_STATE_DICT"})
