@@ -55,8 +55,12 @@ def build() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -69,7 +73,9 @@ def build() -> PreTrainedTokenizerFast:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="fail if data/tokenizer differs from a rebuild")
     args = parser.parse_args()
     tok = build()

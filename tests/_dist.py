@@ -25,9 +25,17 @@ def _free_port() -> int:
 
 
 def _worker(rank, world_size, port, out_dir, fn, args):
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank), "CUDA_VISIBLE_DEVICES": "",
-                       "OMP_NUM_THREADS": "1"})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "CUDA_VISIBLE_DEVICES": "",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     import torch.distributed as dist
 
     result_path = Path(out_dir) / f"rank{rank}.pt"
@@ -48,7 +56,10 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 180.0):
     ctx = mp.get_context("spawn")
     port = _free_port()
     with tempfile.TemporaryDirectory() as out_dir:
-        procs = [ctx.Process(target=_worker, args=(r, world_size, port, out_dir, fn, args)) for r in range(world_size)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, world_size, port, out_dir, fn, args))
+            for r in range(world_size)
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -60,8 +71,10 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 180.0):
         for r in range(world_size):
             path = Path(out_dir) / f"rank{r}.pt"
             if not path.exists():
-                raise RuntimeError(f"rank {r} produced no result (timeout {timeout}s or crash, exit code "
-                                   f"{procs[r].exitcode})")
+                raise RuntimeError(
+                    f"rank {r} produced no result (timeout {timeout}s or crash, exit code "
+                    f"{procs[r].exitcode})"
+                )
             data = torch.load(path, weights_only=False)
             if not data["ok"]:
                 raise RuntimeError(f"rank {r} failed:\n{data['error']}")

@@ -22,6 +22,8 @@ def tokenizer():
 @pytest.fixture
 def medquad_path():
     if not MEDQUAD.is_file():
-        pytest.skip(f"{MEDQUAD} is absent: the real MedQuAD rows live in ../shared/data/ (CI has them; a fresh "
-                    "clone does not)")
+        pytest.skip(
+            f"{MEDQUAD} is absent: the real MedQuAD rows live in ../shared/data/ (CI has them; a fresh "
+            "clone does not)"
+        )
     return MEDQUAD

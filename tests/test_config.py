@@ -12,7 +12,12 @@ def test_defaults_are_the_smoke_recipe():
 
 def test_recipes_load():
     real = load_config("configs/runs/smollm3_3b_medical.yaml")
-    assert (real.model, real.engine, real.fsdp_version, real.nproc) == ("HuggingFaceTB/SmolLM3-3B", "trl", 1, 2)
+    assert (real.model, real.engine, real.fsdp_version, real.nproc) == (
+        "HuggingFaceTB/SmolLM3-3B",
+        "trl",
+        1,
+        2,
+    )
     assert load_config("configs/runs/smoke_trl.yaml").engine == "trl"
 
 
@@ -25,14 +30,17 @@ def test_unknown_key_suggests_nearest(tmp_path):
         load_config(None, max_step=3)
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"engine": "trll"}, "Did you mean 'trl'"),
-    ({"fsdp_version": 3}, "use 1"),
-    ({"backward_prefetch": "backward_pree"}, "BACKWARD_PRE"),
-    ({"nproc": 0}, "at least one"),
-    ({"max_length": 2}, "too small"),
-    ({"max_steps": -1, "num_train_epochs": 0}, "train nothing"),
-])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"engine": "trll"}, "Did you mean 'trl'"),
+        ({"fsdp_version": 3}, "use 1"),
+        ({"backward_prefetch": "backward_pree"}, "BACKWARD_PRE"),
+        ({"nproc": 0}, "at least one"),
+        ({"max_length": 2}, "too small"),
+        ({"max_steps": -1, "num_train_epochs": 0}, "train nothing"),
+    ],
+)
 def test_bad_values(kw, match):
     with pytest.raises(ConfigError, match=match):
         TrainConfig(**kw)

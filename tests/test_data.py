@@ -17,8 +17,10 @@ from smolfsdp.data import (
     tokenize_messages,
 )
 
-ROWS = [{"Question": f"What is condition {i}?", "Answer": f"Condition {i} is a common thing. " * (i + 1)}
-        for i in range(12)]
+ROWS = [
+    {"Question": f"What is condition {i}?", "Answer": f"Condition {i} is a common thing. " * (i + 1)}
+    for i in range(12)
+]
 
 
 def test_bundled_sample_has_layout_and_size():
@@ -33,10 +35,12 @@ def test_bundled_sample_has_layout_and_size():
 def test_local_files_load(tmp_path, suffix):
     path = tmp_path / f"rows{suffix}"
     df = pd.DataFrame(ROWS)
-    {".jsonl": lambda: df.to_json(path, orient="records", lines=True),
-     ".json": lambda: path.write_text(json.dumps(ROWS)),
-     ".csv": lambda: df.to_csv(path, index=False),
-     ".parquet": lambda: df.to_parquet(path)}[suffix]()
+    {
+        ".jsonl": lambda: df.to_json(path, orient="records", lines=True),
+        ".json": lambda: path.write_text(json.dumps(ROWS)),
+        ".csv": lambda: df.to_csv(path, index=False),
+        ".parquet": lambda: df.to_parquet(path),
+    }[suffix]()
     ds = load_rows(str(path))
     assert len(ds) == 12 and ds[3]["Question"] == "What is condition 3?"
 
@@ -46,11 +50,14 @@ def test_missing_file_is_clear(tmp_path):
         load_rows(str(tmp_path / "nope.jsonl"))
 
 
-@pytest.mark.parametrize("columns,expected", [
-    (["Question", "Complex_CoT", "Response"], "medical_o1"),
-    (["Question", "Answer", "qtype"], "question_answer"),
-    (["instruction", "input", "output"], "instruction"),
-])
+@pytest.mark.parametrize(
+    "columns,expected",
+    [
+        (["Question", "Complex_CoT", "Response"], "medical_o1"),
+        (["Question", "Answer", "qtype"], "question_answer"),
+        (["instruction", "input", "output"], "instruction"),
+    ],
+)
 def test_mapping_detection(columns, expected):
     assert resolve_mapping(columns)[0] == expected
 
@@ -69,16 +76,20 @@ def test_messages_with_and_without_reasoning():
     with_cot = to_messages(row, m, include_reasoning=True, system_prompt="Be brief.")
     assert with_cot[0] == {"role": "system", "content": "Be brief."}
     assert with_cot[-1]["content"] == "<think>\nthink\n</think>\nA."
-    alpaca = to_messages({"instruction": "Explain", "input": "fever", "output": "Heat."}, COLUMN_MAPPINGS["instruction"])
+    alpaca = to_messages(
+        {"instruction": "Explain", "input": "fever", "output": "Heat."}, COLUMN_MAPPINGS["instruction"]
+    )
     assert alpaca[0]["content"] == "Explain\n\nfever"
 
 
 def test_assistant_only_labels_token_by_token(tokenizer):
     """Every token whose characters lie inside the assistant content (+ its <|im_end|>) has a label
     equal to its id; every other token is -100. Checked against character offsets, not the mask."""
-    msgs = [{"role": "system", "content": "You answer health questions."},
-            {"role": "user", "content": "What does a high LDL result mean?"},
-            {"role": "assistant", "content": "It raises long-term heart risk."}]
+    msgs = [
+        {"role": "system", "content": "You answer health questions."},
+        {"role": "user", "content": "What does a high LDL result mean?"},
+        {"role": "assistant", "content": "It raises long-term heart risk."},
+    ]
     text = tokenizer.apply_chat_template(msgs, tokenize=False)
     start = text.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
     end = text.index("<|im_end|>", start) + len("<|im_end|>")
@@ -91,7 +102,10 @@ def test_assistant_only_labels_token_by_token(tokenizer):
         n_in += inside
         assert label == (tok_id if inside else IGNORE_INDEX), (tokenizer.decode([tok_id]), a, b)
     assert n_in == out["n_assistant_tokens"] > 0
-    assert tokenizer.decode([t for t in out["labels"] if t != IGNORE_INDEX]) == "It raises long-term heart risk.<|im_end|>"
+    assert (
+        tokenizer.decode([t for t in out["labels"] if t != IGNORE_INDEX])
+        == "It raises long-term heart risk.<|im_end|>"
+    )
 
 
 def _cfg(path, **kw):
@@ -120,7 +134,8 @@ def test_max_length_too_small_for_any_answer(tmp_path, tokenizer):
 def test_empty_after_filtering(tmp_path, tokenizer):
     path = tmp_path / "qa.jsonl"
     pd.DataFrame([{"Question": "Q?", "Answer": "  "}, {"Question": "", "Answer": "A"}]).to_json(
-        path, orient="records", lines=True)
+        path, orient="records", lines=True
+    )
     with pytest.raises(ConfigError, match="No rows with a non-empty question and answer"):
         prepare_data(_cfg(path), tokenizer)
 

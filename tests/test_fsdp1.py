@@ -24,11 +24,17 @@ def _trainer_args(rank, world):
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     out = {}
-    for key, cfg in {"seed": TrainConfig(engine="trl"), "offload": TrainConfig(engine="trl", cpu_offload=True),
-                     "v2": TrainConfig(engine="trl", fsdp_version=2)}.items():
+    for key, cfg in {
+        "seed": TrainConfig(engine="trl"),
+        "offload": TrainConfig(engine="trl", cpu_offload=True),
+        "v2": TrainConfig(engine="trl", fsdp_version=2),
+    }.items():
         args = trl_args(cfg, info, f"/tmp/smolfsdp-test-trainer-{rank}", "SmolLM3DecoderLayer")
-        out[key] = {"plugin": dict(args.fsdp_plugin_args), "activation_checkpointing": args.activation_checkpointing,
-                    "bf16": args.bf16}
+        out[key] = {
+            "plugin": dict(args.fsdp_plugin_args),
+            "activation_checkpointing": args.activation_checkpointing,
+            "bf16": args.bf16,
+        }
     return out
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from _dist import run_distributed
+
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import prepare_data
 from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
@@ -45,7 +45,7 @@ def _sharded_grads(rank, world, version):
 
         apply_fsdp2(model, init_device_mesh("cpu", (world,)), wrap)
     per_rank = N_ROWS // world
-    local = rows[rank * per_rank:(rank + 1) * per_rank]
+    local = rows[rank * per_rank : (rank + 1) * per_rank]
     loss, n_items = forward_backward(model, [PadCollator(tok.pad_token_id)(local)], world, info.device)
     grads = {}
     if version == 1:

@@ -24,7 +24,9 @@ def test_tiny_preset_is_a_real_smollm3(tokenizer):
         assert 0 <= getattr(cfg, key) < cfg.vocab_size
     emb = cfg.vocab_size * cfg.hidden_size
     assert count_parameters(model) == sum(p.numel() for p in model.parameters())  # tied counted once
-    assert count_parameters(model) < sum(p.numel() for p in model.state_dict().values())  # state dict has both
+    assert count_parameters(model) < sum(
+        p.numel() for p in model.state_dict().values()
+    )  # state dict has both
     assert emb == model.model.embed_tokens.weight.numel()
 
 
@@ -47,8 +49,10 @@ def test_wrong_case_wrap_class_suggests_right_one(tokenizer):
         resolve_wrap_class(model, "LlamaDecoderLayer")
 
 
-@pytest.mark.parametrize("bad", [" SmolLM3DecoderLayer", "SmolLM3DecoderLayer,", "SmolLM3DecoderLayer, ",
-                                 "SmolLM3DecoderLayer,Foo"])
+@pytest.mark.parametrize(
+    "bad",
+    [" SmolLM3DecoderLayer", "SmolLM3DecoderLayer,", "SmolLM3DecoderLayer, ", "SmolLM3DecoderLayer,Foo"],
+)
 def test_wrap_class_with_stray_spaces_or_commas(bad):
     with pytest.raises(ConfigError, match="stray spaces or commas.*'SmolLM3DecoderLayer'"):
         TrainConfig(wrap_class=bad)

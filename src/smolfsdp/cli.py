@@ -49,8 +49,11 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from smolfsdp.sft import preflight
 
     found = preflight(cfg)
-    print(f"[smolfsdp] {cfg.name}: engine={cfg.engine} fsdp_version={cfg.fsdp_version} nproc={cfg.nproc} "
-          f"model={cfg.model} wrap={found['wrap_class']} data={found['data']}", flush=True)
+    print(
+        f"[smolfsdp] {cfg.name}: engine={cfg.engine} fsdp_version={cfg.fsdp_version} nproc={cfg.nproc} "
+        f"model={cfg.model} wrap={found['wrap_class']} data={found['data']}",
+        flush=True,
+    )
     proc = launch(cfg)
     if proc.returncode == 0:
         print(f"[smolfsdp] run folder: {cfg.run_dir}", flush=True)
@@ -58,8 +61,9 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="smolfsdp", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="smolfsdp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="fine-tune (launches nproc processes unless already launched)")
     p_train.add_argument("--config", default=None, help="a run recipe, e.g. configs/runs/smoke.yaml")

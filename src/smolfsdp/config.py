@@ -98,9 +98,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
-            raise ConfigError(f"engine={self.engine!r} is not known; use one of {ENGINES}.{_did_you_mean(self.engine, ENGINES)}")
+            raise ConfigError(
+                f"engine={self.engine!r} is not known; use one of {ENGINES}.{_did_you_mean(self.engine, ENGINES)}"
+            )
         if int(self.fsdp_version) not in FSDP_VERSIONS:
-            raise ConfigError(f"fsdp_version={self.fsdp_version!r}: use 1 (FullyShardedDataParallel) or 2 (fully_shard).")
+            raise ConfigError(
+                f"fsdp_version={self.fsdp_version!r}: use 1 (FullyShardedDataParallel) or 2 (fully_shard)."
+            )
         self.fsdp_version = int(self.fsdp_version)
         self.backward_prefetch = str(self.backward_prefetch).upper()
         if self.backward_prefetch not in BACKWARD_PREFETCH:
@@ -116,9 +120,15 @@ class TrainConfig:
         if self.nproc < 1:
             raise ConfigError(f"nproc={self.nproc}: need at least one process.")
         if self.max_length < 8:
-            raise ConfigError(f"max_length={self.max_length} is too small; use at least 8 (256 for the smoke run).")
-        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                     "logging_steps"):
+            raise ConfigError(
+                f"max_length={self.max_length} is too small; use at least 8 (256 for the smoke run)."
+            )
+        for name in (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+            "logging_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
         if self.eval_size < 0:
@@ -126,10 +136,13 @@ class TrainConfig:
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate={self.learning_rate} must be > 0.")
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
-            raise ConfigError("Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing.")
-        if self.wrap_class is not None:
-            from smolfsdp.modeling import normalise_wrap_class_name
+            raise ConfigError(
+                "Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing."
+            )
+        from smolfsdp.modeling import check_model_name, normalise_wrap_class_name
 
+        check_model_name(self.model)
+        if self.wrap_class is not None:
             self.wrap_class = normalise_wrap_class_name(self.wrap_class)
 
     # ------------------------------------------------------------------ I/O
@@ -147,6 +160,17 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
+def recipe(name: str) -> Path:
+    """Path of the named run recipe ``configs/runs/<name>.yaml`` in this repository."""
+    from smolfsdp.data import repo_root
+
+    path = repo_root() / "configs" / "runs" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"No run recipe {name!r}; known: {known}.{_did_you_mean(name, known)}")
+    return path
+
+
 def field_names() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
@@ -156,7 +180,9 @@ def check_keys(keys, where: str) -> None:
     valid = field_names()
     for key in keys:
         if key not in valid:
-            raise ConfigError(f"Unknown key {key!r} in {where}.{_did_you_mean(key, valid)} Valid keys: {', '.join(valid)}.")
+            raise ConfigError(
+                f"Unknown key {key!r} in {where}.{_did_you_mean(key, valid)} Valid keys: {', '.join(valid)}."
+            )
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
@@ -169,7 +195,9 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"Run config {str(p)!r} does not exist. Named runs live in configs/runs/*.yaml.")
+            raise ConfigError(
+                f"Run config {str(p)!r} does not exist. Named runs live in configs/runs/*.yaml."
+            )
         values = yaml.safe_load(p.read_text()) or {}
         if not isinstance(values, dict):
             raise ConfigError(f"{p} must hold a mapping of TrainConfig fields, got {type(values).__name__}.")

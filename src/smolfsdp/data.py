@@ -49,8 +49,9 @@ def bundled_tokenizer_path() -> Path:
 
 
 # ---------------------------------------------------------------------------- loading
-def load_rows(dataset: str = "bundled", *, config: str | None = None, split: str = "train",
-              max_rows: int | None = None):
+def load_rows(
+    dataset: str = "bundled", *, config: str | None = None, split: str = "train", max_rows: int | None = None
+):
     """Load raw rows as a ``datasets.Dataset``.
 
     Args:
@@ -77,7 +78,9 @@ def load_rows(dataset: str = "bundled", *, config: str | None = None, split: str
             )
         fmt = FILE_FORMATS.get(path.suffix.lower())
         if fmt is None:
-            raise ConfigError(f"Unsupported data file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}.")
+            raise ConfigError(
+                f"Unsupported data file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}."
+            )
         ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
     else:
         ds = datasets.load_dataset(dataset, config, split=split)
@@ -97,7 +100,9 @@ def resolve_mapping(columns, name: str = "auto") -> tuple[str, dict[str, str]]:
     columns = list(columns)
     if name != "auto":
         if name not in COLUMN_MAPPINGS:
-            raise ConfigError(f"columns={name!r} is not a known mapping; use 'auto' or one of {list(COLUMN_MAPPINGS)}.")
+            raise ConfigError(
+                f"columns={name!r} is not a known mapping; use 'auto' or one of {list(COLUMN_MAPPINGS)}."
+            )
         candidates = {name: COLUMN_MAPPINGS[name]}
     else:
         candidates = COLUMN_MAPPINGS
@@ -112,8 +117,13 @@ def resolve_mapping(columns, name: str = "auto") -> tuple[str, dict[str, str]]:
     )
 
 
-def to_messages(row: dict[str, Any], mapping: dict[str, str], *, include_reasoning: bool = False,
-                system_prompt: str | None = None) -> list[dict[str, str]]:
+def to_messages(
+    row: dict[str, Any],
+    mapping: dict[str, str],
+    *,
+    include_reasoning: bool = False,
+    system_prompt: str | None = None,
+) -> list[dict[str, str]]:
     """One row -> ``[system?, user, assistant]`` chat messages.
 
     With ``include_reasoning`` and a reasoning column, the assistant turn is
@@ -159,13 +169,17 @@ def tokenize_messages(messages: list[dict[str, str]], tokenizer, max_length: int
     """
     check_chat_template(tokenizer)
     if has_generation_markers(tokenizer):
-        enc = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
+        enc = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
     else:
         ids = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
-        prompt = list(tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=True,
-                                                    add_generation_prompt=True)["input_ids"])
+        prompt = list(
+            tokenizer.apply_chat_template(
+                messages[:-1], tokenize=True, return_dict=True, add_generation_prompt=True
+            )["input_ids"]
+        )
         if ids[: len(prompt)] != prompt:
             raise ConfigError(
                 "The chat template renders the prompt differently inside the full conversation, so the "
@@ -210,17 +224,22 @@ def prepare_data(cfg, tokenizer) -> PreparedData:
     check_chat_template(tokenizer)
     rows = load_rows(cfg.dataset, config=cfg.dataset_config, split=cfg.dataset_split, max_rows=cfg.max_rows)
     mname, mapping = resolve_mapping(rows.column_names, cfg.columns)
-    rows = rows.filter(lambda r: bool(str(r[mapping["question"]] or "").strip())
-                       and bool(str(r[mapping["answer"]] or "").strip()), keep_in_memory=True)
+    rows = rows.filter(
+        lambda r: (
+            bool(str(r[mapping["question"]] or "").strip()) and bool(str(r[mapping["answer"]] or "").strip())
+        ),
+        keep_in_memory=True,
+    )
     if len(rows) == 0:
         raise ConfigError(f"No rows with a non-empty question and answer are left in {cfg.dataset!r}.")
 
     def encode(row):
-        msgs = to_messages(row, mapping, include_reasoning=cfg.include_reasoning, system_prompt=cfg.system_prompt)
+        msgs = to_messages(
+            row, mapping, include_reasoning=cfg.include_reasoning, system_prompt=cfg.system_prompt
+        )
         return tokenize_messages(msgs, tokenizer, cfg.max_length)
 
-    tokenised = rows.map(encode, remove_columns=rows.column_names, desc="tokenising",
-                         keep_in_memory=True)
+    tokenised = rows.map(encode, remove_columns=rows.column_names, desc="tokenising", keep_in_memory=True)
     n_truncated = int(sum(tokenised["truncated"]))
     keep = tokenised.filter(lambda r: r["n_assistant_tokens"] > 0, keep_in_memory=True)
     n_dropped = len(tokenised) - len(keep)
@@ -230,8 +249,12 @@ def prepare_data(cfg, tokenizer) -> PreparedData:
             "token is left to learn from. Raise max_length."
         )
     if n_truncated:
-        log.info("%d of %d rows were longer than max_length=%d and were truncated", n_truncated, len(rows),
-                 cfg.max_length)
+        log.info(
+            "%d of %d rows were longer than max_length=%d and were truncated",
+            n_truncated,
+            len(rows),
+            cfg.max_length,
+        )
     if n_dropped:
         log.info("%d rows kept no answer token after truncation and were dropped", n_dropped)
     keep = keep.remove_columns(["truncated", "n_assistant_tokens"])

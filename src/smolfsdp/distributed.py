@@ -76,8 +76,13 @@ def _free_port() -> int:
 def setup_logging(rank: int) -> None:
     """INFO on rank 0, WARNING elsewhere, with the rank in every line."""
     level = logging.INFO if rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, stream=sys.stdout, force=True,
-                        format=f"[rank{rank}] %(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=level,
+        stream=sys.stdout,
+        force=True,
+        format=f"[rank{rank}] %(asctime)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     for noisy in ("datasets", "httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -27,18 +27,42 @@ from smolfsdp.config import ConfigError, nearest
 
 #: The keys transformers 5.24's ``TrainingArguments._process_fsdp_args`` reads from ``fsdp_config``
 #: (src/transformers/training_args.py). Anything else is silently ignored there, so we refuse it.
-HF_FSDP_CONFIG_KEYS = frozenset({
-    "version", "min_num_params", "transformer_layer_cls_to_wrap", "auto_wrap_policy", "backward_prefetch",
-    "forward_prefetch", "state_dict_type", "cpu_offload", "cpu_ram_efficient_loading", "activation_checkpointing",
-    "reshard_after_forward", "use_orig_params", "sync_module_states", "limit_all_gathers",
-    "xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings",
-})
+HF_FSDP_CONFIG_KEYS = frozenset(
+    {
+        "version",
+        "min_num_params",
+        "transformer_layer_cls_to_wrap",
+        "auto_wrap_policy",
+        "backward_prefetch",
+        "forward_prefetch",
+        "state_dict_type",
+        "cpu_offload",
+        "cpu_ram_efficient_loading",
+        "activation_checkpointing",
+        "reshard_after_forward",
+        "use_orig_params",
+        "sync_module_states",
+        "limit_all_gathers",
+        "xla",
+        "xla_fsdp_v2",
+        "xla_fsdp_grad_ckpt",
+        "xla_fsdp_settings",
+    }
+)
 
 
-def wrap_fsdp1(model: nn.Module, wrap_cls: type[nn.Module], *, device: torch.device | None = None,
-               sharding_strategy: str = "FULL_SHARD", backward_prefetch: str = "BACKWARD_PRE",
-               cpu_offload: bool = False, param_dtype: torch.dtype | None = None,
-               use_orig_params: bool = True, sync_module_states: bool = False) -> FullyShardedDataParallel:
+def wrap_fsdp1(
+    model: nn.Module,
+    wrap_cls: type[nn.Module],
+    *,
+    device: torch.device | None = None,
+    sharding_strategy: str = "FULL_SHARD",
+    backward_prefetch: str = "BACKWARD_PRE",
+    cpu_offload: bool = False,
+    param_dtype: torch.dtype | None = None,
+    use_orig_params: bool = True,
+    sync_module_states: bool = False,
+) -> FullyShardedDataParallel:
     """Wrap ``model`` with FSDP1: one unit per ``wrap_cls`` module (transformer auto-wrap) plus the root.
 
     Args:
@@ -74,13 +98,18 @@ def fsdp_units(model: nn.Module) -> list[FullyShardedDataParallel]:
 
 def local_numel(model: nn.Module) -> int:
     """Elements of the FlatParameter shards this rank holds (padding included)."""
-    return sum(u._flat_param.numel() for u in fsdp_units(model) if getattr(u, "_flat_param", None) is not None)
+    return sum(
+        u._flat_param.numel() for u in fsdp_units(model) if getattr(u, "_flat_param", None) is not None
+    )
 
 
 def full_numel(model: nn.Module) -> int:
     """Elements of all FlatParameters unsharded and unpadded (= the model's parameter count)."""
-    return sum(u._flat_param._unpadded_unsharded_size.numel() for u in fsdp_units(model)
-               if getattr(u, "_flat_param", None) is not None)
+    return sum(
+        u._flat_param._unpadded_unsharded_size.numel()
+        for u in fsdp_units(model)
+        if getattr(u, "_flat_param", None) is not None
+    )
 
 
 def check_hf_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
@@ -96,16 +125,26 @@ def check_hf_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
         bare = key[5:] if key.startswith("fsdp_") else key
         if bare not in HF_FSDP_CONFIG_KEYS:
             hint = nearest(bare, HF_FSDP_CONFIG_KEYS)
-            raise ConfigError(f"Unknown FSDP config key {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ".")
-                              + f" Valid keys: {', '.join(sorted(HF_FSDP_CONFIG_KEYS))}.")
+            raise ConfigError(
+                f"Unknown FSDP config key {key!r}"
+                + (f"; did you mean {hint[0]!r}?" if hint else ".")
+                + f" Valid keys: {', '.join(sorted(HF_FSDP_CONFIG_KEYS))}."
+            )
         out[bare] = list(value) if isinstance(value, list) else value
     return out
 
 
-def hf_fsdp_config(version: int = 1, wrap_class: str = "SmolLM3DecoderLayer", *,
-                   backward_prefetch: str = "BACKWARD_PRE", state_dict_type: str = "SHARDED_STATE_DICT",
-                   cpu_offload: bool = False, activation_checkpointing: bool = False,
-                   sync_module_states: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def hf_fsdp_config(
+    version: int = 1,
+    wrap_class: str = "SmolLM3DecoderLayer",
+    *,
+    backward_prefetch: str = "BACKWARD_PRE",
+    state_dict_type: str = "SHARDED_STATE_DICT",
+    cpu_offload: bool = False,
+    activation_checkpointing: bool = False,
+    sync_module_states: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The ``fsdp_config`` the Trainer receives (``TrainingArguments(fsdp=True, fsdp_config=...)``).
 
     These are the seed run's settings: full shard, transformer auto-wrap at ``wrap_class``, backward
@@ -122,8 +161,14 @@ def hf_fsdp_config(version: int = 1, wrap_class: str = "SmolLM3DecoderLayer", *,
         "activation_checkpointing": bool(activation_checkpointing),
     }
     if int(version) == 1:
-        cfg.update({"reshard_after_forward": "full_shard", "backward_prefetch": backward_prefetch,
-                    "use_orig_params": True, "sync_module_states": bool(sync_module_states)})
+        cfg.update(
+            {
+                "reshard_after_forward": "full_shard",
+                "backward_prefetch": backward_prefetch,
+                "use_orig_params": True,
+                "sync_module_states": bool(sync_module_states),
+            }
+        )
     else:
         cfg["reshard_after_forward"] = True
     cfg.update(extra or {})

@@ -15,9 +15,15 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 
-def apply_fsdp2(model: nn.Module, mesh, wrap_cls: type[nn.Module], *,
-                mp_policy: MixedPrecisionPolicy | None = None, offload_policy: CPUOffloadPolicy | None = None,
-                reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp2(
+    model: nn.Module,
+    mesh,
+    wrap_cls: type[nn.Module],
+    *,
+    mp_policy: MixedPrecisionPolicy | None = None,
+    offload_policy: CPUOffloadPolicy | None = None,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
     """Shard ``model`` in place: ``fully_shard`` each ``wrap_cls`` module, then the root.
 
     The root group holds what no layer owns: the embedding, the final norm and ``lm_head``. SmolLM3
@@ -68,15 +74,17 @@ def describe_sharding(model: nn.Module) -> pd.DataFrame:
     for name, p in model.named_parameters():
         is_dt = isinstance(p, DTensor)
         local = p.to_local() if is_dt else p
-        rows.append({
-            "name": name,
-            "type": "DTensor" if is_dt else type(p).__name__,
-            "placement": str(tuple(p.placements)) if is_dt else "",
-            "local_shape": tuple(local.shape),
-            "global_shape": tuple(p.shape),
-            "local_numel": local.numel(),
-            "global_numel": p.numel(),
-            "dtype": str(p.dtype).replace("torch.", ""),
-            "requires_grad": p.requires_grad,
-        })
+        rows.append(
+            {
+                "name": name,
+                "type": "DTensor" if is_dt else type(p).__name__,
+                "placement": str(tuple(p.placements)) if is_dt else "",
+                "local_shape": tuple(local.shape),
+                "global_shape": tuple(p.shape),
+                "local_numel": local.numel(),
+                "global_numel": p.numel(),
+                "dtype": str(p.dtype).replace("torch.", ""),
+                "requires_grad": p.requires_grad,
+            }
+        )
     return pd.DataFrame(rows)

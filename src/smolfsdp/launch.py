@@ -17,8 +17,16 @@ from smolfsdp.config import TrainConfig
 
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc-per-node N -m smolfsdp.cli <args>``."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "smolfsdp.cli", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "smolfsdp.cli",
+        *args,
+    ]
 
 
 def launch_env(nproc: int) -> dict[str, str]:
@@ -30,7 +38,9 @@ def launch_env(nproc: int) -> dict[str, str]:
     return env
 
 
-def launch(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None) -> subprocess.CompletedProcess:
+def launch(
+    cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
+) -> subprocess.CompletedProcess:
     """Run ``smolfsdp train`` on ``cfg.nproc`` processes and wait for it.
 
     With ``capture`` the combined output is returned in ``.stdout`` (for notebooks and tests);
@@ -40,6 +50,11 @@ def launch(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = N
         cfg_path = Path(tmp) / "config.yaml"
         cfg.save(cfg_path)
         cmd = torchrun_command(cfg.nproc, ["train", "--config", str(cfg_path)])
-        return subprocess.run(cmd, env=launch_env(cfg.nproc), timeout=timeout, text=True,
-                              stdout=subprocess.PIPE if capture else None,
-                              stderr=subprocess.STDOUT if capture else None)
+        return subprocess.run(
+            cmd,
+            env=launch_env(cfg.nproc),
+            timeout=timeout,
+            text=True,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
+        )

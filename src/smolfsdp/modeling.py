@@ -35,6 +35,20 @@ TINY_GEOMETRY: dict[str, Any] = {
 PRESETS = ("tiny",)
 
 
+def check_model_name(model: str) -> str:
+    """A preset name, a local path or an ``owner/name`` hub id; anything else is an unknown preset."""
+    from pathlib import Path
+
+    if model in PRESETS or "/" in model or Path(model).expanduser().exists():
+        return model
+    hint = nearest(model, PRESETS)
+    raise ConfigError(
+        f"Unknown model preset {model!r}"
+        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + f"; presets are {list(PRESETS)}, or give a hub id like {SMOLLM3_3B!r} or a local path."
+    )
+
+
 def load_tokenizer(model: str = "tiny", tokenizer: str | None = None, trust_remote_code: bool = False):
     """The tokenizer for ``model``: the bundled byte-level BPE for ``tiny``, else the model's own.
 
@@ -42,6 +56,7 @@ def load_tokenizer(model: str = "tiny", tokenizer: str | None = None, trust_remo
     """
     from transformers import AutoTokenizer
 
+    check_model_name(model)
     source = tokenizer or (str(bundled_tokenizer_path()) if model == "tiny" else model)
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -61,18 +76,32 @@ def tiny_config(tokenizer, **overrides: Any):
 
     geometry = {**TINY_GEOMETRY, **overrides}
     if geometry["num_hidden_layers"] % geometry["no_rope_layer_interval"]:
-        raise ConfigError("The tiny preset needs num_hidden_layers to be a multiple of 4 so a NoPE layer exists.")
+        raise ConfigError(
+            "The tiny preset needs num_hidden_layers to be a multiple of 4 so a NoPE layer exists."
+        )
     vocab = len(tokenizer)
-    ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-           "eos_token_id": tokenizer.eos_token_id}
+    ids = {
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     for key, value in ids.items():
         if value is None or not 0 <= value < vocab:
-            raise ConfigError(f"{key}={value} is outside the tokenizer's vocabulary of {vocab}; fix the tokenizer.")
+            raise ConfigError(
+                f"{key}={value} is outside the tokenizer's vocabulary of {vocab}; fix the tokenizer."
+            )
     return SmolLM3Config(vocab_size=vocab, **ids, **geometry)
 
 
-def build_model(model: str, tokenizer, *, seed: int = 0, trust_remote_code: bool = False,
-                dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> nn.Module:
+def build_model(
+    model: str,
+    tokenizer,
+    *,
+    seed: int = 0,
+    trust_remote_code: bool = False,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> nn.Module:
     """The causal LM for ``model`` (``"tiny"``, a hub id or a local path), in train mode.
 
     ``tiny`` is built from config with weights drawn from ``torch.manual_seed(seed)``, so every rank
@@ -88,8 +117,9 @@ def build_model(model: str, tokenizer, *, seed: int = 0, trust_remote_code: bool
             net = net.to(dtype)
     else:
         try:
-            net = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or torch.float32,
-                                                       trust_remote_code=trust_remote_code, device_map=None)
+            net = AutoModelForCausalLM.from_pretrained(
+                model, dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, device_map=None
+            )
         except OSError as err:
             raise ConfigError(f"Could not load model {model!r}: {str(err).splitlines()[0]}") from err
         net.to(device)
@@ -108,10 +138,14 @@ def build_meta_model(model: str, tokenizer=None, trust_remote_code: bool = False
             config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as err:
             if "/" not in model and not model.startswith((".", "/")):
-                raise ConfigError(f"Unknown model preset {model!r}; presets are {PRESETS}, or give a hub id "
-                                  "or a local path.") from err
-            raise ConfigError(f"Could not read the config of {model!r}: {str(err).splitlines()[0]}. Give a local "
-                              "path with config.json when offline.") from err
+                raise ConfigError(
+                    f"Unknown model preset {model!r}; presets are {PRESETS}, or give a hub id "
+                    "or a local path."
+                ) from err
+            raise ConfigError(
+                f"Could not read the config of {model!r}: {str(err).splitlines()[0]}. Give a local "
+                "path with config.json when offline."
+            ) from err
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
@@ -122,12 +156,15 @@ def normalise_wrap_class_name(name: str) -> str:
     text = str(name)
     cleaned = text.strip().strip(",").strip()
     if not cleaned:
-        raise ConfigError("wrap_class is empty; leave it unset to use the model's decoder layer, or give one "
-                          "class name such as 'SmolLM3DecoderLayer'.")
+        raise ConfigError(
+            "wrap_class is empty; leave it unset to use the model's decoder layer, or give one "
+            "class name such as 'SmolLM3DecoderLayer'."
+        )
     if cleaned != text or "," in cleaned or " " in cleaned:
         parts = [p.strip() for p in cleaned.split(",") if p.strip()]
-        raise ConfigError(f"wrap_class={text!r} has stray spaces or commas; give exactly one class name, "
-                          f"e.g. {parts[0]!r}.")
+        raise ConfigError(
+            f"wrap_class={text!r} has stray spaces or commas; give exactly one class name, e.g. {parts[0]!r}."
+        )
     return cleaned
 
 
@@ -145,8 +182,10 @@ def discover_wrap_class(model: nn.Module) -> str:
     for name in declared:
         if name in present:
             return name
-    raise ConfigError(f"{type(model).__name__} declares no decoder-layer class in _no_split_modules "
-                      f"({declared}); set wrap_class to one of its module classes.")
+    raise ConfigError(
+        f"{type(model).__name__} declares no decoder-layer class in _no_split_modules "
+        f"({declared}); set wrap_class to one of its module classes."
+    )
 
 
 def resolve_wrap_class(model: nn.Module, name: str | None = None) -> type[nn.Module]:
@@ -161,8 +200,10 @@ def resolve_wrap_class(model: nn.Module, name: str | None = None) -> type[nn.Mod
         return classes[name]
     right = [c for c in classes if c.lower() == name.lower()] or nearest(name, classes)
     hint = f" Did you mean {right[0]!r}?" if right else ""
-    raise ConfigError(f"wrap_class={name!r} is not a module class of {type(model).__name__}.{hint} "
-                      f"Its decoder layer is {discover_wrap_class(model)!r}.")
+    raise ConfigError(
+        f"wrap_class={name!r} is not a module class of {type(model).__name__}.{hint} "
+        f"Its decoder layer is {discover_wrap_class(model)!r}."
+    )
 
 
 def decoder_layers(model: nn.Module, wrap_cls: type[nn.Module]) -> list[nn.Module]:

@@ -24,7 +24,13 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from smolfsdp.data import IGNORE_INDEX, prepare_data
 from smolfsdp.distributed import DistInfo, all_gather_object
-from smolfsdp.modeling import build_model, count_parameters, decoder_layers, load_tokenizer, resolve_wrap_class
+from smolfsdp.modeling import (
+    build_model,
+    count_parameters,
+    decoder_layers,
+    load_tokenizer,
+    resolve_wrap_class,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +64,14 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
     if cfg.fsdp_version == 1:
         from smolfsdp import fsdp1
 
-        model = fsdp1.wrap_fsdp1(model, wrap_cls, device=info.device, backward_prefetch=cfg.backward_prefetch,
-                                 cpu_offload=cfg.cpu_offload, param_dtype=param_dtype)
+        model = fsdp1.wrap_fsdp1(
+            model,
+            wrap_cls,
+            device=info.device,
+            backward_prefetch=cfg.backward_prefetch,
+            cpu_offload=cfg.cpu_offload,
+            param_dtype=param_dtype,
+        )
         units, local = len(fsdp1.fsdp_units(model)), fsdp1.local_numel(model)
         param_type = "FlatParameter"
     else:
@@ -71,14 +83,24 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp_shard",))
         offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else None
         model.to(info.device)
-        fsdp2.apply_fsdp2(model, mesh, wrap_cls, mp_policy=fsdp2.default_mp_policy(cfg.mixed_precision),
-                          offload_policy=offload)
+        fsdp2.apply_fsdp2(
+            model,
+            mesh,
+            wrap_cls,
+            mp_policy=fsdp2.default_mp_policy(cfg.mixed_precision),
+            offload_policy=offload,
+        )
         units, local = len(fsdp2.fsdp_units(model)), fsdp2.local_numel(model)
         param_type = "DTensor"
     if cfg.activation_checkpointing and cfg.fsdp_version == 1:
         _apply_activation_checkpointing(model, wrap_cls)
-    evidence = {"wrap_class": wrap_cls.__name__, "decoder_layers": n_layers, "fsdp_units": units,
-                "parameter_type": param_type, "sharding_strategy": "FULL_SHARD"}
+    evidence = {
+        "wrap_class": wrap_cls.__name__,
+        "decoder_layers": n_layers,
+        "fsdp_units": units,
+        "parameter_type": param_type,
+        "sharding_strategy": "FULL_SHARD",
+    }
     return model, {**evidence, "local_numel": local}
 
 
@@ -90,8 +112,10 @@ def _apply_activation_checkpointing(model: nn.Module, wrap_cls: type[nn.Module])
     )
 
     apply_activation_checkpointing(
-        model, checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda m: isinstance(m, wrap_cls))
+        model,
+        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, wrap_cls),
+    )
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -103,8 +127,9 @@ def count_label_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 
-def forward_backward(model: nn.Module, micro_batches: list[dict[str, torch.Tensor]], world_size: int,
-                     device: torch.device) -> tuple[float, int]:
+def forward_backward(
+    model: nn.Module, micro_batches: list[dict[str, torch.Tensor]], world_size: int, device: torch.device
+) -> tuple[float, int]:
     """Forward and backward over this rank's micro-batches of one optimizer step.
 
     The loss of each micro-batch is its summed token loss divided by the label tokens of the whole
@@ -133,13 +158,15 @@ def evaluate(model: nn.Module, eval_ds, collator, batch_size: int, info: DistInf
     n_batches = math.ceil(math.ceil(len(eval_ds) / info.world_size) / batch_size)
     sums = torch.zeros(2, device=info.device, dtype=torch.float64)
     for b in range(n_batches):
-        rows = [eval_ds[i] for i in idx[b * batch_size:(b + 1) * batch_size]]
+        rows = [eval_ds[i] for i in idx[b * batch_size : (b + 1) * batch_size]]
         if not rows:  # keep collectives in step: one row, no labels
             rows = [{**eval_ds[0], "labels": [IGNORE_INDEX] * len(eval_ds[0]["labels"])}]
         batch = collator(rows)
         n = count_label_tokens(batch)
         out = model(**_to(batch, info.device), num_items_in_batch=1)  # loss = summed token loss
-        sums += torch.tensor([out.loss.double().item() if n else 0.0, n], device=info.device, dtype=torch.float64)
+        sums += torch.tensor(
+            [out.loss.double().item() if n else 0.0, n], device=info.device, dtype=torch.float64
+        )
     dist.all_reduce(sums)
     model.train()
     return float(sums[0] / sums[1])
@@ -188,8 +215,9 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" and cfg.model != "tiny" else None
-    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-                        dtype=dtype)
+    model = build_model(
+        cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code, dtype=dtype
+    )
     total_params = count_parameters(model)
     model, evidence = shard_model(model, cfg, info)
     local = all_gather_object(evidence.pop("local_numel"))
@@ -197,22 +225,40 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
     collator = PadCollator(tokenizer.pad_token_id)
-    sampler = DistributedSampler(data.train, num_replicas=info.world_size, rank=info.rank, shuffle=True,
-                                 seed=cfg.seed, drop_last=True)
-    loader = DataLoader(data.train, batch_size=cfg.per_device_train_batch_size, sampler=sampler,
-                        collate_fn=collator, drop_last=True)
+    sampler = DistributedSampler(
+        data.train, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
+    loader = DataLoader(
+        data.train,
+        batch_size=cfg.per_device_train_batch_size,
+        sampler=sampler,
+        collate_fn=collator,
+        drop_last=True,
+    )
     steps_per_epoch = len(loader) // cfg.gradient_accumulation_steps
     if steps_per_epoch == 0 and cfg.max_steps <= 0:
-        raise ValueError(f"{len(data.train)} training rows make no full step of "
-                         f"{cfg.per_device_train_batch_size} x {info.world_size} ranks x "
-                         f"{cfg.gradient_accumulation_steps}; lower the batch size or add rows.")
+        raise ValueError(
+            f"{len(data.train)} training rows make no full step of "
+            f"{cfg.per_device_train_batch_size} x {info.world_size} ranks x "
+            f"{cfg.gradient_accumulation_steps}; lower the batch size or add rows."
+        )
     total_steps = cfg.max_steps if cfg.max_steps > 0 else math.ceil(cfg.num_train_epochs * steps_per_epoch)
-    scheduler = get_scheduler(cfg.lr_scheduler_type, optimizer,
-                              num_warmup_steps=math.ceil(cfg.warmup_ratio * total_steps),
-                              num_training_steps=total_steps)
-    log.info("model %s: %s parameters, %d FSDP units (%s), %d ranks; %d steps of %d sequences",
-             cfg.model, f"{total_params:,}", evidence["fsdp_units"], evidence["parameter_type"], info.world_size,
-             total_steps, cfg.per_device_train_batch_size * info.world_size * cfg.gradient_accumulation_steps)
+    scheduler = get_scheduler(
+        cfg.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=math.ceil(cfg.warmup_ratio * total_steps),
+        num_training_steps=total_steps,
+    )
+    log.info(
+        "model %s: %s parameters, %d FSDP units (%s), %d ranks; %d steps of %d sequences",
+        cfg.model,
+        f"{total_params:,}",
+        evidence["fsdp_units"],
+        evidence["parameter_type"],
+        info.world_size,
+        total_steps,
+        cfg.per_device_train_batch_size * info.world_size * cfg.gradient_accumulation_steps,
+    )
 
     def run_eval(step: int) -> float | None:
         if data.eval is None:
@@ -251,10 +297,18 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         tokens = int(stats.item())
         tokens_total += tokens
         train_losses.append(loss)
-        record = {"split": "train", "step": step, "epoch": round(step / max(steps_per_epoch, 1), 4), "loss": loss,
-                  "learning_rate": scheduler.get_last_lr()[0], "grad_norm": grad_norm, "step_time_ms": step_ms,
-                  "tokens": tokens, "label_tokens": n_items,
-                  "samples": cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size}
+        record = {
+            "split": "train",
+            "step": step,
+            "epoch": round(step / max(steps_per_epoch, 1), 4),
+            "loss": loss,
+            "learning_rate": scheduler.get_last_lr()[0],
+            "grad_norm": grad_norm,
+            "step_time_ms": step_ms,
+            "tokens": tokens,
+            "label_tokens": n_items,
+            "samples": cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size,
+        }
         if step % cfg.logging_steps == 0 or step == total_steps:
             writer.log(record)
         bar.set_postfix(loss=f"{loss:.3f}")
@@ -270,16 +324,31 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         final_dir = writer.run_dir / "final_model"
         save_final_model(model, tokenizer, final_dir, info)
     return {
-        "requested": {"engine": "native", "strategy": f"fsdp{cfg.fsdp_version}", "sharding_strategy": "FULL_SHARD"},
-        "effective": {"strategy": f"fsdp{cfg.fsdp_version}",
-                      "reason": "native engine: torch.distributed.fsdp shards on any backend, gloo included",
-                      "evidence": evidence},
-        "params": {"total": total_params, "local_numel_per_rank": local,
-                   "fraction_per_rank": [round(n / total_params, 4) for n in local]},
+        "requested": {
+            "engine": "native",
+            "strategy": f"fsdp{cfg.fsdp_version}",
+            "sharding_strategy": "FULL_SHARD",
+        },
+        "effective": {
+            "strategy": f"fsdp{cfg.fsdp_version}",
+            "reason": "native engine: torch.distributed.fsdp shards on any backend, gloo included",
+            "evidence": evidence,
+        },
+        "params": {
+            "total": total_params,
+            "local_numel_per_rank": local,
+            "fraction_per_rank": [round(n / total_params, 4) for n in local],
+        },
         "data": data.stats(),
-        "metrics": {"steps": total_steps, "train_loss_first": train_losses[0], "train_loss_last": train_losses[-1],
-                    "eval_loss_first": eval_losses[0], "eval_loss_last": eval_losses[-1],
-                    "train_runtime_s": round(train_time, 2), "tokens": tokens_total,
-                    "tokens_per_s": round(tokens_total / train_time, 1)},
+        "metrics": {
+            "steps": total_steps,
+            "train_loss_first": train_losses[0],
+            "train_loss_last": train_losses[-1],
+            "eval_loss_first": eval_losses[0],
+            "eval_loss_last": eval_losses[-1],
+            "train_runtime_s": round(train_time, 2),
+            "tokens": tokens_total,
+            "tokens_per_s": round(tokens_total / train_time, 1),
+        },
         "final_model": str(final_dir) if final_dir else None,
     }

@@ -26,8 +26,9 @@ def git_sha(cwd: str | Path | None = None) -> str | None:
     from smolfsdp.data import repo_root
 
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or repo_root(), capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd or repo_root(), capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -63,8 +64,10 @@ def prepare_run_dir(run_dir: Path) -> None:
     """Create ``run_dir``; an earlier run folder there is replaced, anything else is refused."""
     if run_dir.exists() and any(run_dir.iterdir()):
         if not (run_dir / "config.yaml").exists():
-            raise FileExistsError(f"{run_dir} exists, is not empty and is not a smolfsdp run folder; "
-                                  "choose another name or output_dir.")
+            raise FileExistsError(
+                f"{run_dir} exists, is not empty and is not a smolfsdp run folder; "
+                "choose another name or output_dir."
+            )
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -130,5 +133,9 @@ def load_run(path: str | Path) -> Run:
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path / name} is missing: is {path} a finished smolfsdp run?")
     rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return Run(path, yaml.safe_load((path / "config.yaml").read_text()), pd.DataFrame(rows),
-               json.loads((path / "summary.json").read_text()))
+    return Run(
+        path,
+        yaml.safe_load((path / "config.yaml").read_text()),
+        pd.DataFrame(rows),
+        json.loads((path / "summary.json").read_text()),
+    )

@@ -81,9 +81,16 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         else:
             fields = run_trl(cfg, info, writer)
         summary = {
-            "name": cfg.name, "engine": cfg.engine, "world_size": info.world_size, "backend": info.backend,
-            "device": info.device.type, "hardware": hardware(), "versions": versions(), "git_sha": git_sha(),
-            "wall_time_s": round(time.time() - t0, 2), **fields,
+            "name": cfg.name,
+            "engine": cfg.engine,
+            "world_size": info.world_size,
+            "backend": info.backend,
+            "device": info.device.type,
+            "hardware": hardware(),
+            "versions": versions(),
+            "git_sha": git_sha(),
+            "wall_time_s": round(time.time() - t0, 2),
+            **fields,
         }
         writer.write_summary(summary)
         if info.is_main:
@@ -98,9 +105,18 @@ def _log_summary(s: dict[str, Any]) -> None:
     eff, m = s["effective"], s["metrics"]
     log.info("requested %s, ran %s (%s)", s["requested"]["strategy"], eff["strategy"], eff["reason"])
     if "fraction_per_rank" in s.get("params", {}):
-        log.info("parameters held per rank: %s of %s", s["params"]["fraction_per_rank"], f"{s['params']['total']:,}")
-    log.info("eval loss %.3f -> %.3f over %d steps (%.1f s); run folder written", m.get("eval_loss_first") or float("nan"),
-             m.get("eval_loss_last") or float("nan"), m["steps"], m["train_runtime_s"])
+        log.info(
+            "parameters held per rank: %s of %s",
+            s["params"]["fraction_per_rank"],
+            f"{s['params']['total']:,}",
+        )
+    log.info(
+        "eval loss %.3f -> %.3f over %d steps (%.1f s); run folder written",
+        m.get("eval_loss_first") or float("nan"),
+        m.get("eval_loss_last") or float("nan"),
+        m["steps"],
+        m["train_runtime_s"],
+    )
 
 
 # ------------------------------------------------------------------------------- TRL engine
@@ -112,23 +128,42 @@ def detect_effective(trainer) -> dict[str, Any]:
 
     wrapped = trainer.model_wrapped
     acc = trainer.accelerator
-    evidence = {"accelerate_distributed_type": str(acc.distributed_type), "trainer_is_fsdp_enabled": trainer.is_fsdp_enabled,
-                "wrapper": type(wrapped).__name__}
+    evidence = {
+        "accelerate_distributed_type": str(acc.distributed_type),
+        "trainer_is_fsdp_enabled": trainer.is_fsdp_enabled,
+        "wrapper": type(wrapped).__name__,
+    }
     modules = list(wrapped.modules())
     if any(isinstance(m, FullyShardedDataParallel) for m in modules):
         n = sum(isinstance(m, FullyShardedDataParallel) for m in modules)
-        return {"strategy": "fsdp1", "reason": "accelerate wrapped the model in FullyShardedDataParallel",
-                "evidence": {**evidence, "fsdp_units": n, "parameter_type": "FlatParameter"}}
-    if any(isinstance(m, FSDPModule) for m in modules) or any(isinstance(p, DTensor) for p in wrapped.parameters()):
+        return {
+            "strategy": "fsdp1",
+            "reason": "accelerate wrapped the model in FullyShardedDataParallel",
+            "evidence": {**evidence, "fsdp_units": n, "parameter_type": "FlatParameter"},
+        }
+    if any(isinstance(m, FSDPModule) for m in modules) or any(
+        isinstance(p, DTensor) for p in wrapped.parameters()
+    ):
         n = sum(isinstance(m, FSDPModule) for m in modules)
-        return {"strategy": "fsdp2", "reason": "accelerate applied fully_shard (DTensor parameters)",
-                "evidence": {**evidence, "fsdp_units": n, "parameter_type": "DTensor"}}
+        return {
+            "strategy": "fsdp2",
+            "reason": "accelerate applied fully_shard (DTensor parameters)",
+            "evidence": {**evidence, "fsdp_units": n, "parameter_type": "DTensor"},
+        }
     if isinstance(wrapped, DistributedDataParallel):
-        return {"strategy": "ddp", "evidence": evidence, "reason": (
-            "accelerate enables FSDP only on accelerator devices; on CPU (use_cpu=True) the Trainer wrapped "
-            "the model in DistributedDataParallel instead, so every rank held all parameters")}
-    return {"strategy": "none", "reason": "single process: the Trainer applied no data-parallel wrapper",
-            "evidence": evidence}
+        return {
+            "strategy": "ddp",
+            "evidence": evidence,
+            "reason": (
+                "accelerate enables FSDP only on accelerator devices; on CPU (use_cpu=True) the Trainer wrapped "
+                "the model in DistributedDataParallel instead, so every rank held all parameters"
+            ),
+        }
+    return {
+        "strategy": "none",
+        "reason": "single process: the Trainer applied no data-parallel wrapper",
+        "evidence": evidence,
+    }
 
 
 def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str):
@@ -167,10 +202,17 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         use_cpu=on_cpu,
         ddp_backend=info.backend if multi else None,
         fsdp=multi,
-        fsdp_config=hf_fsdp_config(cfg.fsdp_version, wrap_class, backward_prefetch=cfg.backward_prefetch,
-                                   state_dict_type=cfg.state_dict_type, cpu_offload=cfg.cpu_offload,
-                                   activation_checkpointing=cfg.activation_checkpointing,
-                                   sync_module_states=not on_cpu) if multi else None,
+        fsdp_config=hf_fsdp_config(
+            cfg.fsdp_version,
+            wrap_class,
+            backward_prefetch=cfg.backward_prefetch,
+            state_dict_type=cfg.state_dict_type,
+            cpu_offload=cfg.cpu_offload,
+            activation_checkpointing=cfg.activation_checkpointing,
+            sync_module_states=not on_cpu,
+        )
+        if multi
+        else None,
         dataset_kwargs={"skip_prepare_dataset": True},  # smolfsdp.data already tokenised with labels
         remove_unused_columns=False,
         include_num_input_tokens_seen="non_padding",
@@ -190,10 +232,17 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     total_params = sum(p.numel() for p in model.parameters())
     args = trl_args(cfg, info, str(writer.run_dir / "trainer"), wrap_cls.__name__)
-    callback = RunWriterCallback(writer, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-                                 * info.world_size)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
-                         processing_class=tokenizer, callbacks=[callback])
+    callback = RunWriterCallback(
+        writer, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        processing_class=tokenizer,
+        callbacks=[callback],
+    )
     out = trainer.train()
     effective = detect_effective(trainer)
     final_dir = None
@@ -203,8 +252,12 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
             # SHARDED_STATE_DICT is right for checkpoints; the final model must load with from_pretrained.
             trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
         trainer.save_model(str(final_dir))
-    requested = {"engine": "trl", "strategy": f"fsdp{cfg.fsdp_version}" if info.world_size > 1 else "none",
-                 "sharding_strategy": "FULL_SHARD", "fsdp_config": args.fsdp_config}
+    requested = {
+        "engine": "trl",
+        "strategy": f"fsdp{cfg.fsdp_version}" if info.world_size > 1 else "none",
+        "sharding_strategy": "FULL_SHARD",
+        "fsdp_config": args.fsdp_config,
+    }
     evals = [r["eval_loss"] for r in callback.records if r.get("split") == "eval"]
     trains = [r["loss"] for r in callback.records if r.get("split") == "train"]
     return {
@@ -212,11 +265,17 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         "effective": effective,
         "params": {"total": total_params},
         "data": data.stats(),
-        "metrics": {"steps": out.global_step, "train_loss_first": trains[0] if trains else None,
-                    "train_loss_last": trains[-1] if trains else None,
-                    "eval_loss_first": evals[0] if evals else None, "eval_loss_last": evals[-1] if evals else None,
-                    "train_runtime_s": round(out.metrics.get("train_runtime", 0.0), 2),
-                    "tokens": int(trainer.state.num_input_tokens_seen),
-                    "tokens_per_s": round(trainer.state.num_input_tokens_seen / max(out.metrics.get("train_runtime", 1e-9), 1e-9), 1)},
+        "metrics": {
+            "steps": out.global_step,
+            "train_loss_first": trains[0] if trains else None,
+            "train_loss_last": trains[-1] if trains else None,
+            "eval_loss_first": evals[0] if evals else None,
+            "eval_loss_last": evals[-1] if evals else None,
+            "train_runtime_s": round(out.metrics.get("train_runtime", 0.0), 2),
+            "tokens": int(trainer.state.num_input_tokens_seen),
+            "tokens_per_s": round(
+                trainer.state.num_input_tokens_seen / max(out.metrics.get("train_runtime", 1e-9), 1e-9), 1
+            ),
+        },
         "final_model": str(final_dir) if final_dir else None,
     }

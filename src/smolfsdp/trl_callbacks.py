@@ -35,10 +35,17 @@ class RunWriterCallback(TrainerCallback):
             rec = {"split": "eval", "step": state.global_step, "eval_loss": logs["eval_loss"]}
         elif "loss" in logs:
             seen = int(state.num_input_tokens_seen or 0)
-            rec = {"split": "train", "step": state.global_step, "epoch": logs.get("epoch"), "loss": logs["loss"],
-                   "learning_rate": logs.get("learning_rate"), "grad_norm": logs.get("grad_norm"),
-                   "step_time_ms": self._step_ms, "tokens": seen - self._tokens_seen,
-                   "samples": self.samples_per_step}
+            rec = {
+                "split": "train",
+                "step": state.global_step,
+                "epoch": logs.get("epoch"),
+                "loss": logs["loss"],
+                "learning_rate": logs.get("learning_rate"),
+                "grad_norm": logs.get("grad_norm"),
+                "step_time_ms": self._step_ms,
+                "tokens": seen - self._tokens_seen,
+                "samples": self.samples_per_step,
+            }
             self._tokens_seen = seen
         else:
             return

@@ -1,0 +1,130 @@
+"""End-to-end fine-tunes on 2 CPU processes: native FSDP1/FSDP2, the TRL engine, real MedQuAD text."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from smolfsdp import sft
+from smolfsdp.config import TrainConfig
+from smolfsdp.data import prepare_data
+from smolfsdp.modeling import load_tokenizer
+
+
+def _eval_loss_of_saved_model(path, cfg) -> float:
+    """Mean token loss of the saved model on the run's eval split, in one plain process."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from smolfsdp.native import PadCollator, count_label_tokens
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    data = prepare_data(cfg, tok)
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(data.eval), 4):
+            batch = PadCollator(tok.pad_token_id)(
+                [data.eval[j] for j in range(i, min(i + 4, len(data.eval)))]
+            )
+            total += model(**batch, num_items_in_batch=1).loss.item()
+            n += count_label_tokens(batch)
+    return total / n
+
+
+@pytest.fixture(scope="module")
+def fsdp1_run(tmp_path_factory):
+    cfg = TrainConfig(name="fsdp1", output_dir=str(tmp_path_factory.mktemp("runs")), num_train_epochs=3)
+    return cfg, sft.run(cfg, capture=True, timeout=600)
+
+
+def test_native_fsdp1_shards_and_learns(fsdp1_run):
+    cfg, run = fsdp1_run
+    s = run.summary
+    assert s["world_size"] == 2 and s["backend"] == "gloo"
+    assert s["requested"]["strategy"] == s["effective"]["strategy"] == "fsdp1"
+    ev = s["effective"]["evidence"]
+    assert ev["parameter_type"] == "FlatParameter" and ev["fsdp_units"] == ev["decoder_layers"] + 1
+    # each rank held half of the (padded) FlatParameters; together they hold every parameter
+    assert s["params"]["fraction_per_rank"] == pytest.approx([0.5, 0.5], abs=0.01)
+    assert sum(s["params"]["local_numel_per_rank"]) >= s["params"]["total"]
+    m = s["metrics"]
+    assert m["eval_loss_last"] < m["eval_loss_first"] - 0.5, m  # falls clearly
+    train = run.train
+    assert list(train["step"]) == list(range(1, m["steps"] + 1))
+    assert {"loss", "learning_rate", "grad_norm", "step_time_ms", "tokens", "samples"} <= set(train.columns)
+    assert (train["samples"] == 8).all() and (train["tokens"] > 0).all()
+    assert run.eval["step"].iloc[0] == 0 and len(run.eval) >= 3
+    assert s["versions"]["torch"].startswith("2.13.0") and s["data"]["truncated_rows"] > 0
+
+
+def test_final_model_loads_and_matches_the_run(fsdp1_run):
+    cfg, run = fsdp1_run
+    loss = _eval_loss_of_saved_model(run.summary["final_model"], cfg)
+    assert loss == pytest.approx(run.summary["metrics"]["eval_loss_last"], rel=1e-4)
+
+
+def test_native_fsdp2_run(tmp_path):
+    cfg = TrainConfig(name="fsdp2", output_dir=str(tmp_path), fsdp_version=2, max_steps=8, eval_steps=4)
+    s = sft.run(cfg, capture=True, timeout=600).summary
+    assert s["effective"]["strategy"] == "fsdp2"
+    assert s["effective"]["evidence"]["parameter_type"] == "DTensor"
+    assert s["params"]["fraction_per_rank"] == pytest.approx([0.5, 0.5], abs=0.01)
+    assert _eval_loss_of_saved_model(s["final_model"], cfg) == pytest.approx(
+        s["metrics"]["eval_loss_last"], rel=1e-4
+    )
+
+
+def test_trl_engine_says_ddp_on_cpu(tmp_path):
+    cfg = TrainConfig(name="trl", output_dir=str(tmp_path), engine="trl", max_steps=6, eval_steps=3)
+    run = sft.run(cfg, capture=True, timeout=600)
+    s = run.summary
+    assert s["requested"]["strategy"] == "fsdp1"
+    assert s["requested"]["fsdp_config"]["backward_prefetch"] == "BACKWARD_PRE"
+    assert s["effective"]["strategy"] == "ddp"
+    assert "DistributedDataParallel" in s["effective"]["reason"]
+    assert s["effective"]["evidence"]["wrapper"] == "DistributedDataParallel"
+    assert s["world_size"] == 2
+    assert len(run.train) == 6 and run.eval["eval_loss"].notna().all()
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(s["final_model"]).config.model_type == "smollm3"
+
+
+def test_medquad_real_text(tmp_path, medquad_path):
+    """Real MedQuAD answers (up to ~28k characters) through the Question/Answer mapping."""
+    cfg = TrainConfig(
+        name="medquad",
+        output_dir=str(tmp_path),
+        dataset=str(medquad_path),
+        max_length=256,
+        num_train_epochs=2,
+        eval_steps=20,
+    )
+    s = sft.run(cfg, capture=True, timeout=600).summary
+    assert s["data"]["mapping"] == "question_answer" and s["data"]["rows"] == 400
+    assert s["data"]["truncated_rows"] > 100
+    assert s["metrics"]["eval_loss_last"] < s["metrics"]["eval_loss_first"] - 0.5
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--wrap_class", "Smollm3DecoderLayer"], "Did you mean 'SmolLM3DecoderLayer'"),
+        (["--dataset", "no/such/file.jsonl"], "does not exist"),
+        (["--model", "tinyy"], "Unknown model preset"),
+        (["--max_length", "12"], "too small"),
+        (["--learning_rat", "1"], "Did you mean 'learning_rate'"),
+    ],
+)
+def test_cli_refuses_bad_input_before_launch(args, needle):
+    out = subprocess.run(
+        [sys.executable, "-m", "smolfsdp.cli", "train", *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert needle in out.stderr
+    assert "torch.distributed.run" not in out.stderr + out.stdout  # nothing was launched
+
+
+def test_tokenizer_loads_offline():
+    assert load_tokenizer("tiny").chat_template
