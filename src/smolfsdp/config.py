@@ -131,6 +131,11 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
+        if self.engine == "native" and self.save_steps > 0:
+            raise ConfigError(
+                "save_steps > 0: periodic checkpoints are written by the trl engine (Trainer checkpoints); the "
+                "native engine saves only the final model so far. Use --engine trl or set save_steps: 0."
+            )
         if self.eval_size < 0:
             raise ConfigError(f"eval_size={self.eval_size} must be >= 0 (fraction < 1 or a row count).")
         if self.learning_rate <= 0:
