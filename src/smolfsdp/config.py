@@ -75,6 +75,16 @@ class TrainConfig:
     cpu_offload: bool = False
     mixed_precision: str = "no"  # "no" (fp32) or "bf16"
     activation_checkpointing: bool = False
+    reshard_after_forward: bool = True  # FSDP2: free gathered layers after forward (ZeRO-3)
+    use_orig_params: bool = True  # FSDP1: keep original parameters as views (needed for LoRA)
+
+    # --- LoRA (peft), trained with the native engine
+    lora: bool = False
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.05
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_merge: bool = False  # also save the base model with the adapter merged in
 
     # --- optimisation
     num_train_epochs: float = 6.0
@@ -93,6 +103,8 @@ class TrainConfig:
     eval_steps: int = 10
     save_steps: int = 0  # 0: no periodic checkpoints; the final model is always saved
     save_final_model: bool = True
+    resume_from: str | None = None  # "latest" or a checkpoint directory (native engine)
+    stop_at_step: int | None = None  # end the run after this step, as if killed (resume drills)
 
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes copied into summary.json
 
@@ -131,11 +143,35 @@ class TrainConfig:
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
-        if self.engine == "native" and self.save_steps > 0:
+        if self.lora:
+            if self.lora_r <= 0:
+                raise ConfigError(
+                    f"lora_r={self.lora_r}: the LoRA rank must be a positive integer (8 is usual)."
+                )
+            if isinstance(self.lora_target_modules, str):
+                self.lora_target_modules = [
+                    m.strip() for m in self.lora_target_modules.split(",") if m.strip()
+                ]
+            if not self.lora_target_modules:
+                raise ConfigError(
+                    "lora_target_modules is empty; name the linear layers to adapt, e.g. q_proj,v_proj."
+                )
+            if self.engine != "native":
+                raise ConfigError(
+                    "lora=true runs on the native engine (plain PyTorch loop + FSDP); set engine: native."
+                )
+            if self.fsdp_version == 1 and not self.use_orig_params:
+                raise ConfigError(
+                    "LoRA with FSDP1 needs use_orig_params=true: with use_orig_params=false FSDP1 flattens each unit "
+                    "into one FlatParameter with a single requires_grad, so frozen base weights and trainable "
+                    "adapters cannot share a unit. Set use_orig_params: true, or use fsdp_version: 2."
+                )
+        if self.resume_from is not None and self.engine != "native":
             raise ConfigError(
-                "save_steps > 0: periodic checkpoints are written by the trl engine (Trainer checkpoints); the "
-                "native engine saves only the final model so far. Use --engine trl or set save_steps: 0."
+                "resume_from: the trl engine resumes with the Trainer's own checkpoints; use engine: native."
             )
+        if self.stop_at_step is not None and self.stop_at_step < 1:
+            raise ConfigError(f"stop_at_step={self.stop_at_step} must be >= 1.")
         if self.eval_size < 0:
             raise ConfigError(f"eval_size={self.eval_size} must be >= 0 (fraction < 1 or a row count).")
         if self.learning_rate <= 0:
@@ -227,4 +263,6 @@ def _coerce(key: str, type_name: str, value: Any) -> Any:
         raise ConfigError(f"{key}={value!r} is not a valid {base}.") from err
     if base == "str":
         return str(value)
+    if base == "list[str]" and isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
     return value

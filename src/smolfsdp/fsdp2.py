@@ -47,8 +47,53 @@ def apply_fsdp2(
     return model
 
 
+def build_mesh(device_type: str, shard_size: int, replicate_size: int = 1):
+    """A 1-D mesh (``dp_shard``) or, with ``replicate_size > 1``, a 2-D HSDP mesh (``dp_replicate``, ``dp_shard``).
+
+    Raises ConfigError when the mesh needs more ranks than the process group has.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from smolfsdp.config import ConfigError
+
+    world = dist.get_world_size()
+    if shard_size * replicate_size > world:
+        raise ConfigError(
+            f"a mesh of {replicate_size} x {shard_size} = {shard_size * replicate_size} ranks is larger "
+            f"than the world size {world}; launch more processes or shrink the mesh."
+        )
+    if replicate_size > 1:
+        return init_device_mesh(
+            device_type, (replicate_size, shard_size), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+    return init_device_mesh(device_type, (shard_size,), mesh_dim_names=("dp_shard",))
+
+
+def make_offload_policy(pin_memory: bool | None = None) -> CPUOffloadPolicy:
+    """``CPUOffloadPolicy``; pinned host memory only where CUDA exists (pinning needs a CUDA driver).
+
+    Raises ConfigError when pinned memory is asked for on a machine without CUDA.
+    """
+    from smolfsdp.config import ConfigError
+
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    if pin_memory and not torch.cuda.is_available():
+        raise ConfigError(
+            "CPU offload with pin_memory=True needs CUDA (page-locked host memory is a CUDA driver "
+            "feature); on this machine use pin_memory=False."
+        )
+    return CPUOffloadPolicy(pin_memory=pin_memory)
+
+
 def default_mp_policy(mixed_precision: str) -> MixedPrecisionPolicy | None:
-    """bf16 compute with fp32 gradient reduction (torchtitan's default), or None for plain fp32."""
+    """bf16 compute with fp32 gradient reduction (torchtitan's default), or None for plain fp32.
+
+    Why: bf16 all-gathers and matmuls halve communication and use tensor cores, while reducing
+    gradients in fp32 keeps the sum over ranks from losing the low bits (bf16 has an 8-bit
+    mantissa); the sharded parameters and optimizer state stay fp32.
+    """
     if mixed_precision == "bf16":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     return None

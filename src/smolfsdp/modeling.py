@@ -79,7 +79,9 @@ def tiny_config(tokenizer, **overrides: Any):
         raise ConfigError(
             "The tiny preset needs num_hidden_layers to be a multiple of 4 so a NoPE layer exists."
         )
-    vocab = len(tokenizer)
+    vocab = geometry.pop("vocab_size", len(tokenizer))
+    if vocab < len(tokenizer):
+        raise ConfigError(f"vocab_size={vocab} is smaller than the tokenizer's {len(tokenizer)} tokens.")
     ids = {
         "pad_token_id": tokenizer.pad_token_id,
         "bos_token_id": tokenizer.bos_token_id,
@@ -101,8 +103,11 @@ def build_model(
     trust_remote_code: bool = False,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    **tiny_overrides: Any,
 ) -> nn.Module:
     """The causal LM for ``model`` (``"tiny"``, a hub id or a local path), in train mode.
+
+    ``tiny_overrides`` change the tiny preset's geometry (e.g. ``vocab_size=1025``).
 
     ``tiny`` is built from config with weights drawn from ``torch.manual_seed(seed)``, so every rank
     builds the same model. Others load with ``from_pretrained``.
@@ -112,7 +117,7 @@ def build_model(
     if model == "tiny":
         torch.manual_seed(seed)
         with torch.device(device):
-            net = SmolLM3ForCausalLM(tiny_config(tokenizer))
+            net = SmolLM3ForCausalLM(tiny_config(tokenizer, **tiny_overrides))
         if dtype is not None:
             net = net.to(dtype)
     else:

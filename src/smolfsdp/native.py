@@ -71,17 +71,15 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
             backward_prefetch=cfg.backward_prefetch,
             cpu_offload=cfg.cpu_offload,
             param_dtype=param_dtype,
+            use_orig_params=cfg.use_orig_params,
         )
         units, local = len(fsdp1.fsdp_units(model)), fsdp1.local_numel(model)
         param_type = "FlatParameter"
     else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy
-
         from smolfsdp import fsdp2
 
-        mesh = init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp_shard",))
-        offload = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if cfg.cpu_offload else None
+        mesh = fsdp2.build_mesh(info.device.type, info.world_size)
+        offload = fsdp2.make_offload_policy() if cfg.cpu_offload else None
         model.to(info.device)
         fsdp2.apply_fsdp2(
             model,
@@ -89,6 +87,7 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
             wrap_cls,
             mp_policy=fsdp2.default_mp_policy(cfg.mixed_precision),
             offload_policy=offload,
+            reshard_after_forward=cfg.reshard_after_forward,
         )
         units, local = len(fsdp2.fsdp_units(model)), fsdp2.local_numel(model)
         param_type = "DTensor"
@@ -207,22 +206,56 @@ def _replace_dir(tmp: Path, out_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+class BatchStream:
+    """Micro-batches in a fixed order (sampler seed + epoch), resumable at any position."""
+
+    def __init__(self, loader: DataLoader, sampler: DistributedSampler, epoch: int = 0, consumed: int = 0):
+        self.loader, self.sampler = loader, sampler
+        self.epoch, self.consumed = epoch, 0
+        self._start(epoch)
+        for _ in range(consumed):  # replay the data order up to where a checkpoint stopped
+            next(self)
+
+    def _start(self, epoch: int) -> None:
+        self.epoch, self.consumed = epoch, 0
+        self.sampler.set_epoch(epoch)
+        self._it = iter(self.loader)
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._start(self.epoch + 1)
+            batch = next(self._it)
+        self.consumed += 1
+        return batch
+
+
 def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
     """Train ``cfg`` with the native engine on the current process group; return summary fields."""
     from tqdm.auto import tqdm
     from transformers import get_scheduler
 
+    from smolfsdp import checkpoint
+
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
-    dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" and cfg.model != "tiny" else None
-    model = build_model(
-        cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code, dtype=dtype
-    )
+    # fp32 parameters always: with mixed_precision="bf16" FSDP casts to bf16 for compute only.
+    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    if cfg.lora:
+        from smolfsdp.lora_fsdp2 import apply_lora
+
+        model = apply_lora(model, cfg)
     total_params = count_parameters(model)
+    trainable_params = count_parameters(model, trainable_only=True)
     model, evidence = shard_model(model, cfg, info)
     local = all_gather_object(evidence.pop("local_numel"))
     # The optimizer sees the sharded parameters: created only now, after wrapping.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+    )
 
     collator = PadCollator(tokenizer.pad_token_id)
     sampler = DistributedSampler(
@@ -249,10 +282,22 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         num_warmup_steps=math.ceil(cfg.warmup_ratio * total_steps),
         num_training_steps=total_steps,
     )
+    start_step, resumed_from = 0, None
+    stream_pos = {"epoch": 0, "consumed": 0}
+    if cfg.resume_from:
+        path = checkpoint.resolve_resume(cfg.resume_from, writer.run_dir)
+        state = checkpoint.load_checkpoint(path, model, optimizer, scheduler)
+        start_step, resumed_from = state["step"], str(path)
+        stream_pos = {"epoch": state["epoch"], "consumed": state["consumed"]}
+        log.info("resumed from %s at step %d", path, start_step)
+    stream = BatchStream(loader, sampler, **stream_pos)
+    if resumed_from:
+        checkpoint.restore_rng(resumed_from, info.rank)  # after the DataLoader iterator drew its seed
     log.info(
-        "model %s: %s parameters, %d FSDP units (%s), %d ranks; %d steps of %d sequences",
+        "model %s: %s parameters (%s trainable), %d FSDP units (%s), %d ranks; %d steps of %d sequences",
         cfg.model,
         f"{total_params:,}",
+        f"{trainable_params:,}",
         evidence["fsdp_units"],
         evidence["parameter_type"],
         info.world_size,
@@ -267,22 +312,15 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         writer.log({"split": "eval", "step": step, "eval_loss": loss})
         return loss
 
-    eval_losses = [run_eval(0)]
-    epoch, batches = 0, None
-    sampler.set_epoch(epoch)
-    batches = iter(loader)
+    eval_losses = [run_eval(start_step)]
     train_losses, tokens_total, t_train = [], 0, time.perf_counter()
-    bar = tqdm(total=total_steps, desc="train", disable=not info.is_main, dynamic_ncols=True)
-    for step in range(1, total_steps + 1):
+    last_step = min(total_steps, cfg.stop_at_step or total_steps)
+    bar = tqdm(
+        total=total_steps, initial=start_step, desc="train", disable=not info.is_main, dynamic_ncols=True
+    )
+    for step in range(start_step + 1, last_step + 1):
         t0 = time.perf_counter()
-        micro = []
-        while len(micro) < cfg.gradient_accumulation_steps:
-            try:
-                micro.append(next(batches))
-            except StopIteration:
-                epoch += 1
-                sampler.set_epoch(epoch)
-                batches = iter(loader)
+        micro = [next(stream) for _ in range(cfg.gradient_accumulation_steps)]
         loss, n_items = forward_backward(model, micro, info.world_size, info.device)
         grad_norm = clip_grad_norm(model, cfg.max_grad_norm, cfg.fsdp_version)
         optimizer.step()
@@ -315,19 +353,34 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         bar.update()
         if cfg.eval_steps > 0 and (step % cfg.eval_steps == 0) and step != total_steps:
             eval_losses.append(run_eval(step))
+        if cfg.save_steps > 0 and step % cfg.save_steps == 0:
+            pos = {"epoch": stream.epoch, "consumed": stream.consumed}
+            ckpt = checkpoint.save_checkpoint(
+                writer.run_dir, step, model, optimizer, scheduler, pos, info.rank
+            )
+            log.info("checkpoint %s", ckpt)
     bar.close()
-    eval_losses.append(run_eval(total_steps))
+    stopped_early = last_step < total_steps
+    if not stopped_early:
+        eval_losses.append(run_eval(total_steps))
     train_time = time.perf_counter() - t_train
 
-    final_dir = None
-    if cfg.save_final_model:
+    final_dir, adapter = None, None
+    if cfg.save_final_model and not stopped_early:
         final_dir = writer.run_dir / "final_model"
-        save_final_model(model, tokenizer, final_dir, info)
+        if cfg.lora:
+            from smolfsdp.lora_fsdp2 import save_adapter
+
+            adapter = save_adapter(model, final_dir, info, cfg, tokenizer)
+        else:
+            save_final_model(model, tokenizer, final_dir, info)
+    opt_steps = [int(st["step"]) for st in optimizer.state.values() if "step" in st]
     return {
         "requested": {
             "engine": "native",
             "strategy": f"fsdp{cfg.fsdp_version}",
             "sharding_strategy": "FULL_SHARD",
+            "lora": cfg.lora,
         },
         "effective": {
             "strategy": f"fsdp{cfg.fsdp_version}",
@@ -336,19 +389,24 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         },
         "params": {
             "total": total_params,
+            "trainable": trainable_params,
             "local_numel_per_rank": local,
             "fraction_per_rank": [round(n / total_params, 4) for n in local],
         },
         "data": data.stats(),
         "metrics": {
-            "steps": total_steps,
-            "train_loss_first": train_losses[0],
-            "train_loss_last": train_losses[-1],
+            "steps": last_step,
+            "optimizer_step": max(opt_steps, default=0),
+            "resumed_from": resumed_from,
+            "stopped_early": stopped_early,
+            "train_loss_first": train_losses[0] if train_losses else None,
+            "train_loss_last": train_losses[-1] if train_losses else None,
             "eval_loss_first": eval_losses[0],
             "eval_loss_last": eval_losses[-1],
             "train_runtime_s": round(train_time, 2),
             "tokens": tokens_total,
             "tokens_per_s": round(tokens_total / train_time, 1),
         },
-        "final_model": str(final_dir) if final_dir else None,
+        "final_model": str(final_dir) if final_dir and not cfg.lora else None,
+        "adapter": adapter,
     }

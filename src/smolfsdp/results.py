@@ -75,13 +75,16 @@ def prepare_run_dir(run_dir: Path) -> None:
 class RunWriter:
     """Writes a run folder. Only the instance with ``enabled=True`` (rank 0) touches the disk."""
 
-    def __init__(self, run_dir: str | Path, enabled: bool = True):
+    def __init__(self, run_dir: str | Path, enabled: bool = True, resume: bool = False):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.t0 = time.time()
         self._fh = None
         if enabled:
-            prepare_run_dir(self.run_dir)
+            if resume:  # keep the folder, its checkpoints and metrics; append
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            else:
+                prepare_run_dir(self.run_dir)
             self._fh = (self.run_dir / "metrics.jsonl").open("a", buffering=1)
 
     def write_config(self, cfg) -> None:

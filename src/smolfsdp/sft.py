@@ -44,6 +44,14 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     data = prepare_data(cfg, tokenizer)
     meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
     wrap_cls = resolve_wrap_class(meta, cfg.wrap_class)
+    if cfg.lora:
+        from smolfsdp.lora_fsdp2 import apply_lora
+
+        apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
+    if cfg.resume_from:
+        from smolfsdp.checkpoint import resolve_resume
+
+        resolve_resume(cfg.resume_from, cfg.run_dir)
     return {"data": data.stats(), "wrap_class": wrap_cls.__name__}
 
 
@@ -69,7 +77,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     info = init_distributed()
     setup_logging(info.rank)
     torch.manual_seed(cfg.seed)
-    writer = RunWriter(cfg.run_dir, enabled=info.is_main)
+    writer = RunWriter(cfg.run_dir, enabled=info.is_main, resume=bool(cfg.resume_from))
     writer.write_config(cfg)
     torch.distributed.barrier()
     t0 = time.time()

@@ -1,0 +1,146 @@
+"""GPUs and the "Does FSDP fit?" decision (chapter "Where the memory goes").
+
+A small table of data-centre GPUs with the figures their vendor datasheets state, a fit verdict
+per GPU for an estimate from ``smolfsdp.memory``, and ``recommend``: the seed's flowchart as a
+function (full replica -> FULL_SHARD -> FULL_SHARD + CPU offload -> more GPUs).
+
+    smolfsdp memory --model smollm3-3b --gpus 2 --gpu A10G
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smolfsdp.config import ConfigError, nearest
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Datasheet figures. ``memory_gb`` is the datasheet's GB, read as 10**9 bytes (conservative: the
+    capacity torch reports is usually a little higher for HBM parts, and what a process can use is
+    lower: CUDA context, allocator fragmentation). TFLOP/s are dense (no 2:4 sparsity)."""
+
+    name: str
+    memory_gb: float
+    bf16_dense_tflops: float
+    hbm_bandwidth_gbs: float  # GB/s
+    interconnect: str
+    source: str
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 1e9)
+
+
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("A10G", 24, 125, 600, "PCIe Gen4 x16 (64 GB/s)",
+            "NVIDIA A10 datasheet (A10G is AWS's A10 variant; AWS publishes no separate tensor figure)"),
+        GPU("L4", 24, 121, 300, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L4 Tensor Core GPU datasheet"),
+        GPU("L40S", 48, 362, 864, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L40S datasheet"),
+        GPU("A100 40GB", 40, 312, 1555, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)"),
+        GPU("A100 80GB", 80, 312, 2039, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)"),
+        GPU("H100 SXM", 80, 989, 3350, "NVLink 4 (900 GB/s)", "NVIDIA H100 Tensor Core GPU datasheet (SXM)"),
+        GPU("H200", 141, 989, 4800, "NVLink 4 (900 GB/s)", "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+    )
+}  # fmt: skip
+
+
+def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
+    """A GPU from the table (case-insensitive), or a custom one of ``memory_gib`` GiB.
+
+    Raises ConfigError for an unknown name, listing the known ones and the nearest.
+    """
+    if memory_gib is not None:
+        if memory_gib <= 0:
+            raise ConfigError(f"gpu memory {memory_gib} GiB: give a positive size.")
+        label = name or f"custom {memory_gib:g} GiB"
+        return GPU(label, memory_gib * 2**30 / 1e9, float("nan"), float("nan"), "unknown", "given on the command line")
+    by_lower = {k.lower(): g for k, g in GPUS.items()}
+    key = str(name).lower().replace("-", " ").replace("_", " ")
+    if key in by_lower:
+        return by_lower[key]
+    hint = nearest(str(name), GPUS)
+    raise ConfigError(
+        f"Unknown GPU {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + f". Known: {', '.join(GPUS)}; or give its memory with --gpu-memory-gib."
+    )
+
+
+def fits(estimate, gpu: GPU) -> bool:
+    """True when the estimate's device peak (upper bound) is within the GPU's memory."""
+    return estimate.peak_bytes <= gpu.memory_bytes
+
+
+def fit_table(estimates: dict[str, object], gpus=None):
+    """Rows of (setting, GPU, peak GiB, memory GiB, fits) for each named estimate and GPU."""
+    import pandas as pd
+
+    rows = []
+    for label, est in estimates.items():
+        for g in gpus or GPUS.values():
+            rows.append(
+                {
+                    "setting": label,
+                    "gpu": g.name,
+                    "peak_gib": est.peak_bytes / 2**30,
+                    "gpu_memory_gib": g.memory_bytes / 2**30,
+                    "fits": fits(est, g),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Recommendation:
+    decision: str  # "full replica", "FULL_SHARD", "FULL_SHARD + CPU offload", "more GPUs", "does not fit"
+    gpus: int
+    estimate: object
+    reason: str
+
+
+def recommend(
+    model="smollm3-3b",
+    gpu: GPU | str = "H100 SXM",
+    gpus: int = 1,
+    *,
+    host_memory_gib: float | None = None,
+    max_gpus: int = 1024,
+    **kwargs,
+) -> Recommendation:
+    """The "Does FSDP fit?" flowchart for ``gpus`` GPUs of one kind (``kwargs`` go to ``estimate_memory``).
+
+    1. a full replica per GPU (NO_SHARD / DDP) fits -> no sharding needed;
+    2. else FULL_SHARD over ``gpus`` fits -> FULL_SHARD;
+    3. else FULL_SHARD + CPU offload fits on the device (and ``host_memory_gib`` per node, if given,
+       holds the offloaded shards) -> offload;
+    4. else the smallest world size (powers of two up to ``max_gpus``) where FULL_SHARD fits.
+    """
+    from smolfsdp.memory import estimate_memory
+
+    g = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("strategy", "offload", "world_size")}
+    replica = estimate_memory(model, world_size=gpus, strategy="NO_SHARD", **kwargs)
+    if fits(replica, g):
+        return Recommendation("full replica", gpus, replica, f"a whole copy fits on one {g.name}")
+    shard = estimate_memory(model, world_size=gpus, strategy="FULL_SHARD", **kwargs)
+    if fits(shard, g):
+        return Recommendation("FULL_SHARD", gpus, shard, f"sharded over {gpus} x {g.name}")
+    off = estimate_memory(model, world_size=gpus, strategy="FULL_SHARD", offload=True, **kwargs)
+    per_node = off.host_bytes * min(gpus, kwargs.get("gpus_per_node", 8))
+    host_ok = host_memory_gib is None or per_node <= host_memory_gib * 2**30
+    if fits(off, g) and host_ok:
+        return Recommendation(
+            "FULL_SHARD + CPU offload", gpus, off, f"{per_node / 2**30:.1f} GiB of state per node on the host"
+        )
+    n = gpus
+    while n < max_gpus:
+        n *= 2
+        more = estimate_memory(model, world_size=n, strategy="FULL_SHARD", **kwargs)
+        if fits(more, g):
+            return Recommendation("more GPUs", n, more, f"FULL_SHARD fits from {n} x {g.name}")
+    return Recommendation(
+        "does not fit", gpus, off,
+        "activations and gathered units alone exceed the GPU: use activation checkpointing or a shorter sequence",
+    )  # fmt: skip

@@ -1,0 +1,222 @@
+"""LoRA + FSDP2 (and FSDP1): sharding facts, trainable set, tied embeddings, adapter export, resume."""
+
+import pytest
+import torch
+from _dist import run_distributed
+
+from smolfsdp import sft
+from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.lora_fsdp2 import apply_lora, check_trainable_dtypes, load_adapter_model
+from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
+
+LORA = TrainConfig(lora=True, fsdp_version=2)
+
+
+def _expected_lora_params(model, r, targets):
+    n = 0
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets:
+            n += r * (m.in_features + m.out_features)
+    return n
+
+
+def test_only_lora_parameters_train(tokenizer):
+    base = build_model("tiny", tokenizer)
+    expected = _expected_lora_params(base, 8, LORA.lora_target_modules)
+    model = apply_lora(base, LORA)
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
+    assert sum(p.numel() for p in trainable.values()) == expected
+    assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def test_lora_count_for_smollm3_3b_geometry():
+    """r=8 on q/k/v/o of SmolLM3-3B: 3,833,856 trainable parameters (from its config, on meta)."""
+    from transformers import AutoModelForCausalLM, SmolLM3Config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(SmolLM3Config())
+    assert _expected_lora_params(model, 8, ["q_proj", "k_proj", "v_proj", "o_proj"]) == 3_833_856
+
+
+def test_target_modules_that_match_nothing(tokenizer):
+    with pytest.raises(ConfigError, match=r"match no linear layer.*\['down_proj', 'gate_proj'"):
+        apply_lora(build_model("tiny", tokenizer), TrainConfig(lora=True, lora_target_modules=["qkv_proj"]))
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"lora_r": 0}, "positive integer"),
+        ({"fsdp_version": 1, "use_orig_params": False}, "needs use_orig_params=true"),
+        ({"engine": "trl"}, "native engine"),
+    ],
+)
+def test_lora_config_errors(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(lora=True, **kw)
+
+
+def test_mixed_trainable_dtypes_in_one_group_are_named(tokenizer):
+    model = apply_lora(build_model("tiny", tokenizer), LORA)
+    layer0 = model.base_model.model.model.layers[0].self_attn.q_proj
+    layer0.lora_A["default"].to(torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"layers\.0 mixes trainable dtypes.*bfloat16.*float32"):
+        check_trainable_dtypes(model)
+
+
+def test_pinned_offload_without_cuda_is_refused():
+    from smolfsdp.fsdp2 import make_offload_policy
+
+    assert make_offload_policy().pin_memory is False  # CPU-only machine: unpinned
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        make_offload_policy(pin_memory=True)
+
+
+def _sharding_facts(rank, world, vocab_size):
+    """FSDP2 on the tiny model (odd vocabulary) after one LoRA-free step: placements, halves, ties."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh, describe_sharding, fsdp_units
+    from smolfsdp.native import PadCollator, forward_backward
+
+    tok = load_tokenizer("tiny")
+    model = build_model("tiny", tok, seed=0, vocab_size=vocab_size)
+    wrap = resolve_wrap_class(model)
+    n_layers = model.config.num_hidden_layers
+    apply_fsdp2(model, build_mesh("cpu", world), wrap)
+    table = describe_sharding(model)
+    emb = model.model.embed_tokens.weight
+    before = emb.to_local().detach().clone()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = PadCollator(tok.pad_token_id)([{"input_ids": [1, 5, 9, 7, 2], "labels": [-100, 5, 9, 7, 2]}])
+    forward_backward(model, [batch], world, torch.device("cpu"))
+    opt.step()
+    after = model.model.embed_tokens.weight.to_local()
+    dist.barrier()
+    return {
+        "all_dtensor_shard0": all(
+            isinstance(p, DTensor) and p.placements == (Shard(0),) for p in model.parameters()
+        ),
+        "rows": table[["name", "local_shape", "global_shape"]].values.tolist(),
+        "units": len(fsdp_units(model)),
+        "n_layers": n_layers,
+        "every_row_changed": bool((after != before).any(dim=1).all()),
+        "local_rows": after.shape[0],
+        "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+    }
+
+
+def test_fsdp2_sharding_facts_with_odd_vocabulary():
+    res = run_distributed(_sharding_facts, 2, 1025)
+    for rank, r in enumerate(res):
+        assert r["all_dtensor_shard0"]
+        assert r["units"] == r["n_layers"] + 1
+        assert r["tied"] and r["every_row_changed"]
+        for name, local, full in r["rows"]:
+            # Shard(0): rank 0 holds ceil(dim0/2) rows, rank 1 the rest: half within one row
+            assert abs(local[0] - full[0] / 2) <= 0.5 and local[1:] == full[1:], name
+    assert res[0]["local_rows"] + res[1]["local_rows"] == 1025 and res[0]["local_rows"] == 513
+
+
+def _adapter_roundtrip(rank, world, out_dir):
+    """Train one LoRA step under FSDP2, save the adapter, compare with live tensors and logits."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from torch.distributed.tensor import DTensor
+
+    from smolfsdp.distributed import DistInfo
+    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
+    from smolfsdp.lora_fsdp2 import save_adapter
+    from smolfsdp.native import PadCollator, forward_backward
+
+    tok = load_tokenizer("tiny")
+    model = apply_lora(build_model("tiny", tok, seed=0), LORA.replace(lora_dropout=0.0))
+    apply_fsdp2(model, build_mesh("cpu", world), resolve_wrap_class(model))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    collate = PadCollator(tok.pad_token_id)
+    for _ in range(2):
+        forward_backward(
+            model,
+            [collate([{"input_ids": [1, 5, 9, 7, 2], "labels": [-100, 5, 9, 7, 2]}])],
+            world,
+            torch.device("cpu"),
+        )
+        opt.step()
+        opt.zero_grad()
+    live = {
+        n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
+    model.eval()
+    probe = collate([{"input_ids": [1, 40, 41, 42, 43, 2], "labels": [-100] * 6}])
+    with torch.no_grad():
+        logits = model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+    info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
+    save_adapter(model, Path(out_dir), info, LORA, tok)
+    if rank != 0:
+        return None
+    saved = load_file(str(Path(out_dir) / "adapter" / "adapter_model.safetensors"))
+    reloaded = load_adapter_model("tiny", Path(out_dir) / "adapter", tok, seed=0)
+    with torch.no_grad():
+        re_logits = reloaded(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
+    return {"live": live, "saved": saved, "logits": logits, "re_logits": re_logits}
+
+
+def test_saved_adapter_is_full_and_reloads(tmp_path):
+    r = run_distributed(_adapter_roundtrip, 2, str(tmp_path))[0]
+    assert len(r["saved"]) == len(r["live"]) > 0
+    for name, tensor in r["live"].items():
+        key = name.replace(".default", "")
+        assert r["saved"][key].shape == tensor.shape  # full size, gathered from both ranks
+        torch.testing.assert_close(r["saved"][key], tensor)
+    torch.testing.assert_close(r["re_logits"], r["logits"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_lora_run_learns(tmp_path, version):
+    cfg = TrainConfig(
+        name=f"lora{version}",
+        output_dir=str(tmp_path),
+        lora=True,
+        fsdp_version=version,
+        learning_rate=1e-2,
+        num_train_epochs=2 if version == 2 else 0.5,
+        eval_steps=10,
+    )
+    s = sft.run(cfg, capture=True, timeout=600).summary
+    assert s["effective"]["strategy"] == f"fsdp{version}"
+    assert s["params"]["trainable"] == 28_672  # 4 layers x r=8 x (q 128+128, k 128+64, v 128+64, o 128+128)
+    assert s["adapter"]["tensors"] == 32
+    if version == 2:
+        assert s["metrics"]["eval_loss_last"] < s["metrics"]["eval_loss_first"] - 0.1
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    """Save at step 2, stop, resume, run to step 4 == an uninterrupted 4-step run."""
+    from safetensors.torch import load_file
+
+    base = TrainConfig(
+        lora=True, fsdp_version=2, max_steps=4, eval_steps=0, learning_rate=1e-2, output_dir=str(tmp_path)
+    )
+    whole = sft.run(base.replace(name="whole"), capture=True, timeout=600).summary
+    first = sft.run(
+        base.replace(name="split", save_steps=2, stop_at_step=2), capture=True, timeout=600
+    ).summary
+    assert first["metrics"]["stopped_early"] and first["metrics"]["optimizer_step"] == 2
+    second = sft.run(base.replace(name="split", resume_from="latest"), capture=True, timeout=600).summary
+    assert second["metrics"]["resumed_from"].endswith("step-000002")
+    assert second["metrics"]["optimizer_step"] == whole["metrics"]["optimizer_step"] == 4
+    a = load_file(f"{whole['adapter']['adapter']}/adapter_model.safetensors")
+    b = load_file(f"{second['adapter']['adapter']}/adapter_model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+
+
+def test_resume_without_checkpoint_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        sft.preflight(TrainConfig(output_dir=str(tmp_path), resume_from="latest"))

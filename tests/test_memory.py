@@ -1,0 +1,273 @@
+"""The memory estimator against exact counts, against bytes that exist on real ranks, and its properties."""
+
+import json
+
+import pytest
+import torch
+from _dist import run_distributed
+
+from smolfsdp.config import ConfigError
+from smolfsdp.memory import (
+    RECIPES,
+    LoraSpec,
+    accelerate_estimate,
+    count_parameters,
+    deepspeed_zero3_estimate,
+    estimate_memory,
+    resolve_model_config,
+    saved_activation_bytes,
+)
+from smolfsdp.memory_measure import CASES, LORA_TARGETS, RECIPE_OF, measure_all
+
+
+# ------------------------------------------------------------------------------ counts
+def test_smollm3_3b_counts_from_the_shipped_config():
+    from transformers import SmolLM3Config
+
+    cfg = resolve_model_config("smollm3-3b")
+    ignore = {"transformers_version": None, "_name_or_path": None}
+    assert cfg.to_dict() | ignore == SmolLM3Config().to_dict() | ignore  # geometry = library defaults
+    full = count_parameters(cfg)
+    assert full.total == 3_075_098_624  # lm_head tied to embed_tokens: counted once
+    assert full.embedding == 128_256 * 2048 == 262_668_288
+    assert full.per_layer == 78_123_008 and full.n_layers == 36
+    assert full.largest_unit_name == "root" and full.largest_unit == 262_668_288 + 2048
+    assert count_parameters(cfg, LoraSpec(r=8, targets=LORA_TARGETS)).trainable == 3_833_856
+
+
+def test_lora_count_equals_peft_on_the_real_tiny_model():
+    from peft import LoraConfig, get_peft_model
+
+    from smolfsdp.modeling import build_model, load_tokenizer
+    from smolfsdp.modeling import count_parameters as count_model
+
+    tok = load_tokenizer("tiny")
+    peft_model = get_peft_model(
+        build_model("tiny", tok), LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS))
+    )
+    counts = count_parameters(resolve_model_config("tiny"), LoraSpec())
+    assert counts.trainable == count_model(peft_model, trainable_only=True) == 4 * 7168
+    assert counts.total == count_model(peft_model)
+
+
+def test_recipes_bytes_per_trainable_parameter():
+    per_param = {name: r.trainable_bytes for name, r in RECIPES.items()}
+    assert per_param == {
+        "fp32": 16,
+        "hf-fsdp-bf16": 16,
+        "pure-bf16": 8,
+        "seed-table": 12,
+        "zero-paper": 16,
+        "zero-mixed": 18,
+    }
+
+
+# ------------------------------------------------------------------ measured on real ranks
+@pytest.fixture(scope="module")
+def measured_2_ranks():
+    return run_distributed(measure_all, 2, CASES, timeout=300)
+
+
+def _estimate(m, world_size):
+    return estimate_memory(
+        "tiny",
+        world_size=world_size,
+        rank=m["rank"],
+        fsdp_version=m["fsdp_version"],
+        recipe=RECIPE_OF[m["params"]],
+        lora=m["lora"],
+        seq_len=32,
+    )
+
+
+def _assert_matches(m, est):
+    pairs = {
+        "param": (m["param_bytes"], est.params_bytes),
+        "grad": (m["grad_bytes"], est.grads_bytes),
+        "optimizer": (m["optimizer_bytes"], est.optimizer_bytes),
+        "static": (m["param_bytes"] + m["grad_bytes"] + m["optimizer_bytes"], est.static_bytes),
+    }
+    for what, (got, want) in pairs.items():
+        assert got == pytest.approx(want, rel=0.01, abs=0), (what, m)
+    assert m["n_step_tensors"] == est.n_step_tensors
+    assert m["optimizer_step_bytes"] == 4 * m["n_step_tensors"]  # 0-d fp32 scalars, kept apart
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"fsdp{c[0]}-{'lora' if c[1] else 'full'}-{c[2]}")
+def test_static_bytes_equal_storage_on_2_gloo_ranks(case, measured_2_ranks):
+    rows = [m for rank in measured_2_ranks for m in rank if (m["fsdp_version"], m["lora"], m["params"]) == case]
+    assert [m["rank"] for m in rows] == [0, 1]
+    for m in rows:
+        _assert_matches(m, _estimate(m, 2))
+
+
+def test_what_the_measurement_shows(measured_2_ranks):
+    by = {(m["fsdp_version"], m["lora"], m["params"], m["rank"]): m for rank in measured_2_ranks for m in rank}
+    n = count_parameters(resolve_model_config("tiny")).total
+    # full fine-tune, fp32: 16 bytes per parameter, half on each rank
+    assert by[(2, False, "fp32", 0)]["param_bytes"] == 4 * n // 2
+    # bf16 compute (MixedPrecision) keeps fp32 shards: what HF Trainer + FSDP with bf16=True holds
+    assert by[(1, False, "mixed", 0)]["param_bytes"] == by[(1, False, "fp32", 0)]["param_bytes"]
+    # FSDP1 + LoRA: a gradient for the whole FlatParameter shard, and all adapters on rank 0
+    f1 = by[(1, True, "fp32", 0)]
+    assert f1["grad_bytes"] > 20 * by[(2, True, "fp32", 0)]["grad_bytes"]
+    assert by[(1, True, "fp32", 1)]["optimizer_bytes"] == 0 < f1["optimizer_bytes"]
+
+
+def test_padding_on_3_gloo_ranks():
+    """Odd world size: FSDP2 pads dim 0 of every parameter, FSDP1 pads each FlatParameter."""
+    results = run_distributed(measure_all, 3, [(1, False, "fp32"), (2, False, "fp32")], timeout=300)
+    unpadded = 4 * count_parameters(resolve_model_config("tiny")).total
+    for rank in results:
+        for m in rank:
+            _assert_matches(m, _estimate(m, 3))
+    assert results[0][1]["param_bytes"] * 3 > unpadded  # padding exists and is modelled
+    assert results[2][1]["optimizer_bytes"] < results[0][1]["optimizer_bytes"]  # last rank holds fewer rows
+
+
+# --------------------------------------------------------- activations: autograd's saved tensors
+def _saved_bytes(dtype, lora, b=2, s=128):
+    from smolfsdp.modeling import build_model, load_tokenizer
+
+    tok = load_tokenizer("tiny")
+    model = build_model("tiny", tok, dtype=dtype)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(r=8, lora_alpha=16, target_modules=list(LORA_TARGETS)),
+            autocast_adapter_dtype=False,
+        )
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    ids = torch.randint(0, len(tok), (b, s))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize(
+    "dtype,lora", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+)
+def test_activation_formula_equals_saved_tensors(dtype, lora):
+    cfg = resolve_model_config("tiny")
+    c = torch.finfo(dtype).bits // 8
+    want = saved_activation_bytes(cfg, 2 * 128, 128, c, LoraSpec() if lora else None)
+    assert _saved_bytes(dtype, lora) == pytest.approx(want, rel=0.01)
+
+
+# -------------------------------------------------------------------------------- properties
+STATIC = ("params_bytes", "grads_bytes", "master_bytes", "optimizer_bytes")
+
+
+@pytest.mark.parametrize("fsdp_version", [1, 2])
+@pytest.mark.parametrize("lora", [False, True])
+def test_sharded_terms_scale_as_one_over_n(fsdp_version, lora):
+    """Per rank x N = one GPU's bytes (N divides every dim 0, so FSDP2 adds no padding; FSDP1 pads
+    < N elements per unit). Adam state may sit unevenly (FSDP1 + LoRA: adapters are contiguous in
+    the FlatParameter), so for it the sum over ranks is what is conserved."""
+    kw = {"recipe": "zero-mixed", "fsdp_version": fsdp_version, "lora": lora}
+    one = estimate_memory("smollm3-3b", world_size=1, **kw)
+    for n in (2, 4, 8):
+        ranks = [estimate_memory("smollm3-3b", world_size=n, rank=r, **kw) for r in range(n)]
+        for key in ("params_bytes", "grads_bytes"):
+            assert getattr(ranks[0], key) * n == pytest.approx(getattr(one, key), rel=1e-6), (key, n)
+        for key in ("optimizer_bytes", "master_bytes"):
+            assert sum(getattr(e, key) for e in ranks) == getattr(one, key), (key, n)
+            if not (lora and fsdp_version == 1):
+                assert getattr(ranks[0], key) * n == pytest.approx(getattr(one, key), rel=1e-6)
+        assert ranks[0].activations_bytes == one.activations_bytes  # activations are not sharded
+
+
+def test_micro_batch_changes_only_activations():
+    a = estimate_memory("smollm3-3b", world_size=2, micro_batch=1, seq_len=2048).to_dict()
+    b = estimate_memory("smollm3-3b", world_size=2, micro_batch=4, seq_len=2048).to_dict()
+    moved = {k for k in a if a[k] != b[k]}
+    assert moved == {"micro_batch", "activations_bytes", "activations_no_ac_bytes", "activations_ac_bytes",
+                     "logits_bytes", "peak_bytes"}  # fmt: skip
+    assert b["logits_bytes"] == 4 * a["logits_bytes"]
+
+
+@pytest.mark.parametrize("fsdp_version", [1, 2])
+def test_offload_moves_bytes_to_host_without_loss(fsdp_version):
+    on = estimate_memory("smollm3-3b", world_size=4, fsdp_version=fsdp_version, lora=True)
+    off = estimate_memory("smollm3-3b", world_size=4, fsdp_version=fsdp_version, lora=True, offload=True)
+    assert off.static_bytes == 0 and on.host_bytes == 0
+    assert off.host_bytes == on.static_bytes
+    assert off.peak_bytes == on.peak_bytes - on.static_bytes
+
+
+def test_strategies():
+    kw = {"world_size": 16, "gpus_per_node": 8}
+    full = estimate_memory("smollm3-3b", strategy="FULL_SHARD", **kw)
+    hybrid = estimate_memory("smollm3-3b", strategy="HYBRID_SHARD", **kw)
+    grad_op = estimate_memory("smollm3-3b", strategy="SHARD_GRAD_OP", **kw)
+    replica = estimate_memory("smollm3-3b", strategy="NO_SHARD", **kw)
+    assert hybrid.params_bytes == 2 * full.params_bytes  # sharded over 8, replicated across 2 nodes
+    assert grad_op.params_bytes == full.params_bytes < grad_op.gathered_bytes
+    assert replica.params_bytes == 4 * 3_075_098_624
+
+
+def test_activation_checkpointing_keeps_layer_inputs():
+    cfg = resolve_model_config("smollm3-3b")
+    ac = estimate_memory(cfg, seq_len=4096, activation_checkpointing=True)
+    no = estimate_memory(cfg, seq_len=4096)
+    assert ac.activations_bytes == ac.activations_ac_bytes < no.activations_bytes / 5
+
+
+# ------------------------------------------------------------------------ reference formulas
+def test_reference_estimators_on_smollm3_3b():
+    cfg = resolve_model_config("smollm3-3b")
+    n = 3_075_098_624
+    acc = accelerate_estimate(cfg, "float32")
+    assert acc["training_bytes"] == 4 * acc["total_bytes"]  # the largest component, "step"
+    assert n * 4 <= acc["total_bytes"] < n * 4 + 1024  # + the rotary inv_freq buffer
+    assert accelerate_estimate(cfg, "float16")["training_bytes"] == 2 * acc["total_bytes"]
+    ds = deepspeed_zero3_estimate(n, 262_668_288, gpus_per_node=2)
+    assert ds["gpu_bytes"] == 4 * 262_668_288 + 18 * n // 2
+
+
+# -------------------------------------------------------------------------------- bad input
+def test_bad_input_is_refused_with_a_hint(monkeypatch):
+    with pytest.raises(ConfigError, match="at least 1"):
+        estimate_memory("tiny", world_size=0)
+    with pytest.raises(ConfigError, match="max_position_embeddings=2048"):
+        estimate_memory("tiny", seq_len=4096)
+    with pytest.raises(ConfigError, match="did you mean 'FULL_SHARD'"):
+        estimate_memory("tiny", strategy="FULL_SHRAD")
+    with pytest.raises(ConfigError, match="did you mean 'pure-bf16'"):
+        estimate_memory("tiny", recipe="pure_bf16")
+    with pytest.raises(ConfigError, match="did you mean 'smollm3-3b'"):
+        estimate_memory("smollm3_3b")
+    with pytest.raises(ConfigError, match=r"needs only its config.json.*--model DIR"):
+        resolve_model_config("nobody/no-such-model", local_files_only=True)
+
+
+def test_model_from_a_directory(tmp_path):
+    (tmp_path / "config.json").write_text(resolve_model_config("smollm3-3b").to_json_string())
+    assert estimate_memory(str(tmp_path)).params_bytes == estimate_memory("smollm3-3b").params_bytes
+    with pytest.raises(ConfigError, match="no config.json"):
+        resolve_model_config(str(tmp_path / ".."))
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def test_cli_memory_json_and_table(capsys):
+    from smolfsdp.cli import main
+
+    assert main(["memory", "--model", "smollm3-3b", "--gpus", "2", "--seq-len", "4096", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["estimate"]["world_size"] == 2 and out["recommendation"]["decision"]
+    assert out["estimate"]["params_bytes"] == estimate_memory("smollm3-3b", world_size=2).params_bytes
+    assert main(["memory", "--model", "tiny", "--gpu", "L4", "--lora"]) == 0
+    text = capsys.readouterr().out
+    assert "optimizer" in text and "verdict: fits on L4" in text
+    assert main(["memory", "--gpu", "B300"]) == 2
+    assert "Known: A10G" in capsys.readouterr().err
