@@ -110,7 +110,7 @@ def _sharding_facts(rank, world, vocab_size):
 
 def test_fsdp2_sharding_facts_with_odd_vocabulary():
     res = run_distributed(_sharding_facts, 2, 1025)
-    for rank, r in enumerate(res):
+    for r in res:
         assert r["all_dtensor_shard0"]
         assert r["units"] == r["n_layers"] + 1
         assert r["tied"] and r["every_row_changed"]

@@ -95,14 +95,18 @@ def _assert_matches(m, est):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"fsdp{c[0]}-{'lora' if c[1] else 'full'}-{c[2]}")
 def test_static_bytes_equal_storage_on_2_gloo_ranks(case, measured_2_ranks):
-    rows = [m for rank in measured_2_ranks for m in rank if (m["fsdp_version"], m["lora"], m["params"]) == case]
+    rows = [
+        m for rank in measured_2_ranks for m in rank if (m["fsdp_version"], m["lora"], m["params"]) == case
+    ]
     assert [m["rank"] for m in rows] == [0, 1]
     for m in rows:
         _assert_matches(m, _estimate(m, 2))
 
 
 def test_what_the_measurement_shows(measured_2_ranks):
-    by = {(m["fsdp_version"], m["lora"], m["params"], m["rank"]): m for rank in measured_2_ranks for m in rank}
+    by = {
+        (m["fsdp_version"], m["lora"], m["params"], m["rank"]): m for rank in measured_2_ranks for m in rank
+    }
     n = count_parameters(resolve_model_config("tiny")).total
     # full fine-tune, fp32: 16 bytes per parameter, half on each rank
     assert by[(2, False, "fp32", 0)]["param_bytes"] == 4 * n // 2

@@ -20,7 +20,7 @@ def executed(tmp_path_factory):
 
 def test_book_lists_the_chapters():
     names = [p.name for p in chapters()]
-    assert names and names[0] == "01_finetune.ipynb"
+    assert names and names[0] == "00_memory.ipynb"
     for p in chapters():
         assert p.is_file()
 

@@ -80,7 +80,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
     }
     from smolfsdp.memory import estimate_memory
 
-    est = estimate_memory(args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common)
+    est = estimate_memory(
+        args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
+    )
     rec = recommend(args.model, gpu, args.gpus, **common)
     verdict = "fits" if fits(est, gpu) else "does not fit"
     if args.json:
@@ -106,10 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     p_train = sub.add_parser("train", help="fine-tune (launches nproc processes unless already launched)")
     p_train.add_argument("--config", default=None, help="a run recipe, e.g. configs/runs/smoke.yaml")
     p_mem = sub.add_parser("memory", help="per-GPU memory estimate, fit verdict and recommendation")
-    p_mem.add_argument("--model", default="smollm3-3b", help="smollm3-3b, tiny, a dir with config.json, or a hub id")
+    p_mem.add_argument(
+        "--model", default="smollm3-3b", help="smollm3-3b, tiny, a dir with config.json, or a hub id"
+    )
     p_mem.add_argument("--gpus", type=int, default=1, help="world size")
-    p_mem.add_argument("--strategy", default="FULL_SHARD", help="NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD")
-    p_mem.add_argument("--recipe", default="hf-fsdp-bf16", help="precision recipe (see smolfsdp.memory.RECIPES)")
+    p_mem.add_argument(
+        "--strategy", default="FULL_SHARD", help="NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD"
+    )
+    p_mem.add_argument(
+        "--recipe", default="hf-fsdp-bf16", help="precision recipe (see smolfsdp.memory.RECIPES)"
+    )
     p_mem.add_argument("--seq-len", type=int, default=2048)
     p_mem.add_argument("--micro-batch", type=int, default=1)
     p_mem.add_argument("--lora", action="store_true", help="LoRA r=8 on q/k/v/o")

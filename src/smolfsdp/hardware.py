@@ -56,14 +56,22 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
         if memory_gib <= 0:
             raise ConfigError(f"gpu memory {memory_gib} GiB: give a positive size.")
         label = name or f"custom {memory_gib:g} GiB"
-        return GPU(label, memory_gib * 2**30 / 1e9, float("nan"), float("nan"), "unknown", "given on the command line")
+        return GPU(
+            label,
+            memory_gib * 2**30 / 1e9,
+            float("nan"),
+            float("nan"),
+            "unknown",
+            "given on the command line",
+        )
     by_lower = {k.lower(): g for k, g in GPUS.items()}
     key = str(name).lower().replace("-", " ").replace("_", " ")
     if key in by_lower:
         return by_lower[key]
     hint = nearest(str(name), GPUS)
     raise ConfigError(
-        f"Unknown GPU {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        f"Unknown GPU {name!r}"
+        + (f" (did you mean {hint[0]!r}?)" if hint else "")
         + f". Known: {', '.join(GPUS)}; or give its memory with --gpu-memory-gib."
     )
 

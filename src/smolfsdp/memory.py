@@ -30,7 +30,10 @@ COMM_BUFFER_BYTES = 256 * 2**20
 
 STRATEGIES = ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")
 LOADINGS = ("every-rank", "rank0", "meta")
-SHIPPED_MODELS = {"smollm3-3b": "data/models/smollm3_3b", "HuggingFaceTB/SmolLM3-3B": "data/models/smollm3_3b"}
+SHIPPED_MODELS = {
+    "smollm3-3b": "data/models/smollm3_3b",
+    "HuggingFaceTB/SmolLM3-3B": "data/models/smollm3_3b",
+}
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ def resolve_model_config(model, local_files_only: bool | None = None):
     if "/" not in str(model):
         hint = nearest(model, ["tiny", *SHIPPED_MODELS])
         raise ConfigError(
-            f"Unknown model {model!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            f"Unknown model {model!r}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
             + "; give 'smollm3-3b', 'tiny', a directory with config.json, or a hub id owner/name."
         )
     if local_files_only is None:
@@ -218,7 +222,7 @@ def _flat_layout(params: list[ParamSpec], group: int, rank: int, align: int) -> 
         end += p.numel
     shard = -(-end // group)
     lo, hi = rank * shard, (rank + 1) * shard
-    return shard, [max(0, min(hi, o + p.numel) - max(lo, o)) for o, p in zip(offsets, params)]
+    return shard, [max(0, min(hi, o + p.numel) - max(lo, o)) for o, p in zip(offsets, params, strict=True)]
 
 
 def _dim0_layout(p: ParamSpec, group: int, rank: int) -> tuple[int, int]:
@@ -252,10 +256,12 @@ def sharded_state(
         else:
             layout = [_dim0_layout(p, group, rank) for p in params]
             padded, local = sum(a for a, _ in layout), [b for _, b in layout]
-            out["grads"] += sum(a for (a, _), p in zip(layout, params) if p.trainable) * recipe.grad_bytes
+            out["grads"] += (
+                sum(a for (a, _), p in zip(layout, params, strict=True) if p.trainable) * recipe.grad_bytes
+            )
             full = padded * group
         out["params"] += padded * recipe.param_bytes
-        mine = [n for n, p in zip(local, params) if p.trainable]
+        mine = [n for n, p in zip(local, params, strict=True) if p.trainable]
         out["optimizer"] += sum(mine) * 2 * recipe.state_bytes
         out["master"] += sum(mine) * recipe.master_bytes
         out["n_step_tensors"] += sum(1 for n in mine if n > 0)
@@ -286,7 +292,7 @@ def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, 
     h, f, heads, c = config.hidden_size, config.intermediate_size, config.num_attention_heads, compute_bytes
     hd = getattr(config, "head_dim", None) or h // heads
     kv, n_layers, V = config.num_key_value_heads * hd, config.num_hidden_layers, config.vocab_size
-    attn_core = 3 * c * h + 2 * c * kv + 4 * heads  # q, output, k, v, logsumexp
+    attn_core = 2 * c * h + 2 * c * kv + 4 * heads  # q, output (= o_proj input), k, v, logsumexp
     if lora is None:
         norm = 4 * h + 4 + c * h
         layer = 2 * norm + 2 * c * h + attn_core + 4 * c * f
@@ -297,7 +303,9 @@ def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, 
         t = set(lora.targets)
         norm = 4 * h + 4
         linear_in = c * h * ((bool(t & {"q_proj", "k_proj", "v_proj"})) + bool(t & {"gate_proj", "up_proj"}))
-        layer = 2 * norm + linear_in + attn_core + 3 * c * f + c * f * ("down_proj" in t) + c * lora.r * len(t)
+        layer = (
+            2 * norm + linear_in + attn_core + 3 * c * f + c * f * ("down_proj" in t) + c * lora.r * len(t)
+        )
         first_layer_saving = norm
         head = norm
         ids = 0
@@ -385,7 +393,8 @@ def check_choice(value: str, options, what: str) -> str:
         return value
     hint = nearest(value, options)
     raise ConfigError(
-        f"Unknown {what} {value!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+        f"Unknown {what} {value!r}"
+        + (f"; did you mean {hint[0]!r}?" if hint else "")
         + f" Known: {', '.join(options)}."
     )
 
@@ -442,7 +451,9 @@ def estimate_memory(
     elif strategy == "HYBRID_SHARD":
         group = min(world_size, gpus_per_node)
         if world_size % group:
-            raise ConfigError(f"HYBRID_SHARD needs world_size ({world_size}) divisible by gpus_per_node ({group}).")
+            raise ConfigError(
+                f"HYBRID_SHARD needs world_size ({world_size}) divisible by gpus_per_node ({group})."
+            )
     else:
         group = world_size
     st = sharded_state(config, rec, group, rank % group, fsdp_version, spec)
@@ -475,7 +486,9 @@ def estimate_memory(
     if fsdp_version == 1 and spec is not None:
         notes.append("FSDP1 + LoRA: each FlatParameter with an adapter gets a gradient for its whole shard.")
     if rec.name == "seed-table":
-        notes.append("seed-table keeps bf16 weights with fp32 m, v and no master: no torch FSDP recipe does this.")
+        notes.append(
+            "seed-table keeps bf16 weights with fp32 m, v and no master: no torch FSDP recipe does this."
+        )
     return MemoryEstimate(
         model=str(model if isinstance(model, str) else config.model_type),
         world_size=world_size, strategy=strategy, recipe=rec.name, fsdp_version=fsdp_version,
@@ -514,12 +527,22 @@ def accelerate_estimate(config, dtype: str = "float32") -> dict[str, int]:
     else:
         parts = {"model": fp32, "gradients": fp32 + fp32 // 2, "optimizer": 2 * fp32, "step": 2 * fp32}
         size, largest = fp32 // 2, largest // 2
-    return {"total_bytes": size, "largest_layer_bytes": largest, "training_bytes": max(parts.values()), **parts}
+    return {
+        "total_bytes": size,
+        "largest_layer_bytes": largest,
+        "training_bytes": max(parts.values()),
+        **parts,
+    }
 
 
 def deepspeed_zero3_estimate(
-    total_params: int, largest_layer_params: int, gpus_per_node: int = 1, num_nodes: int = 1,
-    cpu_offload: bool = False, cpu_offload_params: bool = False, zero_init: bool = True,
+    total_params: int,
+    largest_layer_params: int,
+    gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = False,
+    cpu_offload_params: bool = False,
+    zero_init: bool = True,
     additional_buffer_factor: float = 1.5,
 ) -> dict[str, int]:
     """DeepSpeed's ``estimate_zero3_model_states_mem_needs`` (deepspeed/runtime/zero/stage3.py),
@@ -539,7 +562,11 @@ def deepspeed_zero3_estimate(
         gpu = largest + int(18 * total_params / total_gpus)
         cpu = largest_layer_params * 4 * gpus_per_node * additional_buffer_factor
     if not zero_init and cpu_offload:
-        cpu = total_params * max(4 * gpus_per_node, (18 if cpu_offload_params else 16) / num_nodes) * additional_buffer_factor
+        cpu = (
+            total_params
+            * max(4 * gpus_per_node, (18 if cpu_offload_params else 16) / num_nodes)
+            * additional_buffer_factor
+        )
     elif not zero_init:
         cpu = total_params * 4 * gpus_per_node * additional_buffer_factor
     return {"gpu_bytes": int(gpu), "cpu_bytes_per_node": int(cpu), "largest_layer_bytes": largest}

@@ -158,3 +158,37 @@ def measure_case(rank: int, world_size: int, fsdp_version: int, lora: bool, para
 def measure_all(rank: int, world_size: int, cases=CASES) -> list[dict]:
     """Every case in turn on this rank; a list of ``Measured`` as dicts (picklable, JSON-ready)."""
     return [asdict(measure_case(rank, world_size, *case)) for case in cases]
+
+
+def compare_with_estimate(rows: list[dict]):
+    """One row per measured (case, rank) with the estimator's bytes beside it and the relative error.
+
+    ``rows``: what ``measure_all`` returned on every rank (or ``scripts/measure_memory.py`` wrote).
+    """
+    import pandas as pd
+
+    from smolfsdp.memory import estimate_memory
+
+    out = []
+    for m in rows:
+        est = estimate_memory(
+            "tiny", world_size=m["world_size"], rank=m["rank"], fsdp_version=m["fsdp_version"],
+            recipe=RECIPE_OF[m["params"]], lora=m["lora"], seq_len=32,
+        )  # fmt: skip
+        measured = m["param_bytes"] + m["grad_bytes"] + m["optimizer_bytes"]
+        out.append(
+            {
+                "case": f"FSDP{m['fsdp_version']} {'LoRA' if m['lora'] else 'full'} {m['params']}",
+                "rank": m["rank"],
+                "measured_params": m["param_bytes"],
+                "estimated_params": est.params_bytes,
+                "measured_grads": m["grad_bytes"],
+                "estimated_grads": est.grads_bytes,
+                "measured_optimizer": m["optimizer_bytes"],
+                "estimated_optimizer": est.optimizer_bytes,
+                "measured_static": measured,
+                "estimated_static": est.static_bytes,
+                "rel_error": (est.static_bytes - measured) / measured,
+            }
+        )
+    return pd.DataFrame(out)

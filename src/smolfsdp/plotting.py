@@ -79,3 +79,70 @@ def save_figure(fig: go.Figure, name: str, out_dir: str | Path | None = None) ->
     except Exception as err:  # no kaleido / no Chrome for it: html and json are the figure of record
         log.info("png for %s not written (%s)", name, type(err).__name__)
     return paths
+
+
+LANE_COLORS = {
+    "annotation": "#7f7f7f",
+    "all-gather": "#2ca02c",
+    "reduce-scatter": "#ff7f0e",
+    "all-reduce": "#9467bd",
+    "broadcast": "#8c564b",
+    "other": "#bcbd22",
+}
+
+
+def plot_fsdp_timeline(events: list[dict], title: str = "One training step on rank 0") -> go.Figure:
+    """A Perfetto-like timeline of one step: a lane per kind (FSDP annotations, each collective).
+
+    ``events``: dicts with ``name``, ``kind``, ``start_us``, ``dur_us`` (from ``smolfsdp.mechanics``).
+    x is milliseconds since the first event; hover shows the name and duration.
+    """
+    fig = go.Figure()
+    for kind, color in LANE_COLORS.items():
+        rows = [e for e in events if e["kind"] == kind]
+        if not rows:
+            continue
+        fig.add_trace(
+            go.Bar(
+                y=[kind] * len(rows),
+                x=[max(e["dur_us"], 1) / 1e3 for e in rows],
+                base=[e["start_us"] / 1e3 for e in rows],
+                orientation="h",
+                name=kind,
+                marker_color=color,
+                customdata=[[e["name"], e["dur_us"] / 1e3] for e in rows],
+                hovertemplate="%{customdata[0]}<br>%{customdata[1]:.3f} ms<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        barmode="overlay",
+        template="plotly_white",
+        xaxis_title="time (ms)",
+        yaxis={"categoryorder": "array", "categoryarray": list(LANE_COLORS)[::-1]},
+        height=360,
+        margin={"l": 110, "r": 20, "t": 50, "b": 50},
+    )
+    return fig
+
+
+def plot_grouped_bars(df, x: str, y: str, color: str, title: str, y_title: str) -> go.Figure:
+    """Grouped bars from a long DataFrame (one bar per ``x`` and ``color``); values drawn as given."""
+    fig = go.Figure()
+    for key, part in df.groupby(color, sort=False):
+        fig.add_trace(
+            go.Bar(
+                x=part[x],
+                y=part[y],
+                name=str(key),
+                hovertemplate=f"{key}<br>%{{x}}: %{{y:,.0f}}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        barmode="group",
+        template="plotly_white",
+        yaxis_title=y_title,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+    )
+    return fig

@@ -1,0 +1,50 @@
+"""The GPU table, the fit verdict and the "Does FSDP fit?" recommendation."""
+
+import math
+
+import pytest
+
+from smolfsdp.config import ConfigError
+from smolfsdp.hardware import GPUS, fit_table, fits, get_gpu, recommend
+from smolfsdp.memory import estimate_memory
+
+
+def test_gpu_table_has_the_issue_gpus_with_sources():
+    assert set(GPUS) == {"A10G", "L4", "L40S", "A100 40GB", "A100 80GB", "H100 SXM", "H200"}
+    for g in GPUS.values():
+        assert g.memory_bytes == int(g.memory_gb * 1e9) > 0
+        assert g.bf16_dense_tflops > 0 and g.hbm_bandwidth_gbs > 0
+        assert g.interconnect and "datasheet" in g.source
+    assert GPUS["H200"].memory_gb == 141 and GPUS["A100 80GB"].memory_gb == 80
+
+
+def test_get_gpu_by_name_or_memory_and_unknown_names():
+    assert get_gpu("h100-sxm").name == "H100 SXM"
+    custom = get_gpu(None, 24)
+    assert custom.memory_bytes == 24 * 2**30 and math.isnan(custom.bf16_dense_tflops)
+    with pytest.raises(ConfigError, match=r"did you mean 'H200'.*Known: A10G.*--gpu-memory-gib"):
+        get_gpu("H20O")
+    with pytest.raises(ConfigError, match="positive"):
+        get_gpu(None, 0)
+
+
+def test_fit_verdict_is_peak_against_memory():
+    est = estimate_memory("smollm3-3b", world_size=2, seq_len=4096)
+    table = fit_table({"FULL_SHARD x2": est})
+    assert list(table["gpu"]) == list(GPUS)
+    for row in table.itertuples():
+        assert row.fits == (est.peak_bytes <= GPUS[row.gpu].memory_bytes)
+    assert fits(est, GPUS["H200"]) and not fits(est, GPUS["L4"])
+
+
+def test_recommend_walks_the_flowchart():
+    small = recommend("tiny", "L4", 2, seq_len=512)
+    assert small.decision == "full replica"
+    sharded = recommend("smollm3-3b", "A100 40GB", 2, seq_len=4096, activation_checkpointing=True)
+    assert sharded.decision == "FULL_SHARD" and sharded.estimate.strategy == "FULL_SHARD"
+    offload = recommend("smollm3-3b", "A10G", 2, seq_len=2048, activation_checkpointing=True)
+    assert offload.decision == "FULL_SHARD + CPU offload" and offload.estimate.offload
+    more = recommend("smollm3-3b", "A10G", 2, seq_len=2048, activation_checkpointing=True, host_memory_gib=16)
+    assert more.decision == "more GPUs" and more.gpus > 2 and fits(more.estimate, GPUS["A10G"])
+    never = recommend("smollm3-3b", get_gpu(None, 2), 1, seq_len=32768)
+    assert never.decision == "does not fit"
