@@ -22,14 +22,36 @@ def _clean(name: str) -> str:
     return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
 
 
-def _sharded_grads(rank, world, version):
+def _model(tok, lora: bool, ac: bool = False):
+    model = build_model("tiny", tok, seed=0)
+    if lora:  # B initialised randomly (not peft's zero), so every adapter gradient is non-trivial
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=4,
+                lora_alpha=8,
+                lora_dropout=0.0,
+                init_lora_weights=False,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            ),
+        )
+    if ac:
+        from smolfsdp.native import _apply_activation_checkpointing
+
+        _apply_activation_checkpointing(model, resolve_wrap_class(model))
+    return model
+
+
+def _sharded_grads(rank, world, version, lora=False, ac=False, accum=False):
     import torch.distributed as dist
 
     from smolfsdp.distributed import DistInfo
 
     tok = load_tokenizer("tiny")
     rows = _rows(tok)
-    model = build_model("tiny", tok, seed=0)
+    model = _model(tok, lora, ac)
     wrap = resolve_wrap_class(model)
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     if version == 1:
@@ -46,35 +68,61 @@ def _sharded_grads(rank, world, version):
         apply_fsdp2(model, init_device_mesh("cpu", (world,)), wrap)
     per_rank = N_ROWS // world
     local = rows[rank * per_rank : (rank + 1) * per_rank]
-    loss, n_items = forward_backward(model, [PadCollator(tok.pad_token_id)(local)], world, info.device)
+    collate = PadCollator(tok.pad_token_id)
+    micro = [collate([row]) for row in local] if accum else [collate(local)]  # accumulation: 1 row per micro
+    loss, n_items = forward_backward(model, micro, world, info.device)
     grads = {}
     if version == 1:
         with FSDP.summon_full_params(model, with_grads=True):
             for n, p in model.named_parameters():
-                grads[_clean(n)] = p.grad.detach().clone()
+                if p.requires_grad:
+                    grads[_clean(n)] = p.grad.detach().clone()
     else:
         for n, p in model.named_parameters():
-            grads[n] = p.grad.full_tensor().detach().clone()
+            if p.requires_grad:
+                grads[_clean(n)] = p.grad.full_tensor().detach().clone()
     dist.barrier()
     return {"loss": loss, "n_items": n_items, "grads": grads}
 
 
-@pytest.fixture(scope="module")
-def reference():
+def _reference(lora: bool):
     tok = load_tokenizer("tiny")
     rows = _rows(tok)
-    model = build_model("tiny", tok, seed=0)
+    model = _model(tok, lora)
     out = model(**PadCollator(tok.pad_token_id)(rows))
     out.loss.backward()
-    return {"loss": out.loss.item(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    return {
+        "loss": out.loss.item(),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad},
+    }
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_two_rank_gradients_equal_single_process(version, reference):
-    results = run_distributed(_sharded_grads, 2, version)
+@pytest.mark.parametrize(
+    "version,lora,ac,accum",
+    [
+        (1, False, False, False),
+        (2, False, False, False),
+        (1, True, False, False),
+        (2, True, False, False),
+        (2, False, True, False),
+        (1, False, False, True),
+    ],
+    ids=[
+        "fsdp1",
+        "fsdp2",
+        "fsdp1-lora",
+        "fsdp2-lora",
+        "fsdp2-activation-checkpointing",
+        "fsdp1-grad-accumulation",
+    ],
+)
+def test_two_rank_gradients_equal_single_process(version, lora, ac, accum):
+    reference = _reference(lora)
+    results = run_distributed(_sharded_grads, 2, version, lora, ac, accum)
     r0 = results[0]
     assert r0["loss"] == pytest.approx(reference["loss"], rel=1e-5)
-    assert set(r0["grads"]) == set(reference["grads"])
+    assert set(r0["grads"]) == set(reference["grads"]) and len(r0["grads"]) > 0
+    assert all(g.abs().sum() > 0 for g in reference["grads"].values())  # no trivially-zero gradient
     for name, ref in reference["grads"].items():
         got = r0["grads"][name]
         assert got.shape == ref.shape, name

@@ -220,3 +220,38 @@ def test_resume_equals_uninterrupted(tmp_path):
 def test_resume_without_checkpoint_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         sft.preflight(TrainConfig(output_dir=str(tmp_path), resume_from="latest"))
+
+
+def _eval_then_train(rank, world):
+    """After an evaluation the FSDP2 model is sharded again (DTensor everywhere) and trains on."""
+    from torch.distributed.tensor import DTensor
+
+    from smolfsdp.data import prepare_data
+    from smolfsdp.distributed import DistInfo
+    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
+    from smolfsdp.native import PadCollator, evaluate, forward_backward
+
+    tok = load_tokenizer("tiny")
+    model = apply_lora(build_model("tiny", tok, seed=0), LORA)
+    apply_fsdp2(model, build_mesh("cpu", world), resolve_wrap_class(model))
+    info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
+    data = prepare_data(TrainConfig(max_rows=24), tok)
+    collate = PadCollator(tok.pad_token_id)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    first = evaluate(model, data.eval, collate, 4, info)
+    sharded = all(isinstance(p, DTensor) for p in model.parameters()) and model.training
+    for i in range(3):
+        forward_backward(model, [collate([data.train[2 * i + rank]])], world, info.device)
+        opt.step()
+        opt.zero_grad()
+    return {
+        "sharded_after_eval": sharded,
+        "first": first,
+        "second": evaluate(model, data.eval, collate, 4, info),
+    }
+
+
+def test_eval_leaves_model_sharded_and_training_goes_on():
+    r = run_distributed(_eval_then_train, 2)[0]
+    assert r["sharded_after_eval"]
+    assert r["second"] != r["first"]  # the adapters moved after training resumed

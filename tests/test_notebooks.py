@@ -57,7 +57,7 @@ def test_html_in_chromium(executed):
         pytest.skip("no chromium on this machine (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    _, html_dir = executed
+    notebooks, html_dir = executed
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,

@@ -29,6 +29,49 @@ from torch.distributed.checkpoint.state_dict import (
 from smolfsdp.config import ConfigError
 
 MARKER = "COMPLETE"
+ADAM_STATES = 2  # exp_avg and exp_avg_sq, each the size of its parameter (torch.optim.AdamW)
+
+
+class DiskSpaceError(ConfigError):
+    """The output directory's filesystem has less free space than the run will write."""
+
+
+def estimate_checkpoint_bytes(model, optimizer_trainable_params=None) -> int:
+    """Bytes one sharded checkpoint of ``model`` takes on disk, all ranks together.
+
+    Model state (every state-dict name, so tied weights count twice: DCP writes ``lm_head.weight``
+    and ``embed_tokens.weight`` both) + AdamW state (two tensors per trainable parameter, in the
+    parameter's dtype) + 5% for DCP's per-tensor serialisation and metadata (measured on the tiny
+    model's checkpoints, where it is largest relative to the data). Works on the meta device.
+    ``optimizer_trainable_params`` defaults to the parameters with ``requires_grad``.
+    """
+    model_bytes = sum(p.numel() * p.element_size() for _, p in model.named_parameters(remove_duplicate=False))
+    trainable = optimizer_trainable_params
+    if trainable is None:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+    optim_bytes = sum(
+        ADAM_STATES * p.numel() * p.element_size() for p in {id(p): p for p in trainable}.values()
+    )
+    return int((model_bytes + optim_bytes) * 1.05)
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent)."""
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def check_disk_space(output_dir: str | Path, needed_bytes: int) -> None:
+    """Raise DiskSpaceError (before training) when ``output_dir``'s filesystem cannot take ``needed_bytes``."""
+    free = free_bytes(output_dir)
+    if needed_bytes > free:
+        raise DiskSpaceError(
+            f"The run will write about {needed_bytes:,} bytes of checkpoints and models to {output_dir}, but its "
+            f"filesystem has {free:,} bytes free. Free space, choose another output_dir, save less often "
+            "(save_steps), keep fewer checkpoints (save_total_limit) or use LoRA (smaller optimizer state)."
+        )
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -36,9 +79,20 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 
 
 def save_checkpoint(
-    run_dir: str | Path, step: int, model, optimizer, scheduler, trainer_state: dict[str, Any], rank: int
+    run_dir: str | Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    rank: int,
+    keep: int | None = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns ``<run_dir>/checkpoints/step-<step>``."""
+    """Collective: every rank calls it. Returns ``<run_dir>/checkpoints/step-<step>``.
+
+    With ``keep``, only the newest ``keep`` complete checkpoints remain afterwards (the new one is
+    complete before any old one is removed).
+    """
     final = checkpoint_dir(run_dir) / f"step-{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
     if rank == 0:
@@ -64,6 +118,13 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         tmp.replace(final)
+        if keep is not None:
+            done = sorted(
+                (p for p in checkpoint_dir(run_dir).glob("step-*") if p.is_dir() and is_complete(p)),
+                key=lambda p: int(p.name.split("-")[1]),
+            )
+            for old in done[:-keep]:
+                shutil.rmtree(old)
     dist.barrier()
     return final
 
@@ -113,3 +174,75 @@ def restore_rng(path: str | Path, rank: int) -> None:
     torch.set_rng_state(rng["cpu"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
+
+
+def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    return {
+        k[len("model.") :]: tuple(v.size)
+        for k, v in meta.state_dict_metadata.items()
+        if k.startswith("model.") and hasattr(v, "size")
+    }
+
+
+def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """DCP checkpoint -> ``model.safetensors`` + config + tokenizer, in one process, no process group.
+
+    The run's ``config.yaml`` (two levels up: ``runs/<name>/checkpoints/step-N``) says which model
+    to build. A LoRA run is written merged (base + adapter folded in) so the output is one plain model.
+
+    Raises:
+        ConfigError: not a checkpoint, an incomplete one, one from another model (the differing keys
+            are named), or a non-empty ``out_dir`` without ``overwrite``.
+    """
+    from smolfsdp.config import load_config
+    from smolfsdp.modeling import build_model, load_tokenizer
+
+    ckpt, out = Path(checkpoint), Path(out_dir)
+    if not (ckpt / ".metadata").is_file():
+        raise ConfigError(
+            f"{ckpt} is not a DCP checkpoint (no .metadata file); checkpoints live in "
+            "runs/<name>/checkpoints/step-N/."
+        )
+    if not is_complete(ckpt):
+        raise ConfigError(
+            f"{ckpt} is incomplete (no {MARKER} marker): its save was interrupted; use an older one."
+        )
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; choose a new folder or pass --overwrite.")
+    run_config = ckpt.parent.parent / "config.yaml"
+    if not run_config.is_file():
+        raise ConfigError(f"{run_config} is missing: convert needs the run's config to rebuild the model.")
+    cfg = load_config(run_config)
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
+    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    if cfg.lora:
+        from smolfsdp.lora_fsdp2 import apply_lora
+
+        model = apply_lora(model, cfg)
+    state = model.state_dict()
+    saved = _checkpoint_shapes(ckpt)
+    wanted = {k: tuple(v.shape) for k, v in state.items()}
+    missing = sorted(set(wanted) - set(saved))
+    shape = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
+    extra = sorted(set(saved) - set(wanted))
+    if missing or shape or extra:
+        detail = "; ".join(
+            f"{label}: {keys[:4]}{' ...' if len(keys) > 4 else ''}"
+            for label, keys in (("missing", missing), ("different shape", shape), ("unexpected", extra))
+            if keys
+        )
+        raise ConfigError(f"{ckpt} does not match the model {cfg.model!r} of {run_config} ({detail}).")
+    loaded = {"model": state}
+    dcp.load(loaded, checkpoint_id=str(ckpt))  # no process group: DCP reads every shard in this process
+    model.load_state_dict(loaded["model"])
+    if cfg.lora:
+        model = model.merge_and_unload()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.replace(out)
+    return out

@@ -2,6 +2,9 @@
 
     smolfsdp train [--config configs/runs/smoke.yaml] [--<field> <value> ...]
     smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096 [--json]
+    smolfsdp gotchas [--list] [--run NAME] [--json]
+    smolfsdp bench [--config configs/runs/smoke.yaml] [--benchmark_steps 5] [--profile true] [--<field> ...]
+    smolfsdp analyze-trace runs/bench/traces/rank0.json.gz [--json]
 
 Any ``TrainConfig`` field can be overridden (``--max_steps 20`` or ``--max-steps=20``). Outside
 torchrun/accelerate the command checks the configuration, then starts ``nproc`` processes itself;
@@ -100,6 +103,52 @@ def cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    """Benchmark mode: warm-up + timed steps (default 5, profiled), then print bench.json's summary."""
+    import json
+
+    from smolfsdp.benchmark import run_benchmark
+
+    overrides = parse_overrides(rest)
+    overrides.setdefault("benchmark_steps", 5)
+    overrides.setdefault("profile", True)
+    overrides.setdefault("name", "bench")
+    cfg = load_config(args.config, **overrides)
+    bench = run_benchmark(cfg)
+    keys = ("summary", "mfu_reason", "traces")
+    print(json.dumps({k: bench[k] for k in keys}, indent=2))
+    print(f"[smolfsdp] {cfg.run_dir / 'bench.json'}", flush=True)
+    return 0
+
+
+def cmd_analyze_trace(args: argparse.Namespace) -> int:
+    """Analyse each trace; a table per trace, or one JSON list with ``--json``."""
+    import json
+
+    import pandas as pd
+
+    from smolfsdp.trace_analysis import TraceError, summarize_trace
+
+    out = []
+    for path in args.paths:
+        try:
+            out.append(summarize_trace(path))
+        except (TraceError, FileNotFoundError) as err:
+            print(f"smolfsdp: error: {err}", file=sys.stderr)
+            return 2
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    cols = ["step", "dur_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
+    for s in out:
+        print(f"== {s['path']} ({s['mode']} trace, {s['events']:,} events)")
+        for note in s["notes"]:
+            print(f"   note: {note}")
+        print(pd.DataFrame(s["steps"])[cols].round(1).to_string(index=False))
+        print(f"prefetch: {s['prefetch']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="smolfsdp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,6 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     p_mem.add_argument("--gpu", default="H100 SXM", help="a GPU from smolfsdp.hardware.GPUS")
     p_mem.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
     p_mem.add_argument("--json", action="store_true")
+    p_got = sub.add_parser("gotchas", help="reproduce the FSDP gotchas, failing and fixed (smolfsdp.gotchas)")
+    p_got.add_argument("--list", action="store_true", help="list the gotchas")
+    p_got.add_argument("--run", default=None, help="a gotcha name, several joined by commas, or 'all'")
+    p_got.add_argument("--json", action="store_true")
+    p_got.add_argument("--out", default=None, help="folder for the results")
+    p_conv = sub.add_parser("convert", help="DCP checkpoint -> model.safetensors + config + tokenizer")
+    p_conv.add_argument("checkpoint", help="runs/<name>/checkpoints/step-N")
+    p_conv.add_argument("out", help="output folder (must be new or empty unless --overwrite)")
+    p_conv.add_argument("--overwrite", action="store_true")
+    p_bench = sub.add_parser("bench", help="benchmark mode: timed steps, bench.json, profiler traces")
+    p_bench.add_argument("--config", default=None, help="a run recipe, e.g. configs/runs/smoke.yaml")
+    p_trace = sub.add_parser("analyze-trace", help="busy/idle, overlap, per-layer all-gathers of traces")
+    p_trace.add_argument("paths", nargs="+", help=".json or .json.gz profiler traces")
+    p_trace.add_argument("--json", action="store_true")
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "memory":
@@ -136,6 +199,24 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_memory(args)
         if args.command == "train":
             return cmd_train(args, rest)
+        if args.command == "gotchas":
+            from smolfsdp.gotchas import main as gotchas_main
+
+            flags = ["--list"] * args.list + ["--json"] * args.json
+            flags += ["--run", args.run] * bool(args.run) + ["--out", args.out] * bool(args.out)
+            return gotchas_main(flags + rest)
+        if args.command == "bench":
+            return cmd_bench(args, rest)
+        if args.command == "analyze-trace":
+            if rest:
+                raise ConfigError(f"Unexpected arguments for analyze-trace: {rest}")
+            return cmd_analyze_trace(args)
+        if args.command == "convert":
+            from smolfsdp.checkpoint import convert_checkpoint
+
+            out = convert_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+            print(f"[smolfsdp] wrote {out}")
+            return 0
     except ConfigError as err:
         print(f"smolfsdp: error: {err}", file=sys.stderr)
         return 2

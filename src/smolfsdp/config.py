@@ -103,8 +103,18 @@ class TrainConfig:
     eval_steps: int = 10
     save_steps: int = 0  # 0: no periodic checkpoints; the final model is always saved
     save_final_model: bool = True
+    save_total_limit: int = 2  # complete checkpoints kept (older ones are removed after a new one completes)
     resume_from: str | None = None  # "latest" or a checkpoint directory (native engine)
     stop_at_step: int | None = None  # end the run after this step, as if killed (resume drills)
+
+    # --- benchmark mode and profiler (smolfsdp.benchmark; chapter "Reading the profiler")
+    benchmark_steps: int = 0  # > 0: benchmark mode: warm-up + this many timed steps, bench.json, no saves
+    benchmark_warmup_steps: int = 1  # steps run before the timed ones (not in the bench.json summary)
+    profile: bool = False  # torch.profiler: one gzip'd Chrome trace per rank in runs/<name>/traces/
+    profile_wait: int = 1
+    profile_warmup: int = 1
+    profile_active: int = 3
+    record_shapes: bool = False
 
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes copied into summary.json
 
@@ -170,6 +180,10 @@ class TrainConfig:
             raise ConfigError(
                 "resume_from: the trl engine resumes with the Trainer's own checkpoints; use engine: native."
             )
+        if self.save_total_limit < 1:
+            raise ConfigError(
+                f"save_total_limit={self.save_total_limit} must be >= 1 (the checkpoint to resume from)."
+            )
         if self.stop_at_step is not None and self.stop_at_step < 1:
             raise ConfigError(f"stop_at_step={self.stop_at_step} must be >= 1.")
         if self.eval_size < 0:
@@ -180,11 +194,43 @@ class TrainConfig:
             raise ConfigError(
                 "Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing."
             )
+        self._check_benchmark()
         from smolfsdp.modeling import check_model_name, normalise_wrap_class_name
 
         check_model_name(self.model)
         if self.wrap_class is not None:
             self.wrap_class = normalise_wrap_class_name(self.wrap_class)
+
+    def _check_benchmark(self) -> None:
+        if self.benchmark_steps < 0:
+            raise ConfigError(
+                f"benchmark_steps={self.benchmark_steps}: give a positive number of timed steps (0 = no benchmark)."
+            )
+        if self.benchmark_warmup_steps < 0:
+            raise ConfigError(f"benchmark_warmup_steps={self.benchmark_warmup_steps} must be >= 0.")
+        for name in ("profile_wait", "profile_warmup"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0.")
+        if self.profile_active < 1:
+            raise ConfigError(f"profile_active={self.profile_active}: record at least one step.")
+        if self.benchmark_steps:
+            if self.engine != "native":
+                raise ConfigError(
+                    "benchmark_steps runs on the native engine (its loop is timed step by step); set engine: native."
+                )
+            if self.save_steps > 0:
+                raise ConfigError("benchmark mode writes no checkpoints; set save_steps: 0.")
+            self.save_final_model = False  # benchmark mode saves nothing but bench.json and traces
+            total = self.benchmark_warmup_steps + self.benchmark_steps
+            window = self.profile_wait + self.profile_warmup + self.profile_active
+            if self.profile and total < window:
+                raise ConfigError(
+                    f"profile needs {window} steps (wait {self.profile_wait} + warmup {self.profile_warmup} + "
+                    f"active {self.profile_active}) but benchmark mode runs {total}; raise benchmark_steps."
+                )
+            self.max_steps = total
+        elif self.profile and self.engine != "native":
+            raise ConfigError("profile runs on the native engine; set engine: native.")
 
     # ------------------------------------------------------------------ I/O
     @property

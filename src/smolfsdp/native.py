@@ -188,11 +188,25 @@ def save_final_model(model: nn.Module, tokenizer, out_dir: Path, info: DistInfo)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     if info.is_main:
         inner = getattr(model, "module", model)
+        # Tied weights (SmolLM3's lm_head = embed_tokens) are saved once, as from_pretrained expects;
+        # the gathered state dict holds them under both names.
+        for name in tied_duplicates(inner):
+            state.pop(name, None)
         tmp = out_dir.with_name(out_dir.name + ".tmp")
         inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         _replace_dir(tmp, out_dir)
     dist.barrier()
+
+
+def tied_duplicates(model: nn.Module) -> list[str]:
+    """Clean names of parameters that are the same tensor as an earlier parameter (tied weights)."""
+    seen, dupes = set(), []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            dupes.append(name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""))
+        seen.add(id(p))
+    return dupes
 
 
 def _replace_dir(tmp: Path, out_dir: Path) -> None:
@@ -306,12 +320,18 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
     )
 
     def run_eval(step: int) -> float | None:
-        if data.eval is None:
+        if data.eval is None or cfg.benchmark_steps:  # benchmark mode times training steps only
             return None
         loss = evaluate(model, data.eval, collator, cfg.per_device_eval_batch_size, info)
         writer.log({"split": "eval", "step": step, "eval_loss": loss})
         return loss
 
+    from smolfsdp import benchmark
+
+    meter = (
+        benchmark.StepMeter(cfg, info, model, total_params, trainable_params) if cfg.benchmark_steps else None
+    )
+    prof = benchmark.start_profiler(cfg, info, writer.run_dir)
     eval_losses = [run_eval(start_step)]
     train_losses, tokens_total, t_train = [], 0, time.perf_counter()
     last_step = min(total_steps, cfg.stop_at_step or total_steps)
@@ -320,12 +340,19 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
     )
     for step in range(start_step + 1, last_step + 1):
         t0 = time.perf_counter()
+        if meter:
+            meter.begin()
         micro = [next(stream) for _ in range(cfg.gradient_accumulation_steps)]
-        loss, n_items = forward_backward(model, micro, info.world_size, info.device)
-        grad_norm = clip_grad_norm(model, cfg.max_grad_norm, cfg.fsdp_version)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        with benchmark.phase("forward_backward", cfg.profile):
+            loss, n_items = forward_backward(model, micro, info.world_size, info.device)
+        with benchmark.phase("clip", cfg.profile):
+            grad_norm = clip_grad_norm(model, cfg.max_grad_norm, cfg.fsdp_version)
+        with benchmark.phase("optimizer", cfg.profile):
+            optimizer.step()
+            scheduler.step()
+            if meter:
+                meter.after_optimizer(model, optimizer)
+            optimizer.zero_grad(set_to_none=True)
         if info.device.type == "cuda":
             torch.cuda.synchronize(info.device)
         step_ms = (time.perf_counter() - t0) * 1e3
@@ -347,6 +374,10 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
             "label_tokens": n_items,
             "samples": cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size,
         }
+        if meter:
+            record.update(meter.metrics(step, step_ms, tokens, record["samples"], micro))
+        if prof is not None:
+            prof.step()
         if step % cfg.logging_steps == 0 or step == total_steps:
             writer.log(record)
         bar.set_postfix(loss=f"{loss:.3f}")
@@ -356,10 +387,13 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         if cfg.save_steps > 0 and step % cfg.save_steps == 0:
             pos = {"epoch": stream.epoch, "consumed": stream.consumed}
             ckpt = checkpoint.save_checkpoint(
-                writer.run_dir, step, model, optimizer, scheduler, pos, info.rank
+                writer.run_dir, step, model, optimizer, scheduler, pos, info.rank, keep=cfg.save_total_limit
             )
             log.info("checkpoint %s", ckpt)
     bar.close()
+    benchmark.stop_profiler(prof)
+    if meter:
+        meter.write(writer.run_dir)
     stopped_early = last_step < total_steps
     if not stopped_early:
         eval_losses.append(run_eval(total_steps))
@@ -375,6 +409,16 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         else:
             save_final_model(model, tokenizer, final_dir, info)
     opt_steps = [int(st["step"]) for st in optimizer.state.values() if "step" in st]
+    from smolfsdp.mechanics import local_tensors, storage_bytes
+
+    # bytes this rank really holds after training (storage, not numel): parameter shards, Adam m and v
+    held = {
+        "param_bytes": storage_bytes(local_tensors(model)),
+        "optimizer_bytes": storage_bytes(
+            [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+        ),
+    }
+    memory = all_gather_object(held)
     return {
         "requested": {
             "engine": "native",
@@ -393,6 +437,7 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
             "local_numel_per_rank": local,
             "fraction_per_rank": [round(n / total_params, 4) for n in local],
         },
+        "memory_per_rank": memory,
         "data": data.stats(),
         "metrics": {
             "steps": last_step,

@@ -47,12 +47,38 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.lora:
         from smolfsdp.lora_fsdp2 import apply_lora
 
-        apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
+        meta = apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
     if cfg.resume_from:
         from smolfsdp.checkpoint import resolve_resume
 
         resolve_resume(cfg.resume_from, cfg.run_dir)
+    needed = bytes_to_write(cfg, meta)
+    if needed:
+        from smolfsdp.checkpoint import check_disk_space
+
+        check_disk_space(cfg.output_dir, needed)
     return {"data": data.stats(), "wrap_class": wrap_cls.__name__}
+
+
+def bytes_to_write(cfg: TrainConfig, meta_model) -> int:
+    """Disk bytes a run writes: ``save_total_limit + 1`` checkpoints at a time (the new one is complete
+    before the oldest goes) and the final model (or adapter). Estimated on the meta-device model."""
+    from smolfsdp.checkpoint import estimate_checkpoint_bytes
+
+    n_ckpt = 0
+    if cfg.save_steps > 0:
+        total = cfg.max_steps if cfg.max_steps > 0 else None
+        n_ckpt = (
+            cfg.save_total_limit + 1
+            if total is None
+            else min(cfg.save_total_limit + 1, total // cfg.save_steps)
+        )
+    ckpt = estimate_checkpoint_bytes(meta_model) if n_ckpt else 0
+    final = 0
+    if cfg.save_final_model:
+        params = [p for p in meta_model.parameters() if (p.requires_grad or not cfg.lora)]
+        final = sum(p.numel() * 4 for p in {id(p): p for p in params}.values())
+    return n_ckpt * ckpt + final
 
 
 def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None):
@@ -204,7 +230,7 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         report_to="none",
         max_length=cfg.max_length,
         # TRL defaults bf16=True and gradient_checkpointing=True; neither works or is wanted on CPU,
-        # and HF gradient checkpointing under FSDP adds a redundant all-gather (FSDP's own is used).
+        # and transformers warns HF gradient checkpointing under FSDP adds an all-gather (FSDP's own is used).
         bf16=cfg.mixed_precision == "bf16" and not on_cpu,
         activation_checkpointing=False,
         use_cpu=on_cpu,

@@ -1,0 +1,134 @@
+"""Each gotcha's failing form fails the way the chapter says, and its fixed form works (2 gloo ranks).
+
+All gotchas run once (one torchrun launch for the distributed ones, subprocesses for the rest) and
+the tests read the shared results.
+"""
+
+import os
+
+import pytest
+
+from smolfsdp import gotchas
+from smolfsdp.config import ConfigError
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return gotchas.run_gotchas(out=tmp_path_factory.mktemp("gotchas"))
+
+
+def test_every_gotcha_ran_with_versions(results):
+    assert list(results) == list(gotchas.GOTCHAS)
+    for r in results.values():
+        assert r.versions["torch"].startswith("2.13.0") and r.explanation
+        assert {r.failing["outcome"], r.fixed["outcome"]} <= {"ok", "error", "crash", "measured", "skipped"}
+    frame = gotchas.summary_frame(results)
+    assert list(frame["gotcha"]) == list(gotchas.GOTCHAS)
+    assert frame.set_index("gotcha").loc["tied_embeddings"].to_dict() == {
+        "failing": "ValueError",
+        "fixed": "ok",
+    }
+
+
+def test_fsdp2_mixed_dtensor_outside_the_root(results):
+    r = results["fsdp2_mixed_dtensor"]
+    assert r.failing["outcome"] == "error" and r.failing["error"] == "RuntimeError"
+    assert "got mixed torch.Tensor and DTensor" in r.failing["message"]
+    assert r.fixed["outcome"] == "ok" and r.fixed["shape"] == [2, 24, 128]
+    assert r.fixed["parameter_types_after"] == ["DTensor"]  # resharded after the explicit unshard
+    assert r.fixed["fsdp1_pinned"]["error"] == "RuntimeError"  # pinning FSDP1 does not fix this form
+    assert r.fixed["fsdp1_summon"]["shape"] == [2, 24, 128]
+
+
+def test_checkpoint_refused_before_it_fills_the_disk(results):
+    r = results["checkpoint_disk_full"]
+    if r.failing["outcome"] == "skipped":
+        pytest.skip(r.failing["message"])
+    assert r.failing["outcome"] == "error" and r.failing["left_behind"] == ["state.pt"]
+    assert 0 < r.failing["left_bytes"] <= r.failing["filesystem_bytes"] < r.failing["needed_bytes"]
+    assert r.fixed["error"] == "DiskSpaceError" and r.fixed["refused_before_training"]
+    assert f"{r.failing['needed_bytes']:,} bytes" in r.fixed["message"]
+
+
+def test_trackio_metrics_land_in_the_expected_project_once(results):
+    r = results["tracker_wrong_project"]
+    assert r.failing["train_loss_rows"] == {"huggingface/trainer": 2, "smolfsdp-medical/by-hand": 0}
+    assert not r.failing["loss_in_expected_project"]
+    assert r.failing["final_finish"]["error"] == "RuntimeError"  # the hand-made session was replaced
+    assert r.fixed["train_loss_rows"] == {"smolfsdp-medical/trainer": 2}
+    assert r.fixed["loss_in_expected_project"] and r.fixed["runs_with_loss"] == 1
+
+
+def test_wrap_class_missing_and_wrapping_nothing(results):
+    r = results["wrap_class"]
+    assert r.failing["misspelt"]["error"] == "ConfigError"
+    assert "Did you mean 'SmolLM3DecoderLayer'" in r.failing["misspelt"]["message"]
+    assert r.failing["fsdp_units"] == 1 and r.failing["decoder_layers"] == 4
+    assert r.failing["check_wrapping"]["error"] == "ConfigError"
+    assert r.fixed == {"outcome": "ok", "fsdp_units": 5}
+
+
+def test_check_wrapping_accepts_a_model_without_layers():
+    import torch
+
+    with pytest.raises(ConfigError, match="wrapped none of the 1"):
+        gotchas.check_wrapping(torch.nn.Sequential(torch.nn.Linear(2, 2)), "Linear")
+    assert gotchas.check_wrapping(torch.nn.Linear(2, 2), "Conv1d") == 0
+
+
+def test_trainer_fsdp_runs_as_ddp_on_cpu(results):
+    r = results["trainer_fsdp_is_ddp"]
+    assert r.failing["requested"] == "fsdp1" and r.failing["strategy"] == "ddp"
+    assert r.failing["wrapper"] == "DistributedDataParallel"
+    assert r.fixed["strategy"] == "fsdp1" and r.fixed["fsdp_units"] == 5
+
+
+def test_gradient_checkpointing_recomputes_without_extra_all_gather(results):
+    r = results["gradient_checkpointing"]
+    for version, gathers in (("fsdp1", 9), ("fsdp2", 10)):
+        assert r.fixed[f"{version}/none"] == {"all-gather": gathers, "reduce-scatter": 5, "layer_forwards": 4}
+        for mode in ("fsdp_ac",):
+            assert r.fixed[f"{version}/{mode}"]["layer_forwards"] == 8  # the layers really are recomputed
+            assert r.fixed[f"{version}/{mode}"]["all-gather"] == gathers
+        for mode in ("hf_use_reentrant_false", "hf_use_reentrant_true"):
+            assert r.failing[f"{version}/{mode}"] == {
+                "all-gather": gathers,
+                "reduce-scatter": 5,
+                "layer_forwards": 8,
+            }
+
+
+def test_tied_embeddings_in_separate_groups(results):
+    r = results["tied_embeddings"]
+    assert (
+        r.failing["error"] == "ValueError"
+        and "shared with a parameter already managed" in r.failing["message"]
+    )
+    assert r.fixed == {"outcome": "ok", "same_parameter": True, "max_abs_diff": 0.0}
+
+
+def test_optimizer_before_sharding_never_updates(results):
+    r = results["optimizer_before_sharding"]
+    assert r.failing["max_param_change"] == 0.0 and r.failing["optimizer_params_with_grad"] == 0
+    assert r.fixed["max_param_change"] > 1e-3 and r.fixed["optimizer_params_with_grad"] > 0
+    assert r.failing["loss"] == r.fixed["loss"]  # same model, same batch: only the optimizer differs
+
+
+def test_peft_fp32_adapters_break_fsdp1_flattening(results):
+    r = results["peft_fp32_adapters_fsdp1"]
+    assert r.failing["error"] == "ValueError" and "uniform dtype" in r.failing["message"]
+    assert r.fixed == {"outcome": "ok", "dtypes": ["bfloat16"], "fsdp_units": 5}
+
+
+def test_fsdp1_cpu_offload_state_dict_segfaults_rank0(results):
+    r = results["fsdp1_cpu_offload_state_dict"]
+    assert r.failing["outcome"] == "crash" and r.failing["rank_exit_codes"]["rank0"] == -11
+    assert r.fixed["outcome"] == "ok" and r.fixed["keys_on_rank"] == 39
+
+
+def test_cli_lists_and_refuses_unknown(capsys):
+    assert gotchas.main(["--list"]) == 0
+    assert "optimizer_before_sharding" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="unknown gotcha"):
+        gotchas.run_gotchas(["no_such_gotcha"])
+    assert "RANK" not in os.environ  # nothing here joined a process group

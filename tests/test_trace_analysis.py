@@ -1,0 +1,237 @@
+"""smolfsdp.trace_analysis on real GPU traces (../shared/traces), on 2-rank CPU smoke traces of
+FSDP1 and FSDP2 made here, on synthetic traces with known answers, and on broken files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import SHARED
+
+from smolfsdp import trace_analysis as ta
+
+TRACES = SHARED / "traces"
+DDP = TRACES / "ddp_2rank_a100_rank0.json.gz"
+
+
+@pytest.fixture(scope="module")
+def ddp_trace():
+    if not DDP.is_file():
+        pytest.skip(f"{DDP} is absent: the real GPU traces live in ../shared/traces/ (CI has them)")
+    return ta.load_trace(DDP)
+
+
+def _write(path, events, **extra):
+    path.write_text(json.dumps({"traceEvents": events, **extra}))
+    return path
+
+
+def _x(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "pid": 0, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+# ----------------------------------------------------------------------- interval algebra
+def test_interval_union_and_intersection_known_values():
+    assert ta.union_length([0, 5, 30], [10, 20, 40]) == 30.0  # [0,20] + [30,40]
+    a = (np.array([0.0, 30.0]), np.array([10.0, 40.0]))
+    b = (np.array([5.0, 8.0]), np.array([9.0, 35.0]))  # ∪b = [5,35]
+    assert ta.intersection_length(a, b) == 5.0 + 5.0
+
+
+def test_synthetic_gpu_trace_overlap_and_steps(tmp_path):
+    """Comm kernel [100,140] on stream 40, compute kernels [90,120] and [130,200] on stream 7:
+    overlap 20+10 = 30 of 40 µs (75 %), exposed 10 µs; launches put both in ProfilerStep#1."""
+    ev = [
+        _x("ProfilerStep#1", 0, 80, cat="user_annotation"),
+        _x("cudaLaunchKernel", 10, 1, cat="cuda_runtime", correlation=1),
+        _x("cudaLaunchKernel", 20, 1, cat="cuda_runtime", correlation=2),
+        _x("cudaLaunchKernel", 30, 1, cat="cuda_runtime", correlation=3),
+        _x(
+            "ncclDevKernel_AllGather_RING_LL(ncclDevComm*)",
+            100,
+            40,
+            cat="kernel",
+            tid=40,
+            stream=40,
+            correlation=1,
+        ),
+        _x("void gemm_kernel<float>", 90, 30, cat="kernel", tid=7, stream=7, correlation=2),
+        _x("void gemm_kernel<float>", 130, 70, cat="kernel", tid=7, stream=7, correlation=3),
+    ]
+    r = ta.analyze(ta.load_trace(_write(tmp_path / "t.json", ev)))
+    s = r.steps.iloc[0]
+    assert r.mode == "gpu" and int(s["step"]) == 1
+    assert (s["comm_us"], s["overlap_us"], s["exposed_comm_us"], s["overlap_pct"]) == (40.0, 30.0, 10.0, 75.0)
+    assert s["dur_us"] == 200.0  # the step window stretches to the end of its GPU work
+    rows = r.rows.set_index("row")
+    assert rows.loc["GPU 0 stream 7", "busy_us"] == 100.0 and rows.loc["GPU 0 stream 7", "gaps"] == 2
+    assert r.prefetch["transfers"] == 1
+
+
+def test_trace_without_step_annotation_is_one_span_and_says_so(tmp_path):
+    ev = [_x("c10d::allreduce_", 0, 10), _x("gloo:all_reduce", 2, 20, tid=2), _x("aten::mm", 12, 8)]
+    r = ta.analyze(ta.load_trace(_write(tmp_path / "t.json", ev)))
+    assert any("no ProfilerStep" in n for n in r.notes)
+    assert list(r.steps["step"]) == [-1]
+    # CPU mode: comm = [0,22]; compute = aten::mm [12,20] -> 8 µs overlapped
+    assert r.steps.iloc[0]["comm_us"] == 22.0 and r.steps.iloc[0]["overlap_us"] == 8.0
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+        "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+        "void ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)",
+        "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+    ],
+)
+def test_nccl_kernel_name_forms_are_communication(name):
+    cat, kind, _ = ta._classify_one(name, "kernel")
+    assert cat == "communication"
+    if "AllGather" in name:
+        assert kind == "all-gather"
+    if "ReduceScatter" in name:
+        assert kind == "reduce-scatter"
+
+
+@pytest.mark.parametrize(
+    ("name", "cat", "expected"),
+    [
+        ("c10d::_allgather_base_", "cpu_op", ("communication", "all-gather")),
+        ("gloo:all_gather", "cpu_op", ("communication", "all-gather")),
+        ("record_param_comms", "cpu_op", ("communication", "other")),
+        ("c10d::_reduce_scatter_base_", "cpu_op", ("communication", "reduce-scatter")),
+        ("FSDP::all_gather (model.layers.3)", "user_annotation", ("fsdp", "all-gather")),
+        ("Memcpy DtoD (Device -> Device)", "gpu_memcpy", ("memory", "")),
+        ("aten::mm", "cpu_op", ("cpu_op", "")),
+        ("cudaLaunchKernel", "cuda_runtime", ("runtime", "")),
+    ],
+)
+def test_event_classes(name, cat, expected):
+    assert ta._classify_one(name, cat)[:2] == expected
+
+
+# --------------------------------------------------------------------------- bad input
+def test_truncated_gzip_says_truncated(tmp_path, ddp_trace):
+    data = DDP.read_bytes()
+    bad = tmp_path / "cut.json.gz"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ta.TraceError, match=r"truncated.*|.*without its end marker"):
+        ta.load_trace(bad)
+
+
+def test_truncated_json_says_where(tmp_path):
+    full = json.dumps({"traceEvents": [_x("aten::mm", 0, 5)] * 50})
+    bad = tmp_path / "cut.json.gz"
+    bad.write_bytes(gzip.compress(full[:700].encode()))
+    with pytest.raises(ta.TraceError, match=r"line 1 column \d+ \(character 700 of 700\).*truncated"):
+        ta.load_trace(bad)
+
+
+def test_non_json_and_non_trace(tmp_path):
+    (tmp_path / "a.json").write_text("this is not json")
+    with pytest.raises(ta.TraceError, match="invalid JSON at line 1 column 1"):
+        ta.load_trace(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text('{"hello": 1}')
+    with pytest.raises(ta.TraceError, match="traceEvents"):
+        ta.load_trace(tmp_path / "b.json")
+    with pytest.raises(FileNotFoundError):
+        ta.load_trace(tmp_path / "missing.json")
+
+
+# ----------------------------------------------------------------------- real GPU traces
+def test_ddp_trace_nccl_stream_and_compute_stream(ddp_trace):
+    """The HTA test trace: NCCL kernels on stream 40, compute on stream 7."""
+    by_row = ta.comm_by_row(ddp_trace).set_index("row")
+    assert by_row.loc["GPU 0 stream 40", "comm_us"] > 40_000  # 46,876 µs of NCCL kernels
+    assert by_row.loc["GPU 0 stream 40", "compute_us"] == 0
+    assert by_row.loc["GPU 0 stream 7", "compute_us"] > 100_000  # 115,656 µs
+    assert by_row.loc["GPU 0 stream 7", "comm_us"] == 0
+    r = ta.analyze(ddp_trace)
+    assert r.mode == "gpu" and list(r.steps["step"]) == [4, 5, 6]
+    assert (r.steps["comm_us"] > 0).all() and (r.steps["overlap_pct"].between(5, 30)).all()
+
+
+def test_overlap_matches_hta(ddp_trace, tmp_path):
+    """Our comm/compute overlap against HTA's ``get_comm_comp_overlap`` on the same trace.
+
+    HTA (0.5) by default drops the last ProfilerStep (its GPU work may be cut off) and every event
+    launched after that step starts, so we compare with ``complete_steps`` (steps 4 and 5). On this
+    trace that is 14.76 % for us and 14.31 % for HTA: 3 % apart (relative). The residual comes from
+    HTA flooring nanosecond-resolution timestamps and durations to whole µs (it logs "Rounding down
+    ns resolution events"), which opens sub-µs gaps between back-to-back compute kernels; flooring
+    ours the same way gives 14.52 %. Over all three steps we find 15.61 %.
+    """
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis is not installed (pip install -e .[dev])")
+    from hta.trace_analysis import TraceAnalysis
+
+    shutil.copy(DDP, tmp_path / DDP.name)  # HTA reads a whole folder of traces: give it a private one
+    hta = TraceAnalysis(trace_dir=str(tmp_path)).get_comm_comp_overlap(visualize=False)
+    theirs = float(hta["comp_comm_overlap_pctg"].iloc[0])
+    ours = ta.analyze(ddp_trace).complete_steps
+    assert ours["steps"] == [4, 5]
+    assert abs(ours["overlap_pct"] - theirs) / theirs < 0.05, (ours["overlap_pct"], theirs)
+
+
+def test_sampled_128rank_trace_sendrecv_on_its_own_stream():
+    path = TRACES / "sampled_128rank_rank0.json.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the real GPU traces live in ../shared/traces/")
+    by_row = ta.comm_by_row(ta.load_trace(path)).set_index("row")
+    comm_rows = by_row[by_row["comm_us"] > 0].index
+    assert "GPU 0 stream 7" not in comm_rows and len(comm_rows) >= 1
+    assert by_row.loc["GPU 0 stream 7", "compute_us"] > 0
+
+
+# --------------------------------------------------------------- CPU smoke traces, FSDP1/2
+@pytest.fixture(scope="module", params=[1, 2], ids=["fsdp1", "fsdp2"])
+def smoke_trace(request, tmp_path_factory):
+    from smolfsdp.benchmark import run_benchmark
+    from smolfsdp.config import load_config, recipe
+
+    out = tmp_path_factory.mktemp(f"fsdp{request.param}")
+    cfg = load_config(
+        recipe("smoke"),
+        name="trace",
+        output_dir=str(out),
+        fsdp_version=request.param,
+        benchmark_steps=4,
+        profile=True,
+    )
+    bench = run_benchmark(cfg, timeout=300)
+    assert len(bench["traces"]) == 2  # one per rank
+    return request.param, ta.load_trace(bench["traces"][0])
+
+
+def test_smoke_trace_every_layer_gathered_forward_and_backward(smoke_trace):
+    """4 decoder layers: each is all-gathered once in forward and once in backward in every profiled
+    step. FSDP2 names the layer in ``FSDP::all_gather (model.layers.N)``; FSDP1 on CPU annotates no
+    layer, so its ``c10d::allgather_`` calls are labelled by execution order (root, 0..3; 3..0)."""
+    version, df = smoke_trace
+    r = ta.analyze(df)
+    assert list(r.steps["step"]) == [2, 3, 4]  # wait=1, warmup=1, active=3 over 5 steps
+    g = r.gathers
+    assert set(g["source"]) == {"FSDP:: annotation" if version == 2 else "c10d op, by order"}
+    for step in (2, 3, 4):
+        for pass_ in ("forward", "backward"):
+            layers = g[(g["step"] == step) & (g["pass"] == pass_) & (g["layer"] >= 0)]["layer"]
+            assert sorted(layers) == [0, 1, 2, 3], (version, step, pass_)
+    assert (g["dur_us"] > 0).all()
+
+
+def test_smoke_trace_reduce_scatters_and_comm_time(smoke_trace):
+    version, df = smoke_trace
+    r = ta.analyze(df)
+    rs = df[df["category"].eq("communication") & df["kind"].eq("reduce-scatter")]
+    assert rs["name"].eq("c10d::_reduce_scatter_base_").sum() == 5 * 3  # 5 FSDP units x 3 steps
+    assert (r.steps["comm_us"] > 0).all() and (r.steps["overlap_pct"].between(0, 100)).all()
+    gloo_rows = r.rows[r.rows["row"].str.contains("gloo|python")]
+    assert gloo_rows["comm_us"].max() > 0
+    assert {"forward_backward_us", "clip_us", "optimizer_us"} <= set(r.steps.columns)
+    assert (r.steps["forward_backward_us"] > 0).all()  # the record_function phases are in the trace
+    if version == 2:
+        assert r.prefetch["annotated_layers"] == [0, 1, 2, 3]  # FSDP::backward_prefetch for model.layers.N
