@@ -27,6 +27,11 @@ def test_only_lora_parameters_train(tokenizer):
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
     assert sum(p.numel() for p in trainable.values()) == expected
+    from smolfsdp.memory import LoraSpec
+    from smolfsdp.memory import count_parameters as estimated_counts
+
+    est = estimated_counts(base.config, LoraSpec(r=8, alpha=16, targets=tuple(LORA.lora_target_modules)))
+    assert est.trainable == expected  # the memory model counts the same adapters
     assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
 
 
@@ -255,3 +260,18 @@ def test_eval_leaves_model_sharded_and_training_goes_on():
     r = run_distributed(_eval_then_train, 2)[0]
     assert r["sharded_after_eval"]
     assert r["second"] != r["first"]  # the adapters moved after training resumed
+
+
+def _mesh_too_large(rank, world):
+    from smolfsdp.fsdp2 import build_mesh
+
+    try:
+        build_mesh("cpu", 4)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def test_mesh_larger_than_world_is_refused():
+    msg = run_distributed(_mesh_too_large, 2)[0]
+    assert msg is not None and "larger than the world size 2" in msg

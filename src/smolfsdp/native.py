@@ -127,14 +127,20 @@ def count_label_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 def forward_backward(
-    model: nn.Module, micro_batches: list[dict[str, torch.Tensor]], world_size: int, device: torch.device
+    model: nn.Module,
+    micro_batches: list[dict[str, torch.Tensor]],
+    world_size: int,
+    device: torch.device,
+    reduce_loss: bool = True,
 ) -> tuple[float, int]:
     """Forward and backward over this rank's micro-batches of one optimizer step.
 
     The loss of each micro-batch is its summed token loss divided by the label tokens of the whole
     global batch (all ranks, all micro-batches; one all-reduce), times ``world_size`` because FSDP
     averages gradients over ranks. The gradient is then exactly that of the mean token loss over the
-    global batch, as in a single-process run. Returns ``(global mean loss, global label tokens)``.
+    global batch, as in a single-process run. Returns ``(global mean loss, global label tokens)``;
+    with ``reduce_loss=False`` the loss is this rank's share (sum it over ranks to get the mean),
+    so the training loop can fold that all-reduce into its per-step one.
     """
     local_items = torch.tensor([sum(count_label_tokens(b) for b in micro_batches)], device=device)
     dist.all_reduce(local_items)
@@ -144,7 +150,8 @@ def forward_backward(
         out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1))
         (out.loss * world_size).backward()
         total += out.loss.detach().float()
-    dist.all_reduce(total)
+    if reduce_loss:
+        dist.all_reduce(total)
     return float(total.item()), n_items
 
 
@@ -344,22 +351,29 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
             meter.begin()
         micro = [next(stream) for _ in range(cfg.gradient_accumulation_steps)]
         with benchmark.phase("forward_backward", cfg.profile):
-            loss, n_items = forward_backward(model, micro, info.world_size, info.device)
+            loss, n_items = forward_backward(model, micro, info.world_size, info.device, reduce_loss=False)
         with benchmark.phase("clip", cfg.profile):
             grad_norm = clip_grad_norm(model, cfg.max_grad_norm, cfg.fsdp_version)
         with benchmark.phase("optimizer", cfg.profile):
             optimizer.step()
             scheduler.step()
-            if meter:
+            scan_s = 0.0
+            if meter:  # bytes held (a walk over every tensor): measured, then left out of the step time
+                t_scan = time.perf_counter()
                 meter.after_optimizer(model, optimizer)
+                scan_s = time.perf_counter() - t_scan
             optimizer.zero_grad(set_to_none=True)
         if info.device.type == "cuda":
             torch.cuda.synchronize(info.device)
-        step_ms = (time.perf_counter() - t0) * 1e3
-        # non-padding input tokens over all ranks (one small all-reduce, after the step is timed)
-        stats = torch.tensor([sum(int(b["attention_mask"].sum()) for b in micro)], device=info.device)
+        step_ms = (time.perf_counter() - t0 - scan_s) * 1e3
+        # loss and non-padding input tokens over all ranks: one small all-reduce, after the step is timed
+        stats = torch.tensor(
+            [loss, sum(int(b["attention_mask"].sum()) for b in micro)],
+            device=info.device,
+            dtype=torch.float64,
+        )
         dist.all_reduce(stats)
-        tokens = int(stats.item())
+        loss, tokens = float(stats[0]), int(stats[1])
         tokens_total += tokens
         train_losses.append(loss)
         record = {
