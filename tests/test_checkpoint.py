@@ -107,6 +107,7 @@ def test_convert_refuses_bad_checkpoints(uninterrupted, runs, tmp_path):
     other = tmp_path / "other" / "checkpoints" / "step-000006"
     shutil.copytree(src, other)
     BASE.replace(lora=True, fsdp_version=2).save(other.parent.parent / "config.yaml")  # another model
+    BASE.replace(lora=True, fsdp_version=2).save(other / "config.yaml")
     with pytest.raises(ConfigError, match=r"does not match the model.*missing: \['base_model"):
         checkpoint.convert_checkpoint(other, tmp_path / "z")
 
@@ -183,3 +184,13 @@ def test_checkpoint_size_estimate_matches_disk(runs):
     on_disk = sum(f.stat().st_size for f in ckpt.iterdir() if f.suffix == ".distcp")
     est = checkpoint.estimate_checkpoint_bytes(build_meta_model("tiny", load_tokenizer("tiny")))
     assert on_disk <= est <= on_disk * 1.05
+
+
+def test_resume_into_another_model_is_refused_before_launch(runs):
+    if not (runs / "kept" / "checkpoints").exists():
+        pytest.skip("needs test_keep_last_k_and_convert's run")
+    cfg = BASE.replace(name="kept", output_dir=str(runs), lora=True, fsdp_version=2, resume_from="latest")
+    before = (runs / "kept" / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"does not match.*missing: \['base_model"):
+        sft.preflight(cfg)
+    assert (runs / "kept" / "config.yaml").read_text() == before  # nothing launched, nothing rewritten

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from smolfsdp import sft
-from smolfsdp.config import TrainConfig
+from smolfsdp.config import ConfigError, TrainConfig
 from smolfsdp.data import prepare_data
 from smolfsdp.modeling import load_tokenizer
 
@@ -128,3 +128,91 @@ def test_cli_refuses_bad_input_before_launch(args, needle):
 
 def test_tokenizer_loads_offline():
     assert load_tokenizer("tiny").chat_template
+
+
+def test_run_folder_with_foreign_files_is_never_deleted(tmp_path):
+    from smolfsdp.results import check_run_dir
+
+    run = tmp_path / "myproj"
+    (run / "src").mkdir(parents=True)
+    (run / "config.yaml").write_text("x: 1\n")
+    (run / "src" / "main.py").write_text("print('mine')\n")
+    with pytest.raises(ConfigError, match=r"not a smolfsdp run folder.*\['src'\].*nothing was deleted"):
+        sft.preflight(TrainConfig(output_dir=str(tmp_path), name="myproj"))
+    assert (run / "src" / "main.py").is_file()
+    with pytest.raises(FileExistsError):
+        check_run_dir(run, overwrite=True)
+
+
+def test_checkpoints_are_not_discarded_by_a_rerun(tmp_path):
+    from smolfsdp.results import check_run_dir
+
+    run = tmp_path / "r"
+    (run / "checkpoints" / "step-000002").mkdir(parents=True)
+    (run / "config.yaml").write_text("name: r\n")
+    with pytest.raises(FileExistsError, match="--resume_from latest.*--overwrite true"):
+        check_run_dir(run)
+    assert check_run_dir(run, resume=True) == "resume"
+    assert check_run_dir(run, overwrite=True) == "replace"
+
+
+@pytest.mark.parametrize("name", ["", "../x", "a/b", ".hidden", " smoke"])
+def test_bad_run_names(name):
+    with pytest.raises(ConfigError, match="plain folder name"):
+        TrainConfig(name=name)
+
+
+def test_too_few_rows_for_one_step(tmp_path):
+    import shutil as _sh
+
+    from smolfsdp.data import bundled_data_path
+
+    small = tmp_path / "three.jsonl"
+    small.write_text("".join(bundled_data_path().read_text().splitlines(keepends=True)[:3]))
+    with pytest.raises(ConfigError, match="cannot fill one optimizer step"):
+        sft.preflight(TrainConfig(dataset=str(small), output_dir=str(tmp_path), eval_size=0))
+    _sh.rmtree(tmp_path / "smoke", ignore_errors=True)
+
+
+def test_empty_data_file(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        sft.preflight(TrainConfig(dataset=str(empty), output_dir=str(tmp_path)))
+
+
+def test_ctrl_c_on_the_launcher_stops_every_rank(tmp_path):
+    """SIGINT to `smolfsdp train` alone: the ranks stop too (no orphans), no summary is written."""
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "smolfsdp.cli",
+            "train",
+            "--output_dir",
+            str(tmp_path),
+            "--name",
+            "interrupted",
+            "--num_train_epochs",
+            "50",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    metrics = tmp_path / "interrupted" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (metrics.exists() and '"train"' in metrics.read_text()):
+        time.sleep(0.2)
+    ranks = [p for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert ranks, "no rank processes found"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    gone, alive = psutil.wait_procs(ranks, timeout=60)
+    assert not alive, [p.cmdline() for p in alive]
+    assert not (tmp_path / "interrupted" / "summary.json").exists()
+    assert not (tmp_path / "interrupted" / "final_model").exists()

@@ -87,6 +87,7 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     rank: int,
     keep: int | None = None,
+    config=None,
 ) -> Path:
     """Collective: every rank calls it. Returns ``<run_dir>/checkpoints/step-<step>``.
 
@@ -114,6 +115,8 @@ def save_checkpoint(
         (tmp / "trainer_state.json").write_text(
             json.dumps({**trainer_state, "step": step, "scheduler": scheduler.state_dict()})
         )
+        if config is not None:  # the settings that produced these tensors travel with them
+            config.save(tmp / "config.yaml")
         (tmp / MARKER).write_text("ok\n")
         if final.exists():
             shutil.rmtree(final)
@@ -185,6 +188,25 @@ def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     }
 
 
+def check_matches_model(ckpt: str | Path, model, model_name: str = "the model") -> None:
+    """Raise ConfigError naming the keys that differ between a checkpoint and ``model`` (meta is fine)."""
+    saved = _checkpoint_shapes(Path(ckpt))
+    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(wanted) - set(saved))
+    shape = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
+    extra = sorted(set(saved) - set(wanted))
+    if missing or shape or extra:
+        detail = "; ".join(
+            f"{label}: {keys[:4]}{' ...' if len(keys) > 4 else ''}"
+            for label, keys in (("missing", missing), ("different shape", shape), ("unexpected", extra))
+            if keys
+        )
+        raise ConfigError(
+            f"{ckpt} does not match {model_name} ({detail}). Was it written by a run with other "
+            "settings (LoRA on/off, another model)?"
+        )
+
+
 def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """DCP checkpoint -> ``model.safetensors`` + config + tokenizer, in one process, no process group.
 
@@ -199,6 +221,8 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
     from smolfsdp.modeling import build_model, load_tokenizer
 
     ckpt, out = Path(checkpoint), Path(out_dir)
+    if not ckpt.exists():
+        raise ConfigError(f"{ckpt} does not exist; checkpoints live in runs/<name>/checkpoints/step-N/.")
     if not (ckpt / ".metadata").is_file():
         raise ConfigError(
             f"{ckpt} is not a DCP checkpoint (no .metadata file); checkpoints live in "
@@ -210,7 +234,10 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
         )
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose a new folder or pass --overwrite.")
-    run_config = ckpt.parent.parent / "config.yaml"
+    # the config saved with the checkpoint describes it; the run folder's may have changed since
+    run_config = (
+        ckpt / "config.yaml" if (ckpt / "config.yaml").is_file() else ckpt.parent.parent / "config.yaml"
+    )
     if not run_config.is_file():
         raise ConfigError(f"{run_config} is missing: convert needs the run's config to rebuild the model.")
     cfg = load_config(run_config)
@@ -220,19 +247,8 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
         from smolfsdp.lora_fsdp2 import apply_lora
 
         model = apply_lora(model, cfg)
+    check_matches_model(ckpt, model, f"the model {cfg.model!r} of {run_config}")
     state = model.state_dict()
-    saved = _checkpoint_shapes(ckpt)
-    wanted = {k: tuple(v.shape) for k, v in state.items()}
-    missing = sorted(set(wanted) - set(saved))
-    shape = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
-    extra = sorted(set(saved) - set(wanted))
-    if missing or shape or extra:
-        detail = "; ".join(
-            f"{label}: {keys[:4]}{' ...' if len(keys) > 4 else ''}"
-            for label, keys in (("missing", missing), ("different shape", shape), ("unexpected", extra))
-            if keys
-        )
-        raise ConfigError(f"{ckpt} does not match the model {cfg.model!r} of {run_config} ({detail}).")
     loaded = {"model": state}
     dcp.load(loaded, checkpoint_id=str(ckpt))  # no process group: DCP reads every shard in this process
     model.load_state_dict(loaded["model"])

@@ -154,7 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="smolfsdp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p_train = sub.add_parser("train", help="fine-tune (launches nproc processes unless already launched)")
+    from smolfsdp.config import field_names
+
+    p_train = sub.add_parser(
+        "train",
+        help="fine-tune (launches nproc processes unless already launched)",
+        epilog="Any TrainConfig field can be given as --<field> <value>: " + ", ".join(field_names()),
+    )
     p_train.add_argument("--config", default=None, help="a run recipe, e.g. configs/runs/smoke.yaml")
     p_mem = sub.add_parser("memory", help="per-GPU memory estimate, fit verdict and recommendation")
     p_mem.add_argument(
@@ -220,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"smolfsdp: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "smolfsdp: interrupted; the ranks were asked to stop (checkpoints already complete are kept)",
+            file=sys.stderr,
+        )
+        return 130
     return 1
 
 

@@ -105,6 +105,7 @@ class TrainConfig:
     save_final_model: bool = True
     save_total_limit: int = 2  # complete checkpoints kept (older ones are removed after a new one completes)
     resume_from: str | None = None  # "latest" or a checkpoint directory (native engine)
+    overwrite: bool = False  # allow replacing a run folder that holds checkpoints
     stop_at_step: int | None = None  # end the run after this step, as if killed (resume drills)
 
     # --- benchmark mode and profiler (smolfsdp.benchmark; chapter "Reading the profiler")
@@ -179,6 +180,11 @@ class TrainConfig:
         if self.resume_from is not None and self.engine != "native":
             raise ConfigError(
                 "resume_from: the trl engine resumes with the Trainer's own checkpoints; use engine: native."
+            )
+        if not self.name or self.name != self.name.strip() or "/" in self.name or self.name.startswith("."):
+            raise ConfigError(
+                f"name={self.name!r}: a run name is one plain folder name (no '/', not empty, "
+                "no leading '.'), e.g. smoke or lora_r16."
             )
         if self.save_total_limit < 1:
             raise ConfigError(

@@ -81,7 +81,16 @@ def load_rows(
             raise ConfigError(
                 f"Unsupported data file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}."
             )
-        ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+        if path.stat().st_size == 0:
+            raise ConfigError(
+                f"Data file {str(path)!r} is empty; it needs one question/answer row per line (jsonl)."
+            )
+        try:
+            ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
+        except Exception as err:  # datasets' builders raise many types; name the file and the cause
+            raise ConfigError(
+                f"Could not read {str(path)!r} as {fmt}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from err
     else:
         ds = datasets.load_dataset(dataset, config, split=split)
     if len(ds) == 0:

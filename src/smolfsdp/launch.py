@@ -50,11 +50,32 @@ def launch(
         cfg_path = Path(tmp) / "config.yaml"
         cfg.save(cfg_path)
         cmd = torchrun_command(cfg.nproc, ["train", "--config", str(cfg_path)])
-        return subprocess.run(
+        proc = subprocess.Popen(
             cmd,
             env=launch_env(cfg.nproc),
-            timeout=timeout,
             text=True,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.STDOUT if capture else None,
         )
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except BaseException:
+            # Ctrl-C, a timeout or any error here: pass SIGINT on so torchrun stops its workers
+            # (subprocess.run would SIGKILL torchrun and leave the ranks training as orphans).
+            stop(proc)
+            raise
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGINT the launcher (torchrun forwards it to every rank), then SIGTERM, then SIGKILL."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue

@@ -108,6 +108,7 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
         skeleton = get_peft_model(
             build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code), lora_config(cfg)
         )
+        skeleton.peft_config["default"].base_model_name_or_path = cfg.model  # what to load it onto
         adapter = {k: v.detach().clone() for k, v in full.items() if ".lora_" in k}
         result["tensors"] = len(adapter)
         skeleton.save_pretrained(out_dir / ADAPTER_DIR, state_dict=adapter, safe_serialization=True)

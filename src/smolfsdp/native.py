@@ -401,7 +401,15 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         if cfg.save_steps > 0 and step % cfg.save_steps == 0:
             pos = {"epoch": stream.epoch, "consumed": stream.consumed}
             ckpt = checkpoint.save_checkpoint(
-                writer.run_dir, step, model, optimizer, scheduler, pos, info.rank, keep=cfg.save_total_limit
+                writer.run_dir,
+                step,
+                model,
+                optimizer,
+                scheduler,
+                pos,
+                info.rank,
+                keep=cfg.save_total_limit,
+                config=cfg,
             )
             log.info("checkpoint %s", ckpt)
     bar.close()

@@ -60,14 +60,52 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create ``run_dir``; an earlier run folder there is replaced, anything else is refused."""
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not (run_dir / "config.yaml").exists():
-            raise FileExistsError(
-                f"{run_dir} exists, is not empty and is not a smolfsdp run folder; "
-                "choose another name or output_dir."
-            )
+#: What a smolfsdp run folder may contain; a folder holding anything else is never deleted.
+RUN_ENTRIES = {
+    "config.yaml",
+    "metrics.jsonl",
+    "summary.json",
+    "summary.json.tmp",
+    "final_model",
+    "final_model.tmp",
+    "final_model.old",
+    "checkpoints",
+    "traces",
+    "trainer",
+    "bench.json",
+    "mechanics",
+}
+
+
+def check_run_dir(run_dir: Path, *, resume: bool = False, overwrite: bool = False) -> str:
+    """Decide what a run may do with ``run_dir`` before anything starts; returns "new", "replace" or "resume".
+
+    Raises:
+        FileExistsError: the folder holds files that are not a smolfsdp run's (they are never
+            deleted), or it holds checkpoints and the run neither resumes nor was told to overwrite.
+    """
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return "new"
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in RUN_ENTRIES)
+    if foreign or not (run_dir / "config.yaml").is_file():
+        raise FileExistsError(
+            f"{run_dir} exists and is not a smolfsdp run folder (it holds {foreign[:5] or 'no config.yaml'}); "
+            "nothing was deleted. Choose another name or output_dir."
+        )
+    if resume:
+        return "resume"
+    ckpts = run_dir / "checkpoints"
+    if ckpts.is_dir() and any(ckpts.iterdir()) and not overwrite:
+        raise FileExistsError(
+            f"{run_dir} holds checkpoints from an earlier run. Continue it with --resume_from latest, or start "
+            "over (deleting them) with --overwrite true, or choose another --name."
+        )
+    return "replace"
+
+
+def prepare_run_dir(run_dir: Path, *, overwrite: bool = False) -> None:
+    """Create ``run_dir``, replacing an earlier run folder there (see :func:`check_run_dir`)."""
+    if check_run_dir(run_dir, overwrite=overwrite) == "replace":
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -75,7 +113,9 @@ def prepare_run_dir(run_dir: Path) -> None:
 class RunWriter:
     """Writes a run folder. Only the instance with ``enabled=True`` (rank 0) touches the disk."""
 
-    def __init__(self, run_dir: str | Path, enabled: bool = True, resume: bool = False):
+    def __init__(
+        self, run_dir: str | Path, enabled: bool = True, resume: bool = False, overwrite: bool = False
+    ):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.t0 = time.time()
@@ -84,7 +124,7 @@ class RunWriter:
             if resume:  # keep the folder, its checkpoints and metrics; append
                 self.run_dir.mkdir(parents=True, exist_ok=True)
             else:
-                prepare_run_dir(self.run_dir)
+                prepare_run_dir(self.run_dir, overwrite=overwrite)
             self._fh = (self.run_dir / "metrics.jsonl").open("a", buffering=1)
 
     def write_config(self, cfg) -> None:

@@ -40,8 +40,22 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
 
     Raises ConfigError with the problem and the fix. Returns what it found (for logs).
     """
+    from smolfsdp.config import ConfigError
+    from smolfsdp.results import check_run_dir
+
+    try:
+        check_run_dir(cfg.run_dir, resume=bool(cfg.resume_from), overwrite=cfg.overwrite)
+    except FileExistsError as err:
+        raise ConfigError(str(err)) from err
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
+    per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    if len(data.train) < per_step:
+        raise ConfigError(
+            f"{len(data.train)} training rows cannot fill one optimizer step of {cfg.nproc} processes x "
+            f"{cfg.per_device_train_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps = "
+            f"{per_step} rows. Add rows, or lower per_device_train_batch_size, nproc or eval_size."
+        )
     meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
     wrap_cls = resolve_wrap_class(meta, cfg.wrap_class)
     if cfg.lora:
@@ -49,9 +63,9 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
 
         meta = apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
     if cfg.resume_from:
-        from smolfsdp.checkpoint import resolve_resume
+        from smolfsdp.checkpoint import check_matches_model, resolve_resume
 
-        resolve_resume(cfg.resume_from, cfg.run_dir)
+        check_matches_model(resolve_resume(cfg.resume_from, cfg.run_dir), meta, cfg.model)
     needed = bytes_to_write(cfg, meta)
     if needed:
         from smolfsdp.checkpoint import check_disk_space
@@ -103,7 +117,9 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     info = init_distributed()
     setup_logging(info.rank)
     torch.manual_seed(cfg.seed)
-    writer = RunWriter(cfg.run_dir, enabled=info.is_main, resume=bool(cfg.resume_from))
+    writer = RunWriter(
+        cfg.run_dir, enabled=info.is_main, resume=bool(cfg.resume_from), overwrite=cfg.overwrite
+    )
     writer.write_config(cfg)
     torch.distributed.barrier()
     t0 = time.time()
@@ -144,13 +160,16 @@ def _log_summary(s: dict[str, Any]) -> None:
             s["params"]["fraction_per_rank"],
             f"{s['params']['total']:,}",
         )
-    log.info(
-        "eval loss %.3f -> %.3f over %d steps (%.1f s); run folder written",
-        m.get("eval_loss_first") or float("nan"),
-        m.get("eval_loss_last") or float("nan"),
-        m["steps"],
-        m["train_runtime_s"],
-    )
+    if m.get("eval_loss_first") is None:
+        log.info("%d steps (%.1f s), no eval split; run folder written", m["steps"], m["train_runtime_s"])
+    else:
+        log.info(
+            "eval loss %.3f -> %.3f over %d steps (%.1f s); run folder written",
+            m["eval_loss_first"],
+            m["eval_loss_last"],
+            m["steps"],
+            m["train_runtime_s"],
+        )
 
 
 # ------------------------------------------------------------------------------- TRL engine
