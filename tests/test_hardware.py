@@ -48,3 +48,11 @@ def test_recommend_walks_the_flowchart():
     assert more.decision == "more GPUs" and more.gpus > 2 and fits(more.estimate, GPUS["A10G"])
     never = recommend("smollm3-3b", get_gpu(None, 2), 1, seq_len=32768)
     assert never.decision == "does not fit"
+
+
+def test_cli_custom_gpu_memory_is_labelled_as_custom(capsys):
+    from smolfsdp.cli import main
+
+    assert main(["memory", "--gpus", "2", "--gpu-memory-gib", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "custom 24 GiB" in out and "H100" not in out.split("verdict:")[1].splitlines()[0]

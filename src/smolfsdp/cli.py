@@ -71,7 +71,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from smolfsdp.hardware import fits, get_gpu, recommend
     from smolfsdp.memory import format_table
 
-    gpu = get_gpu(args.gpu, args.gpu_memory_gib)
+    # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
+    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
     common = {
         "recipe": args.recipe,
         "seq_len": args.seq_len,
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p_mem.add_argument("--activation-checkpointing", action="store_true")
     p_mem.add_argument("--fsdp-version", type=int, default=2)
     p_mem.add_argument("--gpus-per-node", type=int, default=8)
-    p_mem.add_argument("--gpu", default="H100 SXM", help="a GPU from smolfsdp.hardware.GPUS")
+    p_mem.add_argument("--gpu", default=None, help="a GPU from smolfsdp.hardware.GPUS (default: H100 SXM)")
     p_mem.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
     p_mem.add_argument("--json", action="store_true")
     p_got = sub.add_parser("gotchas", help="reproduce the FSDP gotchas, failing and fixed (smolfsdp.gotchas)")
