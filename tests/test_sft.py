@@ -126,8 +126,19 @@ def test_cli_refuses_bad_input_before_launch(args, needle):
     assert "torch.distributed.run" not in out.stderr + out.stdout  # nothing was launched
 
 
-def test_tokenizer_loads_offline():
-    assert load_tokenizer("tiny").chat_template
+def test_bundled_tokenizer_matches_its_build_script():
+    """data/tokenizer is what scripts/build_tokenizer.py produces from the bundled sample (no hub)."""
+    from smolfsdp.data import repo_root
+
+    out = subprocess.run(
+        [sys.executable, str(repo_root() / "scripts" / "build_tokenizer.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    tok = load_tokenizer("tiny")
+    assert len(tok) == 1024 and tok.eos_token == "<|im_end|>" and tok.pad_token == "<|pad|>"
 
 
 def test_run_folder_with_foreign_files_is_never_deleted(tmp_path):

@@ -103,15 +103,6 @@ def local_numel(model: nn.Module) -> int:
     )
 
 
-def full_numel(model: nn.Module) -> int:
-    """Elements of all FlatParameters unsharded and unpadded (= the model's parameter count)."""
-    return sum(
-        u._flat_param._unpadded_unsharded_size.numel()
-        for u in fsdp_units(model)
-        if getattr(u, "_flat_param", None) is not None
-    )
-
-
 def check_hf_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
     """Return a validated copy of a Trainer ``fsdp_config``; the caller's dict is never changed.
 

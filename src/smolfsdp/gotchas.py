@@ -512,10 +512,10 @@ def fsdp1_cpu_offload_state_dict(rank: int, world: int, offload: bool) -> dict[s
 
 # ------------------------------------------------------------------------------ running them
 def _launch(names: list[str], out: Path, nproc: int, extra: list[str] = ()) -> subprocess.CompletedProcess:
-    from smolfsdp.launch import launch_env
+    from smolfsdp.launch import launch_env, torchrun_command
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    cmd += ["-m", "smolfsdp.gotchas", "--ranks", ",".join(names), "--out", str(out), *extra]
+    args = ["--ranks", ",".join(names), "--out", str(out), *extra]
+    cmd = torchrun_command(nproc, args, module="smolfsdp.gotchas")
     env = {**launch_env(nproc), "SMOLFSDP_GOTCHA_OUT": str(out)}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from smolfsdp.config import TrainConfig
 
 
-def torchrun_command(nproc: int, args: list[str]) -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m smolfsdp.cli <args>``."""
+def torchrun_command(nproc: int, args: list[str], module: str = "smolfsdp.cli") -> list[str]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m <module> <args>``."""
     return [
         sys.executable,
         "-m",
@@ -24,7 +24,7 @@ def torchrun_command(nproc: int, args: list[str]) -> list[str]:
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "smolfsdp.cli",
+        module,
         *args,
     ]
 

@@ -81,10 +81,6 @@ def check_trainable_dtypes(model: nn.Module, wrap_cls: type[nn.Module] | None = 
             )
 
 
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokenizer) -> dict[str, Any]:
     """Gather the full adapter tensors from all ranks and save them in PEFT format on rank 0.
 
@@ -132,13 +128,6 @@ def load_adapter_model(base_model: str, adapter_dir: str | Path, tokenizer, seed
 
     base = build_model(base_model, tokenizer, seed=seed)
     return PeftModel.from_pretrained(base, str(adapter_dir)).eval()
-
-
-def count_trainable(model: nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts of an unsharded model, shared tensors once."""
-    from smolfsdp.modeling import count_parameters
-
-    return count_parameters(model, trainable_only=True), count_parameters(model)
 
 
 def run(cfg: TrainConfig, **kwargs):

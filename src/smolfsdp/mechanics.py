@@ -257,14 +257,8 @@ def measure_mechanics(
     from smolfsdp.launch import launch_env, torchrun_command
 
     out_dir = Path(out_dir)
-    cmd = torchrun_command(nproc, [])[:-2] + [
-        "-m",
-        "smolfsdp.mechanics",
-        "--fsdp-version",
-        str(fsdp_version),
-        "--out",
-        str(out_dir),
-    ]
+    args = ["--fsdp-version", str(fsdp_version), "--out", str(out_dir)]
+    cmd = torchrun_command(nproc, args, module="smolfsdp.mechanics")
     proc = subprocess.run(cmd, env=launch_env(nproc), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(

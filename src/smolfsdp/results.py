@@ -157,6 +157,7 @@ class Run:
     config: dict[str, Any]
     metrics: pd.DataFrame
     summary: dict[str, Any]
+    log: str | None = None  # the launcher's combined output, when the run was started with capture=True
 
     @property
     def train(self) -> pd.DataFrame:
