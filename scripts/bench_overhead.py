@@ -78,7 +78,6 @@ def main() -> None:
     from smolfsdp.benchmark import run_benchmark
     from smolfsdp.config import load_config, recipe
     from smolfsdp.launch import launch_env
-    from smolfsdp.sft import run
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"
@@ -113,13 +112,12 @@ def main() -> None:
             output_dir=tmp,
             engine="trl",
             fsdp_version=2,
-            max_steps=args.warmup + args.steps,
-            eval_steps=0,
-            save_final_model=False,
+            benchmark_steps=args.steps,
+            benchmark_warmup_steps=args.warmup,
         )
-        trl_run = run(cfg, capture=True, timeout=900)
-        trl_ms = trl_run.train["step_time_ms"].iloc[args.warmup :].median()
-        trl_strategy = trl_run.summary["effective"]["strategy"]
+        trl_bench = run_benchmark(cfg, timeout=900)  # the same StepMeter, hooked into the Trainer
+        trl_ms = trl_bench["summary"]["step_time_ms_median"]
+        trl_strategy = trl_bench["strategy"]
     print(f"bare FSDP2 loop      : {bare:8.1f} ms/step (median of {args.steps}, 2 CPU ranks, gloo)")
     print(f"native engine (FSDP2): {native:8.1f} ms/step  ratio {native / bare:.3f}")
     print(

@@ -80,3 +80,40 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 180.0):
                 raise RuntimeError(f"rank {r} failed:\n{data['error']}")
             results.append(data["result"])
         return results
+
+
+def kill_run_when(cfg, marker: Path, timeout: float = 300.0) -> int:
+    """Start ``smolfsdp train`` for ``cfg`` under torchrun, SIGKILL every process once ``marker`` exists.
+
+    torchrun's workers live in their own process groups: the whole tree is killed, workers first.
+    Returns torchrun's exit code (non-zero when it was killed before finishing).
+    """
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from smolfsdp.launch import launch_env, torchrun_command
+
+    cfg_path = Path(cfg.output_dir) / f"{cfg.name}.yaml"
+    cfg_path.parent.mkdir(parents=True, exist_ok=True)
+    cfg.save(cfg_path)
+    proc = subprocess.Popen(
+        torchrun_command(cfg.nproc, ["train", "--config", str(cfg_path)]),
+        env=launch_env(cfg.nproc),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + timeout
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+    for child in tree:
+        child.send_signal(signal.SIGKILL)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    psutil.wait_procs(tree, timeout=30)
+    return proc.returncode

@@ -75,7 +75,6 @@ def test_unknown_gpu_or_cpu_leaves_mfu_empty_with_reason(device_name):
         ({"benchmark_warmup_steps": -1}, "benchmark_warmup_steps"),
         ({"benchmark_steps": 2, "profile": True}, "profile needs 5 steps"),
         ({"benchmark_steps": 3, "save_steps": 2}, "no checkpoints"),
-        ({"benchmark_steps": 3, "engine": "trl"}, "native engine"),
     ],
 )
 def test_bad_benchmark_configs(overrides, match):

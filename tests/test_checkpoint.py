@@ -1,20 +1,16 @@
 """Sharded DCP checkpoints: atomic saves, keep-last-K, disk checks, kill + resume, convert."""
 
-import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from _dist import run_distributed
+from _dist import kill_run_when, run_distributed
 from safetensors.torch import load_file
 
 from smolfsdp import checkpoint, sft
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.launch import launch_env, torchrun_command
 
 BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128)
 
@@ -115,29 +111,9 @@ def test_convert_refuses_bad_checkpoints(uninterrupted, runs, tmp_path):
 def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     """SIGKILL every rank once step 3's checkpoint is complete; resume; same result as uninterrupted."""
     cfg = BASE.replace(name="killed", output_dir=str(runs), save_steps=1, save_total_limit=6)
-    cfg_path = runs / "killed.yaml"
-    cfg.save(cfg_path)
-    proc = subprocess.Popen(
-        torchrun_command(2, ["train", "--config", str(cfg_path)]),
-        env=launch_env(2),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     marker = runs / "killed" / "checkpoints" / "step-000003" / checkpoint.MARKER
-    deadline = time.time() + 300
-    while not marker.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.005)
-    # torchrun's workers live in their own process groups: kill the whole tree, workers first
-    import psutil
-
-    tree = psutil.Process(proc.pid).children(recursive=True)
-    for child in tree:
-        child.send_signal(signal.SIGKILL)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    psutil.wait_procs(tree, timeout=30)
-    assert proc.returncode != 0, "the run finished before it could be killed"
+    returncode = kill_run_when(cfg, marker)
+    assert returncode != 0, "the run finished before it could be killed"
     latest = checkpoint.latest_checkpoint(runs / "killed")
     assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
     assert not (runs / "killed" / "final_model").exists()

@@ -235,3 +235,96 @@ def test_smoke_trace_reduce_scatters_and_comm_time(smoke_trace):
     assert (r.steps["forward_backward_us"] > 0).all()  # the record_function phases are in the trace
     if version == 2:
         assert r.prefetch["annotated_layers"] == [0, 1, 2, 3]  # FSDP::backward_prefetch for model.layers.N
+
+
+# ------------------------------------------------------------- NCCL kernels -> the code that ran them
+def test_ddp_trace_every_nccl_kernel_traced_to_its_cpu_op(ddp_trace):
+    """Each of the 21 NCCL kernels of the real DDP trace is found through its launch inside the
+    ``nccl:*`` range that asked for it, and the kernel's kind agrees with that range's name."""
+    k = ta.collective_kernels(ddp_trace)
+    assert len(k) == 21 and list(k["stream"].unique()) == [40]
+    assert (k["op"] == k["kind"].map({"all-reduce": "nccl:all_reduce", "broadcast": "nccl:broadcast"})).all()
+    assert k["kind"].value_counts().to_dict() == {"all-reduce": 15, "broadcast": 6}
+    assert k.groupby("step").size().to_dict() == {4: 7, 5: 7, 6: 7}
+    assert (k["fsdp"] == "").all() and (k["unit"] == "").all()  # DDP: no FSDP range around any of them
+    assert (k["launch_us"] <= k["start_us"]).all()  # launched on the CPU before it ran on the GPU
+
+
+def _fsdp2_gpu_trace(n_layers: int = 2):
+    """A GPU trace shaped like FSDP2's (hand-built test input, not a measurement): per unit a
+    ``FSDP::all_gather (<fqn>)`` range launches one NCCL all-gather kernel on stream 20; backward
+    prefetches layer N-1's gather inside layer N's ``FSDP::pre_backward`` range; each layer's
+    ``FSDP::post_backward_reduce`` launches a reduce-scatter."""
+    ev, corr, t = [_x("ProfilerStep#3", 0, 10_000, cat="user_annotation")], [0], [10]
+
+    def gather(fqn, outer=None):
+        corr[0] += 1
+        t[0] += 100
+        name = "FSDP::all_gather" + (f" ({fqn})" if fqn else "")
+        if outer:
+            ev.append(_x(outer, t[0] - 5, 60, cat="user_annotation"))
+        ev.append(_x(name, t[0], 40, cat="user_annotation"))
+        ev.append(_x("nccl:_all_gather_base", t[0] + 5, 20, cat="user_annotation"))
+        ev.append(_x("cudaLaunchKernel", t[0] + 10, 2, cat="cuda_runtime", correlation=corr[0]))
+        ev.append(
+            _x(
+                "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                t[0] + 50,
+                30,
+                cat="kernel",
+                tid=20,
+                stream=20,
+                correlation=corr[0],
+            )
+        )
+
+    gather("")  # root
+    for i in range(n_layers):
+        gather(f"model.layers.{i}")
+    t[0] += 1000
+    ev.append(_x("FSDP::pre_backward (model.layers.1)", t[0], 10, cat="user_annotation"))
+    for i in reversed(range(n_layers)):
+        gather(f"model.layers.{i}", outer=f"FSDP::pre_backward (model.layers.{min(i + 1, n_layers - 1)})")
+        corr[0] += 1
+        t[0] += 100
+        ev.append(_x(f"FSDP::post_backward_reduce (model.layers.{i})", t[0], 40, cat="user_annotation"))
+        ev.append(_x("cudaLaunchKernel", t[0] + 10, 2, cat="cuda_runtime", correlation=corr[0]))
+        ev.append(
+            _x(
+                "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*)",
+                t[0] + 60,
+                30,
+                cat="kernel",
+                tid=20,
+                stream=20,
+                correlation=corr[0],
+            )
+        )
+    ev.append(_x("void gemm_kernel<float>", 50, 5000, cat="kernel", tid=7, stream=7))
+    return ev
+
+
+def test_fsdp2_gpu_kernels_attributed_per_layer(tmp_path):
+    df = ta.load_trace(_write(tmp_path / "fsdp2.json", _fsdp2_gpu_trace()))
+    k = ta.collective_kernels(df)
+    ag = k[k["kind"] == "all-gather"]
+    assert list(ag["unit"]) == [
+        "root",
+        "model.layers.0",
+        "model.layers.1",
+        "model.layers.1",
+        "model.layers.0",
+    ]
+    rs = k[k["kind"] == "reduce-scatter"]
+    assert list(rs["unit"]) == ["model.layers.1", "model.layers.0"]
+    assert (k["op"].isin(["nccl:_all_gather_base", ""])).all()
+    g = ta.all_gathers(df)
+    assert (g["source"] == "NCCL kernel, FSDP:: annotation").all()
+    assert list(zip(g["unit"], g["pass"], strict=True)) == [
+        ("root", "forward"),
+        ("model.layers.0", "forward"),
+        ("model.layers.1", "forward"),
+        ("model.layers.1", "backward"),
+        ("model.layers.0", "backward"),
+    ]
+    assert (g["dur_us"] == 30).all()  # the kernels' GPU time, not the CPU ranges' 40 µs

@@ -201,8 +201,12 @@ class StepMeter:
             out["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved(self.info.device)
         return out
 
-    def write(self, run_dir: Path) -> dict[str, Any] | None:
-        """Gather every rank's memory (a collective: call on all ranks); rank 0 writes bench.json."""
+    def write(self, run_dir: Path, strategy: str) -> dict[str, Any] | None:
+        """Gather every rank's memory (a collective: call on all ranks); rank 0 writes bench.json.
+
+        ``strategy`` is what actually ran (``fsdp1``, ``fsdp2``, ``ddp``, ``none``), never just what
+        was asked for: the TRL engine on CPU asks for FSDP and runs DDP.
+        """
         from smolfsdp.distributed import all_gather_object
 
         per_rank = all_gather_object(self.memory())
@@ -212,6 +216,7 @@ class StepMeter:
             "name": self.cfg.name,
             "engine": self.cfg.engine,
             "fsdp_version": self.cfg.fsdp_version,
+            "strategy": strategy,
             "lora": self.cfg.lora,
             "world_size": self.info.world_size,
             "device": self.info.device.type,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,21 +79,22 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def save_checkpoint(
+def atomic_save(
     run_dir: str | Path,
     step: int,
-    model,
-    optimizer,
-    scheduler,
-    trainer_state: dict[str, Any],
     rank: int,
+    write: Callable[[Path], None],
+    *,
     keep: int | None = None,
     config=None,
 ) -> Path:
-    """Collective: every rank calls it. Returns ``<run_dir>/checkpoints/step-<step>``.
+    """Collective: write a checkpoint into ``step-N.tmp/``, mark it ``COMPLETE``, rename it ``step-N/``.
 
-    With ``keep``, only the newest ``keep`` complete checkpoints remain afterwards (the new one is
-    complete before any old one is removed).
+    ``write(tmp)`` runs on every rank and puts the state into ``tmp`` (a DCP save is itself a
+    collective). Rank 0 then writes ``config.yaml`` (the settings that produced these tensors) and
+    the marker, and renames. With ``keep``, only the newest ``keep`` complete checkpoints remain (the
+    new one is complete before any old one is removed). If ``write`` raises on any rank, no
+    ``step-N/`` appears and the previous checkpoint stays the latest. Returns ``step-N/``.
     """
     final = checkpoint_dir(run_dir) / f"step-{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
@@ -100,22 +102,10 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=str(tmp))
-    # RNG streams differ per rank (dropout); each rank keeps its own.
-    torch.save(
-        {
-            "cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        },
-        tmp / f"rng_rank{rank}.pt",
-    )
+    write(tmp)
     dist.barrier()
     if rank == 0:
-        (tmp / "trainer_state.json").write_text(
-            json.dumps({**trainer_state, "step": step, "scheduler": scheduler.state_dict()})
-        )
-        if config is not None:  # the settings that produced these tensors travel with them
+        if config is not None:
             config.save(tmp / "config.yaml")
         (tmp / MARKER).write_text("ok\n")
         if final.exists():
@@ -130,6 +120,41 @@ def save_checkpoint(
                 shutil.rmtree(old)
     dist.barrier()
     return final
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    rank: int,
+    keep: int | None = None,
+    config=None,
+) -> Path:
+    """Collective (native engine): model + optimizer shards, scheduler, data position, RNG per rank.
+
+    Returns ``<run_dir>/checkpoints/step-<step>`` (see :func:`atomic_save`).
+    """
+
+    def write(tmp: Path) -> None:
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+        dcp.save(state, checkpoint_id=str(tmp))
+        # RNG streams differ per rank (dropout); each rank keeps its own.
+        torch.save(
+            {
+                "cpu": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            },
+            tmp / f"rng_rank{rank}.pt",
+        )
+        if rank == 0:
+            (tmp / "trainer_state.json").write_text(
+                json.dumps({**trainer_state, "step": step, "scheduler": scheduler.state_dict()})
+            )
+
+    return atomic_save(run_dir, step, rank, write, keep=keep, config=config)
 
 
 def is_complete(path: str | Path) -> bool:
@@ -177,6 +202,26 @@ def restore_rng(path: str | Path, rank: int) -> None:
     torch.set_rng_state(rng["cpu"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
+
+
+def check_engine(path: str | Path, engine: str) -> None:
+    """Raise ConfigError when a checkpoint was written by the other engine.
+
+    Both engines write the same DCP model and optimizer keys, but the rest differs: the native loop
+    keeps its data position and scheduler in ``trainer_state.json`` and RNG in ``rng_rank<R>.pt``;
+    the TRL engine keeps the Trainer's ``TrainerState``, ``scheduler.json`` and ``rng_state_<R>.pth``.
+    """
+    path = Path(path)
+    written_by = "trl" if (path / "scheduler.json").is_file() else "native"
+    if (path / "config.yaml").is_file():
+        import yaml
+
+        written_by = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("engine", written_by)
+    if written_by != engine:
+        raise ConfigError(
+            f"{path} was written by the {written_by} engine, and this run uses engine: {engine}. Resume with "
+            f"engine: {written_by}, or convert it (smolfsdp convert) and start a new run from the weights."
+        )
 
 
 def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:

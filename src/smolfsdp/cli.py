@@ -1,6 +1,7 @@
 """``smolfsdp`` command line.
 
-    smolfsdp train [--config configs/runs/smoke.yaml] [--<field> <value> ...]
+    smolfsdp train [--config configs/runs/smoke.yaml] [--<field> <value> ...] [--resume]
+    smolfsdp train --config C --nproc 16 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 [--max-restarts 3]
     smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096 [--json]
     smolfsdp gotchas [--list] [--run NAME] [--json]
     smolfsdp bench [--config configs/runs/smoke.yaml] [--benchmark_steps 5] [--profile true] [--<field> ...]
@@ -8,7 +9,9 @@
 
 Any ``TrainConfig`` field can be overridden (``--max_steps 20`` or ``--max-steps=20``). Outside
 torchrun/accelerate the command checks the configuration, then starts ``nproc`` processes itself;
-inside them (``RANK`` set) it trains.
+inside them (``RANK`` set) it trains. ``--resume`` is ``--resume_from latest``; the launch fields
+(``nnodes``, ``node_rank``, ``rdzv_endpoint``, ``max_restarts``, ``collective_timeout_s``) are
+described in ``smolfsdp.launch``.
 """
 
 from __future__ import annotations
@@ -43,11 +46,21 @@ def parse_overrides(tokens: list[str]) -> dict:
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     from smolfsdp.distributed import is_launched
 
-    cfg = load_config(args.config, **parse_overrides(rest))
+    overrides = parse_overrides(rest)
+    if "resume" in overrides:  # --resume: the latest complete checkpoint; --resume PATH: that one
+        resume = overrides.pop("resume")
+        if resume not in (False, None):
+            overrides["resume_from"] = "latest" if resume is True else str(resume)
+    cfg = load_config(args.config, **overrides)
     if is_launched():
+        from smolfsdp.distributed import init_distributed, name_collective_errors
+        from smolfsdp.launch import resume_on_restart
         from smolfsdp.sft import train
 
-        train(cfg)
+        cfg = resume_on_restart(cfg)  # after torchrun's elastic restart: continue from the latest checkpoint
+        init_distributed(cfg.collective_timeout_s)  # train() joins this group
+        with name_collective_errors():
+            train(cfg)
         return 0
     from smolfsdp.launch import launch
     from smolfsdp.sft import preflight

@@ -52,7 +52,7 @@ class TrainConfig:
     # --- model and tokenizer
     model: str = "tiny"  # "tiny" preset, a hub id (e.g. HuggingFaceTB/SmolLM3-3B) or a local path
     tokenizer: str | None = None  # None: the bundled tokenizer for "tiny", the model's own otherwise
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # True runs the hub repo's own Python on every rank: off unless audited
     wrap_class: str | None = None  # None: discovered from the model's _no_split_modules
 
     # --- data
@@ -77,6 +77,12 @@ class TrainConfig:
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True  # FSDP2: free gathered layers after forward (ZeRO-3)
     use_orig_params: bool = True  # FSDP1: keep original parameters as views (needed for LoRA)
+    # HSDP and the other strategies (smolfsdp.fsdp2.resolve_mesh_shape); FSDP1 names for both versions:
+    # FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2; FSDP2: reshard_after_forward=False), HYBRID_SHARD
+    # (shard within a group, replicate across groups; FSDP2: 2-D mesh), NO_SHARD (FSDP2: mesh world x 1)
+    sharding_strategy: str = "FULL_SHARD"
+    replicate_size: int | None = None  # HSDP mesh rows (e.g. nodes); None = derived from the strategy
+    shard_size: int | None = None  # HSDP mesh columns (ranks per shard group); None = derived
 
     # --- LoRA (peft), trained with the native engine
     lora: bool = False
@@ -104,7 +110,7 @@ class TrainConfig:
     save_steps: int = 0  # 0: no periodic checkpoints; the final model is always saved
     save_final_model: bool = True
     save_total_limit: int = 2  # complete checkpoints kept (older ones are removed after a new one completes)
-    resume_from: str | None = None  # "latest" or a checkpoint directory (native engine)
+    resume_from: str | None = None  # "latest" or a checkpoint directory (both engines)
     overwrite: bool = False  # allow replacing a run folder that holds checkpoints
     stop_at_step: int | None = None  # end the run after this step, as if killed (resume drills)
 
@@ -116,6 +122,14 @@ class TrainConfig:
     profile_warmup: int = 1
     profile_active: int = 3
     record_shapes: bool = False
+
+    # --- launch and faults (smolfsdp.launch; chapter "Beyond two GPUs")
+    nnodes: int = 1  # nodes; nproc is the total process count, each node starts nproc // nnodes
+    node_rank: int = 0  # this node's index; node 0 serves the rendezvous at rdzv_endpoint
+    rdzv_endpoint: str | None = None  # host:port of node 0 (c10d rendezvous), required when nnodes > 1
+    rdzv_timeout_s: float = 300.0  # a node waits this long for the rendezvous, then fails naming it
+    max_restarts: int = 0  # torchrun restarts of the worker group after a rank fails (resume from latest)
+    collective_timeout_s: float = 600.0  # process-group timeout: a hung collective fails, naming rank and op
 
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes copied into summary.json
 
@@ -177,10 +191,6 @@ class TrainConfig:
                     "into one FlatParameter with a single requires_grad, so frozen base weights and trainable "
                     "adapters cannot share a unit. Set use_orig_params: true, or use fsdp_version: 2."
                 )
-        if self.resume_from is not None and self.engine != "native":
-            raise ConfigError(
-                "resume_from: the trl engine resumes with the Trainer's own checkpoints; use engine: native."
-            )
         if not self.name or self.name != self.name.strip() or "/" in self.name or self.name.startswith("."):
             raise ConfigError(
                 f"name={self.name!r}: a run name is one plain folder name (no '/', not empty, "
@@ -201,11 +211,38 @@ class TrainConfig:
                 "Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing."
             )
         self._check_benchmark()
+        from smolfsdp.launch import check_launch
+
+        check_launch(self)
+        self._check_sharding()
         from smolfsdp.modeling import check_model_name, normalise_wrap_class_name
 
         check_model_name(self.model)
         if self.wrap_class is not None:
             self.wrap_class = normalise_wrap_class_name(self.wrap_class)
+
+    # ------------------------------------------------------------------ sharding strategy and mesh (HSDP)
+    def _check_sharding(self) -> None:
+        """Strategy name, mesh sizes and engine support; the mesh is checked against ``nproc`` here
+        (the processes smolfsdp launches) and against the real world size again in ``build_mesh``."""
+        from smolfsdp.fsdp2 import resolve_mesh_shape
+
+        self.sharding_strategy = str(self.sharding_strategy).upper()
+        world = self.nproc  # one node: smolfsdp launches torchrun --standalone --nproc-per-node nproc
+        resolve_mesh_shape(self.sharding_strategy, world, self.replicate_size, self.shard_size, world)
+        if self.engine == "trl" and self.sharding_strategy in ("HYBRID_SHARD", "NO_SHARD"):
+            if self.fsdp_version == 2:
+                raise ConfigError(
+                    f"sharding_strategy={self.sharding_strategy} with engine: trl and fsdp_version: 2: the "
+                    "Trainer's FSDP2 takes only reshard_after_forward true/false in fsdp_config (HSDP needs "
+                    "accelerate's ParallelismConfig). Use engine: native, or fsdp_version: 1."
+                )
+            if self.replicate_size is not None or self.shard_size is not None:
+                raise ConfigError(
+                    "replicate_size/shard_size with engine: trl: the Trainer's FSDP1 builds the HYBRID_SHARD "
+                    "groups itself (shard over the GPUs of a node, replicate across nodes); leave both unset, "
+                    "or use engine: native to choose the mesh."
+                )
 
     def _check_benchmark(self) -> None:
         if self.benchmark_steps < 0:
@@ -220,10 +257,6 @@ class TrainConfig:
         if self.profile_active < 1:
             raise ConfigError(f"profile_active={self.profile_active}: record at least one step.")
         if self.benchmark_steps:
-            if self.engine != "native":
-                raise ConfigError(
-                    "benchmark_steps runs on the native engine (its loop is timed step by step); set engine: native."
-                )
             if self.save_steps > 0:
                 raise ConfigError("benchmark mode writes no checkpoints; set save_steps: 0.")
             self.save_final_model = False  # benchmark mode saves nothing but bench.json and traces
@@ -235,8 +268,6 @@ class TrainConfig:
                     f"active {self.profile_active}) but benchmark mode runs {total}; raise benchmark_steps."
                 )
             self.max_steps = total
-        elif self.profile and self.engine != "native":
-            raise ConfigError("profile runs on the native engine; set engine: native.")
 
     # ------------------------------------------------------------------ I/O
     @property
@@ -247,7 +278,9 @@ class TrainConfig:
         return asdict(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        from smolfsdp.launch import redact  # tokens and secrets never reach a written config
+
+        Path(path).write_text(yaml.safe_dump(redact(self.to_dict()), sort_keys=False))
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

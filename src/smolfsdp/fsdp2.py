@@ -1,9 +1,14 @@
 """FSDP2: ``fully_shard`` per decoder layer, then the root (torchtitan's ``apply_fsdp`` shape).
 
 FSDP2 keeps every parameter as a ``DTensor`` sharded on dim 0 (``Shard(0)``) over a device mesh;
-no FlatParameter. Used by the fine-tune, FSDP1-vs-FSDP2 and LoRA chapters.
+no FlatParameter. On a 2-D mesh (``dp_replicate`` x ``dp_shard``) the same call gives HSDP: each
+parameter is ``(Replicate(), Shard(0))``, sharded within a group and replicated across groups, and
+gradients are reduce-scattered in the group, then all-reduced across groups. Used by the fine-tune,
+FSDP1-vs-FSDP2, LoRA and multi-node chapters.
 
     torchrun --nproc-per-node 2 -m smolfsdp.cli train --engine native --fsdp_version 2
+    torchrun --nproc-per-node 4 -m smolfsdp.cli train --fsdp_version 2 --nproc 4 \
+        --sharding_strategy HYBRID_SHARD --replicate_size 2          # HSDP on a 2 x 2 mesh
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+from smolfsdp.config import ConfigError, nearest
 
 
 def apply_fsdp2(
@@ -30,7 +37,8 @@ def apply_fsdp2(
     ties ``lm_head.weight`` to ``embed_tokens.weight``, so both stay in that one group and stay tied.
 
     Args:
-        mesh: a 1-D ``DeviceMesh`` (FULL_SHARD) over all ranks.
+        mesh: a 1-D ``DeviceMesh`` over all ranks (FULL_SHARD), or a 2-D one (``dp_replicate``,
+            ``dp_shard``) from :func:`build_mesh` for HSDP (NO_SHARD is the 2-D mesh with shard size 1).
         mp_policy: e.g. ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``.
         offload_policy: ``CPUOffloadPolicy(pin_memory=...)`` keeps shards and optimizer state on the host.
         reshard_after_forward: free gathered layers after forward (ZeRO-3) or keep them to backward (ZeRO-2).
@@ -47,27 +55,116 @@ def apply_fsdp2(
     return model
 
 
-def build_mesh(device_type: str, shard_size: int, replicate_size: int = 1):
-    """A 1-D mesh (``dp_shard``) or, with ``replicate_size > 1``, a 2-D HSDP mesh (``dp_replicate``, ``dp_shard``).
+#: FSDP1's ``ShardingStrategy`` names, which the config uses for both FSDP versions (FSDP2 spells them
+#: as a mesh shape and ``reshard_after_forward``; see :func:`resolve_mesh_shape`).
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD")
+MESH_DIM_NAMES = ("dp_replicate", "dp_shard")
 
-    Raises ConfigError when the mesh needs more ranks than the process group has.
+
+def resolve_mesh_shape(
+    sharding_strategy: str,
+    world_size: int,
+    replicate_size: int | None = None,
+    shard_size: int | None = None,
+    local_world_size: int | None = None,
+) -> tuple[int, int]:
+    """The ``(replicate, shard)`` shape of the data-parallel mesh for a sharding strategy.
+
+    ``replicate`` ranks hold the same shard (gradients all-reduced among them); ``shard`` ranks split
+    each parameter (all-gather / reduce-scatter among them); ``replicate * shard == world_size``.
+
+    * FULL_SHARD, SHARD_GRAD_OP: ``(1, world_size)``: every rank holds ``1/world_size`` of each parameter.
+    * NO_SHARD: ``(world_size, 1)``: every rank holds the whole model (DDP); FSDP2 runs it as HSDP with
+      a shard dimension of size 1.
+    * HYBRID_SHARD: shard within a group, replicate across groups (HSDP). Give ``replicate_size``,
+      ``shard_size`` or both; with neither, shard over the ``local_world_size`` processes of a node
+      (torchrun's ``LOCAL_WORLD_SIZE``) and replicate across nodes, as FSDP1 does by default.
+
+    Args:
+        world_size: ranks in the job (nodes x processes per node).
+        replicate_size, shard_size: ``None`` = derived from the strategy and the world size.
+        local_world_size: processes per node; only read for HYBRID_SHARD with no size given.
+    Raises:
+        ConfigError: an unknown strategy, a size below 1, a size the strategy does not allow, a size
+            that does not divide ``world_size``, or a shape whose product is not ``world_size``.
+    """
+    strategy = str(sharding_strategy).upper()
+    if strategy not in SHARDING_STRATEGIES:
+        hint = nearest(strategy, SHARDING_STRATEGIES)
+        raise ConfigError(
+            f"sharding_strategy={sharding_strategy!r} is not known; use one of {SHARDING_STRATEGIES}."
+            + (f" Did you mean {hint[0]!r}?" if hint else "")
+        )
+    for name, size in (("replicate_size", replicate_size), ("shard_size", shard_size)):
+        if size is not None and int(size) < 1:
+            raise ConfigError(f"{name}={size} must be >= 1 (or unset, to derive it from the world size).")
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        if replicate_size not in (None, 1):
+            raise ConfigError(
+                f"replicate_size={replicate_size} with sharding_strategy={strategy}: replicating shards across "
+                "groups is HSDP; set sharding_strategy: HYBRID_SHARD, or drop replicate_size."
+            )
+        shape = (1, world_size if shard_size is None else int(shard_size))
+    elif strategy == "NO_SHARD":
+        if shard_size not in (None, 1):
+            raise ConfigError(
+                f"shard_size={shard_size} with sharding_strategy=NO_SHARD: NO_SHARD keeps whole parameters on "
+                "every rank; use HYBRID_SHARD to shard within groups, or drop shard_size."
+            )
+        shape = (world_size if replicate_size is None else int(replicate_size), 1)
+    elif replicate_size is not None and shard_size is not None:
+        shape = (int(replicate_size), int(shard_size))
+    else:
+        if replicate_size is None and shard_size is None:
+            shard_size = local_world_size or world_size
+        given, size = (
+            ("replicate_size", int(replicate_size))
+            if replicate_size is not None
+            else ("shard_size", int(shard_size))
+        )
+        if world_size % size:
+            raise ConfigError(
+                f"HYBRID_SHARD: {given}={size} does not divide the world size {world_size}, so the ranks cannot "
+                f"form equal groups; use a divisor of {world_size} (e.g. {_divisors(world_size)})."
+            )
+        shape = (size, world_size // size) if given == "replicate_size" else (world_size // size, size)
+    if shape[0] * shape[1] != world_size:
+        raise ConfigError(
+            f"the mesh {shape[0]} x {shape[1]} (replicate_size x shard_size) = {shape[0] * shape[1]} ranks does "
+            f"not match the world size {world_size}; make replicate_size x shard_size = {world_size} "
+            f"(or leave one of them unset), or launch {shape[0] * shape[1]} processes (nproc)."
+        )
+    return shape
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def build_mesh(device_type: str, shard_size: int, replicate_size: int | None = None):
+    """A 1-D mesh (``dp_shard``), or with ``replicate_size`` given, a 2-D mesh (``dp_replicate``, ``dp_shard``).
+
+    Ranks are laid out row-major: with 4 ranks and ``replicate_size=2``, the shard groups are
+    {0, 1} and {2, 3} (one per node when ranks are numbered node by node) and the replicate groups
+    {0, 2} and {1, 3}. ``fully_shard`` on the 2-D mesh places parameters as ``(Replicate(), Shard(0))``
+    (HSDP); FSDP1's ``HYBRID_SHARD`` takes the same mesh (``device_mesh=``, replicate dim first).
+
+    Raises ConfigError when ``replicate_size x shard_size`` is not the process group's world size.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from smolfsdp.config import ConfigError
-
     world = dist.get_world_size()
-    if shard_size * replicate_size > world:
+    size = shard_size * (replicate_size or 1)
+    if size != world:
+        relation = "larger" if size > world else "smaller"
         raise ConfigError(
-            f"a mesh of {replicate_size} x {shard_size} = {shard_size * replicate_size} ranks is larger "
-            f"than the world size {world}; launch more processes or shrink the mesh."
+            f"a mesh of {replicate_size or 1} x {shard_size} = {size} ranks is {relation} than the world size "
+            f"{world}; make replicate_size x shard_size = {world}, or launch {size} processes."
         )
-    if replicate_size > 1:
-        return init_device_mesh(
-            device_type, (replicate_size, shard_size), mesh_dim_names=("dp_replicate", "dp_shard")
-        )
-    return init_device_mesh(device_type, (shard_size,), mesh_dim_names=("dp_shard",))
+    if replicate_size is not None:
+        return init_device_mesh(device_type, (replicate_size, shard_size), mesh_dim_names=MESH_DIM_NAMES)
+    return init_device_mesh(device_type, (shard_size,), mesh_dim_names=MESH_DIM_NAMES[1:])
 
 
 def make_offload_policy(pin_memory: bool | None = None) -> CPUOffloadPolicy:
@@ -75,8 +172,6 @@ def make_offload_policy(pin_memory: bool | None = None) -> CPUOffloadPolicy:
 
     Raises ConfigError when pinned memory is asked for on a machine without CUDA.
     """
-    from smolfsdp.config import ConfigError
-
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     if pin_memory and not torch.cuda.is_available():

@@ -26,6 +26,9 @@ class GPU:
     hbm_bandwidth_gbs: float  # GB/s
     interconnect: str
     source: str
+    #: GPU-to-GPU bandwidth inside a node, GB/s per direction per GPU (half the datasheet's
+    #: bidirectional NVLink or PCIe figure); NaN when unknown. Used by ``smolfsdp.comm``.
+    intra_node_gbs: float = float("nan")
 
     @property
     def memory_bytes(self) -> int:
@@ -36,15 +39,53 @@ GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
         GPU("A10G", 24, 125, 600, "PCIe Gen4 x16 (64 GB/s)",
-            "NVIDIA A10 datasheet (A10G is AWS's A10 variant; AWS publishes no separate tensor figure)"),
-        GPU("L4", 24, 121, 300, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L4 Tensor Core GPU datasheet"),
-        GPU("L40S", 48, 362, 864, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L40S datasheet"),
-        GPU("A100 40GB", 40, 312, 1555, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)"),
-        GPU("A100 80GB", 80, 312, 2039, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)"),
-        GPU("H100 SXM", 80, 989, 3350, "NVLink 4 (900 GB/s)", "NVIDIA H100 Tensor Core GPU datasheet (SXM)"),
-        GPU("H200", 141, 989, 4800, "NVLink 4 (900 GB/s)", "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+            "NVIDIA A10 datasheet (A10G is AWS's A10 variant; AWS publishes no separate tensor figure)", 32),
+        GPU("L4", 24, 121, 300, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L4 Tensor Core GPU datasheet", 32),
+        GPU("L40S", 48, 362, 864, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L40S datasheet", 32),
+        GPU("A100 40GB", 40, 312, 1555, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)", 300),
+        GPU("A100 80GB", 80, 312, 2039, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)", 300),
+        GPU("H100 SXM", 80, 989, 3350, "NVLink 4 (900 GB/s)", "NVIDIA H100 Tensor Core GPU datasheet (SXM)", 450),
+        GPU("H200", 141, 989, 4800, "NVLink 4 (900 GB/s)", "NVIDIA H200 Tensor Core GPU datasheet (SXM)", 450),
     )
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Network:
+    """A node-to-node fabric, as bandwidth per GPU per direction (GB/s): one NIC's line rate when
+    each GPU has its own NIC (rail-optimised clusters), else the node's rate over its GPUs."""
+
+    name: str
+    per_gpu_gbs: float
+    source: str
+
+
+NETWORKS: dict[str, Network] = {
+    n.name: n
+    for n in (
+        Network("InfiniBand NDR 400 Gb/s", 50.0,
+                "one ConnectX-7 400 Gb/s NIC per GPU (NVIDIA DGX H100 user guide: 8 x 400 Gb/s); 400/8 = 50 GB/s"),
+        Network("InfiniBand HDR 200 Gb/s", 25.0,
+                "one ConnectX-6 200 Gb/s NIC per GPU (NVIDIA DGX A100 user guide: 8 x 200 Gb/s); 200/8 = 25 GB/s"),
+        Network("AWS EFA p5 3200 Gb/s", 50.0,
+                "p5.48xlarge: 3200 Gbps EFA over 8 H100 (AWS EC2 P5 instance page); 3200/8/8 = 50 GB/s"),
+        Network("AWS EFA p4d 400 Gb/s", 6.25,
+                "p4d.24xlarge: 400 Gbps EFA over 8 A100 (AWS EC2 P4 instance page); 400/8/8 = 6.25 GB/s"),
+    )
+}  # fmt: skip
+
+
+def get_network(name: str) -> Network:
+    """A fabric from ``NETWORKS`` (case-insensitive). Raises ConfigError naming the nearest."""
+    by_lower = {k.lower(): n for k, n in NETWORKS.items()}
+    if str(name).lower() in by_lower:
+        return by_lower[str(name).lower()]
+    hint = nearest(str(name), NETWORKS)
+    raise ConfigError(
+        f"Unknown network {name!r}"
+        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + f". Known: {', '.join(NETWORKS)}; or build a smolfsdp.hardware.Network(name, per_gpu_gbs, source)."
+    )
 
 
 def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:

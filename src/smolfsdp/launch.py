@@ -1,76 +1,281 @@
-"""Start a run's processes in a subprocess: ``torchrun --standalone --nproc-per-node N``.
+"""Start a run's processes in a subprocess with ``torchrun``, on one node or several, and explain failures.
 
 Chapters and ``smolfsdp train`` call this; nothing creates a process group inside a notebook
 kernel. The resolved config travels as a YAML file, so each rank sees exactly what was checked.
+
+``nproc`` is the **total** number of processes (the world size); with ``nnodes`` nodes each node
+starts ``nproc // nnodes`` of them, so ``nnodes`` must divide ``nproc``. The exact commands:
+
+    # one node, 2 processes (what `smolfsdp train` runs)
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m smolfsdp.cli train --config C
+    # 2 nodes x 8 GPUs: the same line on every node, NODE_RANK 0 on the node that hosts the rendezvous
+    smolfsdp train --config C --nproc 16 --nnodes 2 --node-rank $NODE_RANK --rdzv-endpoint node0:29400
+    # which runs, on each node:
+    python -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
+        --rdzv-endpoint=node0:29400 --rdzv-id=smolfsdp-<name> --rdzv-conf=join_timeout=300,... \
+        --max-restarts=0 -m smolfsdp.cli train --config C
+    # elastic: restart the whole worker group up to 3 times; each restart resumes from the latest checkpoint
+    smolfsdp train --config C --save_steps 50 --max-restarts 3
+
+When the run fails, :func:`explain_failure` turns torchrun's ``ChildFailedError`` report into one
+line: which rank died, how (exit code or signal), the last complete checkpoint and the command that
+resumes from it. :func:`redact` keeps tokens and secrets out of every file a run writes.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
-from smolfsdp.config import TrainConfig
+from smolfsdp.config import ConfigError, TrainConfig
+
+#: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
+#: names the collective in a timeout error (smolfsdp.distributed.name_collective_errors).
+FLIGHT_RECORDER_ENTRIES = 2000
 
 
-def torchrun_command(nproc: int, args: list[str], module: str = "smolfsdp.cli") -> list[str]:
-    """``python -m torch.distributed.run --standalone --nproc-per-node N -m <module> <args>``."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
+# ------------------------------------------------------------------------------ commands
+def torchrun_command(
+    nproc: int,
+    args: list[str],
+    module: str = "smolfsdp.cli",
+    *,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "smolfsdp",
+    is_host: bool | None = None,
+    max_restarts: int = 0,
+    rdzv_timeout_s: float | None = None,
+) -> list[str]:
+    """The ``python -m torch.distributed.run ... -m <module> <args>`` command for one node.
+
+    Args:
+        nproc: processes **on this node** (torchrun's ``--nproc-per-node``).
+        nnodes: 1 gives ``--standalone`` (a private rendezvous on a free local port); more gives a
+            ``c10d`` rendezvous at ``rdzv_endpoint`` (``host:port``) that every node joins with the same
+            ``rdzv_id``. torchrun assigns global ranks as nodes join (``--node-rank`` is used only by the
+            ``static`` backend, so it is not passed).
+        is_host: ``True`` on the node that serves the rendezvous store, ``False`` elsewhere, ``None``:
+            torchrun decides by matching the endpoint's host against this machine's names.
+        max_restarts: how often torchrun restarts the whole worker group after a worker fails.
+        rdzv_timeout_s: ``join_timeout`` (whole rendezvous) and ``read_timeout`` (store connect and
+            reads), so a node whose peers never come fails instead of waiting for torch's 600 s default.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise ConfigError(
+                f"nnodes={nnodes} needs rdzv_endpoint=host:port (the node that hosts the rendezvous)."
+            )
+        cmd += [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}",
+        ]
+        conf = []
+        if rdzv_timeout_s is not None:
+            t = max(1, round(rdzv_timeout_s))
+            conf += [f"join_timeout={t}", f"read_timeout={t}"]
+        if is_host is not None:
+            conf.append(f"is_host={str(is_host).lower()}")
+        if conf:
+            cmd.append("--rdzv-conf=" + ",".join(conf))
+    cmd += [f"--nproc-per-node={nproc}"]
+    if max_restarts:
+        cmd.append(f"--max-restarts={max_restarts}")
+    return [*cmd, "-m", module, *args]
+
+
+def command_for(cfg: TrainConfig, args: list[str], module: str = "smolfsdp.cli") -> list[str]:
+    """:func:`torchrun_command` with this node's share of ``cfg.nproc`` and ``cfg``'s rendezvous settings."""
+    return torchrun_command(
+        cfg.nproc // cfg.nnodes,
+        args,
         module,
-        *args,
-    ]
+        nnodes=cfg.nnodes,
+        rdzv_endpoint=cfg.rdzv_endpoint,
+        rdzv_id=f"smolfsdp-{cfg.name}",
+        is_host=(cfg.node_rank == 0) if cfg.nnodes > 1 else None,
+        max_restarts=cfg.max_restarts,
+        rdzv_timeout_s=cfg.rdzv_timeout_s,
+    )
 
 
-def launch_env(nproc: int) -> dict[str, str]:
+def check_launch(cfg: TrainConfig) -> None:
+    """Validate the launch fields of ``cfg`` (called by ``TrainConfig.__post_init__``).
+
+    Raises:
+        ConfigError: ``nnodes`` < 1 or not dividing ``nproc``; ``node_rank`` outside ``[0, nnodes)``;
+            several nodes without ``rdzv_endpoint``; an endpoint that is not ``host:port``;
+            negative ``max_restarts``; non-positive timeouts.
+    """
+    if cfg.nnodes < 1:
+        raise ConfigError(f"nnodes={cfg.nnodes}: need at least one node.")
+    if cfg.nproc % cfg.nnodes:
+        lo, hi = (cfg.nproc // cfg.nnodes) * cfg.nnodes, -(-cfg.nproc // cfg.nnodes) * cfg.nnodes
+        raise ConfigError(
+            f"nproc={cfg.nproc} processes cannot be split evenly over nnodes={cfg.nnodes} nodes: nproc is the "
+            f"total (world size) and every node starts nproc/nnodes. Use nproc={hi}"
+            + (f" or {lo}" if lo else "")
+            + ", or another node count."
+        )
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ConfigError(
+            f"node_rank={cfg.node_rank}: must be in 0..{cfg.nnodes - 1} for nnodes={cfg.nnodes}."
+        )
+    if cfg.nnodes > 1:
+        if not cfg.rdzv_endpoint:
+            raise ConfigError(
+                f"nnodes={cfg.nnodes} needs rdzv_endpoint=host:port: the address of node_rank 0, where the "
+                "rendezvous runs (e.g. --rdzv-endpoint node0:29400)."
+            )
+        parse_endpoint(cfg.rdzv_endpoint)
+    if cfg.max_restarts < 0:
+        raise ConfigError(f"max_restarts={cfg.max_restarts} must be >= 0 (0: a failed rank ends the run).")
+    for name in ("rdzv_timeout_s", "collective_timeout_s"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0 seconds.")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``"node0:29400"`` -> ``("node0", 29400)``; ``"[::1]:29400"`` for IPv6. ConfigError otherwise."""
+    host, sep, port = str(endpoint).rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"rdzv_endpoint={endpoint!r} is not host:port (e.g. node0:29400 or 10.0.0.1:29400)."
+        )
+    return host, int(port)
+
+
+def wait_for_endpoint(endpoint: str, timeout_s: float, poll_s: float = 1.0) -> None:
+    """TCP-connect to the rendezvous ``endpoint`` until it answers or ``timeout_s`` passes.
+
+    Run on every node but the host before torchrun starts, so a wrong address or a firewall fails in
+    seconds with the address named, instead of deep inside torch's store client.
+
+    Raises:
+        ConfigError: nothing accepted a connection at ``host:port`` within ``timeout_s``.
+    """
+    host, port = parse_endpoint(endpoint)
+    deadline = time.monotonic() + timeout_s
+    last: OSError | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))):
+                return
+        except OSError as err:
+            last = err
+        if time.monotonic() + poll_s > deadline:
+            break
+        time.sleep(poll_s)
+    raise ConfigError(
+        f"The rendezvous endpoint {host}:{port} did not answer within {timeout_s:g} s ({last}). Start node_rank "
+        "0 first (it serves the rendezvous), check the address and port, and that no firewall blocks it; "
+        "raise rdzv_timeout_s if node 0 starts slowly."
+    )
+
+
+def launch_env(nproc: int, max_restarts: int = 0) -> dict[str, str]:
+    """This process's environment plus the settings every run's ranks need (thread count, flight recorder)."""
     env = dict(os.environ)
+    if max_restarts:
+        # torchrun 2.13 lets the workers share its rendezvous TCPStore; a restarted group then reads the
+        # dead group's gloo addresses from it ("connectFullMesh failed ... Connection refused", 4 of 6
+        # restarts here). A fresh store per restart (rank 0 hosts it on a new port) avoids the race.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # Two processes on a 2-core box: one intra-op thread each, or they fight over the cores.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # torch's flight recorder: the last collectives of each rank, so a timeout can name its collective
+    env.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
     return env
 
 
+# ------------------------------------------------------------------------------ running
 def launch(
     cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
 ) -> subprocess.CompletedProcess:
-    """Run ``smolfsdp train`` on ``cfg.nproc`` processes and wait for it.
+    """Run ``smolfsdp train`` on this node's ``cfg.nproc // cfg.nnodes`` processes and wait for it.
 
-    With ``capture`` the combined output is returned in ``.stdout`` (for notebooks and tests);
-    otherwise it streams to this process's terminal.
+    The combined output streams to this process's ``sys.stdout``; with ``capture`` it is also
+    returned in ``.stdout`` (for notebooks and tests). A failed run ends with one line from
+    :func:`explain_failure` (on stderr, and at the end of ``.stdout`` when capturing).
+
+    Raises:
+        ConfigError: on a node other than node_rank 0, the rendezvous endpoint did not answer.
     """
+    if cfg.nnodes > 1 and cfg.node_rank > 0:
+        wait_for_endpoint(cfg.rdzv_endpoint, cfg.rdzv_timeout_s)
     with tempfile.TemporaryDirectory(prefix="smolfsdp-") as tmp:
         cfg_path = Path(tmp) / "config.yaml"
         cfg.save(cfg_path)
-        cmd = torchrun_command(cfg.nproc, ["train", "--config", str(cfg_path)])
+        cmd = command_for(cfg, ["train", "--config", str(cfg_path)])
         proc = subprocess.Popen(
             cmd,
-            env=launch_env(cfg.nproc),
-            text=True,
-            stdout=subprocess.PIPE if capture else None,
-            stderr=subprocess.STDOUT if capture else None,
+            env=launch_env(cfg.nproc // cfg.nnodes, cfg.max_restarts),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
+        out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
         try:
-            out, _ = proc.communicate(timeout=timeout)
-        except BaseException:
+            proc.wait(timeout=timeout)
+        except BaseException as err:
             # Ctrl-C, a timeout or any error here: pass SIGINT on so torchrun stops its workers
             # (subprocess.run would SIGKILL torchrun and leave the ranks training as orphans).
             stop(proc)
+            if isinstance(err, subprocess.TimeoutExpired):
+                err.output = out.join()  # what the run printed before it timed out
             raise
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+        text = out.join()
+    if proc.returncode != 0:
+        line = "[smolfsdp] " + explain_failure(text, proc.returncode, cfg)
+        print(line, file=sys.stderr, flush=True)
+        text += "\n" + line + "\n"
+    return subprocess.CompletedProcess(cmd, proc.returncode, text if capture else None, None)
+
+
+class _Tee:
+    """Copy a child's output to ``sys.stdout`` (``echo``) while keeping it (all, or the last 1 MB)."""
+
+    def __init__(self, stream, echo: bool, keep_all: bool, tail_bytes: int = 1 << 20):
+        self.stream, self.echo, self.keep_all, self.tail_bytes = stream, echo, keep_all, tail_bytes
+        self.buf = bytearray()
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while chunk := self.stream.read1(1 << 16):
+            if self.echo:
+                sys.stdout.write(decoder.decode(chunk))
+                sys.stdout.flush()
+            self.buf += chunk
+            if not self.keep_all and len(self.buf) > 2 * self.tail_bytes:
+                del self.buf[: -self.tail_bytes]
+
+    def join(self, timeout_s: float = 30.0) -> str:
+        self.thread.join(timeout_s)
+        return self.buf.decode("utf-8", errors="replace")
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
     """SIGINT the launcher (torchrun forwards it to every rank), then SIGTERM, then SIGKILL."""
-    import signal
-
     for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
         if proc.poll() is not None:
             return
@@ -79,3 +284,150 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
             proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             continue
+
+
+# ------------------------------------------------------------------------------ failures
+_FAILURE = re.compile(
+    r"host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>-?\d+) \(local_rank: (?P<local>-?\d+)\)\s*\n"
+    r"\s*exitcode\s*:\s*(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)(?: \((?P<sig>\w+)\))?"
+)
+
+
+def parse_failures(output: str) -> list[dict[str, Any]]:
+    """The failed ranks in torchrun's last ``ChildFailedError`` report, as dicts (rank, local_rank, host,
+    exitcode, pid, signal). The report's format: ``torch/distributed/elastic/multiprocessing/errors``."""
+    start = output.rfind("Failures:")
+    seen, out = set(), []
+    for m in _FAILURE.finditer(output, max(start, 0)):
+        rank = int(m["rank"])
+        if rank in seen:
+            continue
+        seen.add(rank)
+        code = int(m["code"])
+        sig = m["sig"] or (
+            signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else None
+        )
+        out.append(
+            {
+                "rank": rank,
+                "local_rank": int(m["local"]),
+                "host": m["host"],
+                "exitcode": code,
+                "pid": int(m["pid"]),
+                "signal": sig,
+            }
+        )
+    # the cause first: a rank killed by a signal, then one that exited with an error; last the ranks
+    # torchrun itself stopped (SIGTERM/SIGINT) because another one had failed
+    return sorted(out, key=lambda f: (f["signal"] in STOP_SIGNALS, f["exitcode"] >= 0, f["rank"]))
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
+    """One line for a failed run: which rank died and how, the last complete checkpoint, how to resume.
+
+    ``output`` is torchrun's combined output. A rank killed by a signal is named as the cause; the
+    others usually failed because a peer vanished, or were stopped by torchrun (SIGTERM). A collective
+    that failed is quoted from the rank's :class:`smolfsdp.distributed.CollectiveError` (or NCCL's watchdog).
+    """
+    from smolfsdp.checkpoint import latest_checkpoint
+
+    failures = parse_failures(output)
+    parts = []
+    for i, f in enumerate(failures):
+        where = f"local rank {f['local_rank']} on {f['host']}, pid {f['pid']}"
+        if f["signal"] in STOP_SIGNALS and i > 0:
+            parts.append(f"rank {f['rank']} was stopped by the launcher ({f['signal']})")
+        elif f["signal"]:
+            hint = (
+                " (the out-of-memory killer or the job scheduler sends it)"
+                if f["signal"] == "SIGKILL"
+                else ""
+            )
+            parts.append(f"rank {f['rank']} ({where}) was killed by {f['signal']}{hint}")
+        else:
+            parts.append(f"rank {f['rank']} ({where}) exited with code {f['exitcode']}")
+    what = parts[0] if parts else f"the launcher (torchrun) exited with code {returncode}"
+    if len(parts) > 1:
+        what += "; then " + ", ".join(parts[1:])
+    hung = re.findall(r"CollectiveError: (rank \d+ of \d+: .*?\) (?:timed out|failed))", output)
+    hung += re.findall(r"(\[Rank \d+\] Watchdog caught collective operation timeout: .*?\))", output)
+    if hung:
+        what += f"; {hung[0]}"
+    latest = latest_checkpoint(cfg.run_dir)
+    if latest is not None:
+        then = (
+            f"the last complete checkpoint is {latest}; resume with: smolfsdp train <the same flags> --resume"
+        )
+    elif cfg.save_steps > 0:
+        then = "no checkpoint was complete yet; the run must start over (--overwrite true)"
+    else:
+        then = "no checkpoints were written (save_steps=0); set --save_steps to make a run resumable"
+    return f"run {cfg.name!r} failed: {what}. {then}"
+
+
+def resume_on_restart(cfg: TrainConfig, env: dict[str, str] | None = None) -> TrainConfig:
+    """Inside a rank: after an elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continue from the latest
+    complete checkpoint of this run; with none yet, start the run over in its own folder."""
+    env = os.environ if env is None else env
+    if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+        return cfg
+    from smolfsdp.checkpoint import latest_checkpoint
+
+    if latest_checkpoint(cfg.run_dir) is not None:
+        return cfg.replace(resume_from="latest")
+    if cfg.resume_from:
+        return cfg
+    return cfg.replace(overwrite=True)
+
+
+# ------------------------------------------------------------------------------ secrets
+#: Names of environment variables and mapping keys whose values are secrets (HF_TOKEN, hub_token,
+#: WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ...); not "tokens" counts or tokenizer settings.
+SECRET_NAME = re.compile(
+    r"SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|(^|_)KEY$|(^|_)TOKEN$", re.I
+)
+#: Tokenizer special-token keys, which end in "_token" and are not secrets.
+SPECIAL_TOKEN_KEYS = re.compile(r"^(pad|bos|eos|unk|sep|cls|mask)_token$", re.I)
+#: Values that look like secrets wherever they appear (Hugging Face, OpenAI-style, W&B, AWS access keys).
+SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|\bAKIA[0-9A-Z]{16}\b")
+REDACTED = "<redacted>"
+
+
+def is_secret_name(name: str) -> bool:
+    """True for names like ``HF_TOKEN``, ``hub_token``, ``WANDB_API_KEY``; False for ``tokens``, ``pad_token``."""
+    return bool(SECRET_NAME.search(name)) and not SPECIAL_TOKEN_KEYS.match(name)
+
+
+def secret_values(env: dict[str, str] | None = None, min_len: int = 8) -> list[str]:
+    """Values of environment variables whose names look secret (``HF_TOKEN``, ``WANDB_API_KEY``, ...), longest first."""
+    env = os.environ if env is None else env
+    vals = {v for k, v in env.items() if is_secret_name(k) and len(v) >= min_len}
+    return sorted(vals, key=len, reverse=True)
+
+
+def redact(obj: Any, secrets: list[str] | None = None) -> Any:
+    """A copy of ``obj`` (dicts, lists, strings, scalars) with secrets replaced by ``<redacted>``.
+
+    A mapping key that looks secret has its value replaced; in every string the values of secret
+    environment variables (:func:`secret_values`) and token-shaped substrings are replaced.
+    """
+    secrets = secret_values() if secrets is None else secrets
+    if isinstance(obj, dict):
+        return {
+            k: (
+                REDACTED
+                if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False)
+                else redact(v, secrets)
+            )
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list | tuple):
+        return type(obj)(redact(v, secrets) for v in obj)
+    if isinstance(obj, str):
+        for s in secrets:
+            obj = obj.replace(s, REDACTED)
+        return SECRET_VALUE.sub(REDACTED, obj)
+    return obj

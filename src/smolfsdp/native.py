@@ -55,10 +55,29 @@ class PadCollator:
 
 
 def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[str, Any]]:
-    """Wrap ``model`` with FSDP1 or FSDP2 as ``cfg`` asks; return it and evidence of what happened."""
+    """Wrap ``model`` with FSDP1 or FSDP2 as ``cfg`` asks; return it and evidence of what happened.
+
+    The data-parallel mesh is ``(replicate, shard)`` from ``cfg.sharding_strategy`` and the real world
+    size (``fsdp2.resolve_mesh_shape``; ``LOCAL_WORLD_SIZE`` = processes per node for HYBRID_SHARD's
+    default). FSDP2 gets a 2-D mesh for HYBRID_SHARD and NO_SHARD, a 1-D one otherwise, and
+    ``reshard_after_forward=False`` for SHARD_GRAD_OP; FSDP1 gets the strategy by name and, for
+    HYBRID_SHARD, the 2-D mesh. Raises ConfigError when the mesh does not fit the world size.
+    """
+    import os
+
+    from smolfsdp import fsdp2
+
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     n_layers = len(decoder_layers(model, wrap_cls))
     param_dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
+    strategy = cfg.sharding_strategy
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    replicate, shard = fsdp2.resolve_mesh_shape(
+        strategy, info.world_size, cfg.replicate_size, cfg.shard_size, local_world_size=local_world
+    )
+    two_d = strategy in ("HYBRID_SHARD", "NO_SHARD")
+    reshard = cfg.reshard_after_forward and strategy != "SHARD_GRAD_OP"
+    two_d_fsdp1 = strategy == "HYBRID_SHARD"  # FSDP1 takes NO_SHARD by name, on the default group
     if cfg.activation_checkpointing and cfg.fsdp_version == 2:
         _apply_activation_checkpointing(model, wrap_cls)
     if cfg.fsdp_version == 1:
@@ -68,6 +87,8 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
             model,
             wrap_cls,
             device=info.device,
+            sharding_strategy=strategy,
+            device_mesh=fsdp2.build_mesh(info.device.type, shard, replicate) if two_d_fsdp1 else None,
             backward_prefetch=cfg.backward_prefetch,
             cpu_offload=cfg.cpu_offload,
             param_dtype=param_dtype,
@@ -75,10 +96,9 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         )
         units, local = len(fsdp1.fsdp_units(model)), fsdp1.local_numel(model)
         param_type = "FlatParameter"
+        reshard = strategy in ("FULL_SHARD", "HYBRID_SHARD")  # FSDP1: fixed by the strategy
     else:
-        from smolfsdp import fsdp2
-
-        mesh = fsdp2.build_mesh(info.device.type, info.world_size)
+        mesh = fsdp2.build_mesh(info.device.type, shard, replicate if two_d else None)
         offload = fsdp2.make_offload_policy() if cfg.cpu_offload else None
         model.to(info.device)
         fsdp2.apply_fsdp2(
@@ -87,7 +107,7 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
             wrap_cls,
             mp_policy=fsdp2.default_mp_policy(cfg.mixed_precision),
             offload_policy=offload,
-            reshard_after_forward=cfg.reshard_after_forward,
+            reshard_after_forward=reshard,
         )
         units, local = len(fsdp2.fsdp_units(model)), fsdp2.local_numel(model)
         param_type = "DTensor"
@@ -98,7 +118,11 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         "decoder_layers": n_layers,
         "fsdp_units": units,
         "parameter_type": param_type,
-        "sharding_strategy": "FULL_SHARD",
+        "sharding_strategy": strategy,
+        # the data-parallel layout that ran: FSDP2's DeviceMesh, or FSDP1's process groups in the same shape
+        "mesh_shape": [replicate, shard] if two_d else [shard],
+        "mesh_dim_names": list(fsdp2.MESH_DIM_NAMES) if two_d else ["dp_shard"],
+        "reshard_after_forward": reshard,
     }
     return model, {**evidence, "local_numel": local}
 
@@ -415,7 +439,7 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
     bar.close()
     benchmark.stop_profiler(prof)
     if meter:
-        meter.write(writer.run_dir)
+        meter.write(writer.run_dir, f"fsdp{cfg.fsdp_version}")
     stopped_early = last_step < total_steps
     if not stopped_early:
         eval_losses.append(run_eval(total_steps))
@@ -445,7 +469,7 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         "requested": {
             "engine": "native",
             "strategy": f"fsdp{cfg.fsdp_version}",
-            "sharding_strategy": "FULL_SHARD",
+            "sharding_strategy": cfg.sharding_strategy,
             "lora": cfg.lora,
         },
         "effective": {

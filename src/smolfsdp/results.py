@@ -133,13 +133,17 @@ class RunWriter:
 
     def log(self, record: dict[str, Any]) -> None:
         if self._fh is not None:
-            self._fh.write(json.dumps({**record, "time_s": round(time.time() - self.t0, 3)}) + "\n")
+            from smolfsdp.launch import redact  # no token or secret reaches a file a run writes
+
+            self._fh.write(json.dumps(redact({**record, "time_s": round(time.time() - self.t0, 3)})) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.run_dir / "summary.json"
         if self.enabled:
             tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(summary, indent=2, default=str))
+            from smolfsdp.launch import redact
+
+            tmp.write_text(json.dumps(redact(summary), indent=2, default=str))
             tmp.replace(path)  # atomic: a reader never sees half a summary
         return path
 

@@ -63,9 +63,11 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
 
         meta = apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
     if cfg.resume_from:
-        from smolfsdp.checkpoint import check_matches_model, resolve_resume
+        from smolfsdp.checkpoint import check_engine, check_matches_model, resolve_resume
 
-        check_matches_model(resolve_resume(cfg.resume_from, cfg.run_dir), meta, cfg.model)
+        resume_path = resolve_resume(cfg.resume_from, cfg.run_dir)
+        check_engine(resume_path, cfg.engine)
+        check_matches_model(resume_path, meta, cfg.model)
     needed = bytes_to_write(cfg, meta)
     if needed:
         from smolfsdp.checkpoint import check_disk_space
@@ -188,11 +190,16 @@ def detect_effective(trainer) -> dict[str, Any]:
     }
     modules = list(wrapped.modules())
     if any(isinstance(m, FullyShardedDataParallel) for m in modules):
-        n = sum(isinstance(m, FullyShardedDataParallel) for m in modules)
+        units = [m for m in modules if isinstance(m, FullyShardedDataParallel)]
         return {
             "strategy": "fsdp1",
             "reason": "accelerate wrapped the model in FullyShardedDataParallel",
-            "evidence": {**evidence, "fsdp_units": n, "parameter_type": "FlatParameter"},
+            "evidence": {
+                **evidence,
+                "fsdp_units": len(units),
+                "parameter_type": "FlatParameter",
+                "sharding_strategy": getattr(getattr(units[0], "sharding_strategy", None), "name", None),
+            },
         }
     if any(isinstance(m, FSDPModule) for m in modules) or any(
         isinstance(p, DTensor) for p in wrapped.parameters()
@@ -223,11 +230,11 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
     """The ``SFTConfig`` for the TRL engine (the seed run's settings; CPU-safe overrides on CPU)."""
     from trl import SFTConfig
 
-    from smolfsdp.fsdp1 import hf_fsdp_config
+    from smolfsdp.fsdp1 import hf_fsdp_config, pin_plugin_sharding_strategy
 
     on_cpu = info.device.type == "cpu"
     multi = info.world_size > 1
-    return SFTConfig(
+    args = SFTConfig(
         output_dir=output_dir,
         seed=cfg.seed,
         data_seed=cfg.seed,
@@ -242,7 +249,8 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
         logging_steps=cfg.logging_steps,
-        eval_strategy="steps" if cfg.eval_steps > 0 else "no",
+        # benchmark mode times training steps only: no evaluation in between
+        eval_strategy="steps" if cfg.eval_steps > 0 and not cfg.benchmark_steps else "no",
         eval_steps=cfg.eval_steps if cfg.eval_steps > 0 else None,
         save_strategy="steps" if cfg.save_steps > 0 else "no",
         save_steps=cfg.save_steps if cfg.save_steps > 0 else 500,
@@ -258,6 +266,7 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         fsdp_config=hf_fsdp_config(
             cfg.fsdp_version,
             wrap_class,
+            sharding_strategy=cfg.sharding_strategy,
             backward_prefetch=cfg.backward_prefetch,
             state_dict_type=cfg.state_dict_type,
             cpu_offload=cfg.cpu_offload,
@@ -272,12 +281,14 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         disable_tqdm=not info.is_main,
         dataloader_drop_last=True,
     )
+    # accelerate 1.15 would wrap with FULL_SHARD whatever fsdp_config asks (see the function)
+    return pin_plugin_sharding_strategy(args)
 
 
 def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
-    from trl import SFTTrainer
-
+    from smolfsdp import benchmark
     from smolfsdp.trl_callbacks import RunWriterCallback
+    from smolfsdp.trl_trainer import BenchmarkCallback, SmolSFTTrainer, StopAtStepCallback
 
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
@@ -288,18 +299,42 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     callback = RunWriterCallback(
         writer, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size
     )
-    trainer = SFTTrainer(
+    callbacks: list = [callback]
+    prof = benchmark.start_profiler(cfg, info, writer.run_dir)
+    bench_cb = None
+    if cfg.benchmark_steps or prof is not None:
+        bench_cb = BenchmarkCallback(cfg, info, model, total_params, total_params, prof=prof)
+        callback.bench = bench_cb
+        callbacks.append(bench_cb)
+    if cfg.stop_at_step:
+        callbacks.append(StopAtStepCallback(cfg.stop_at_step))
+    trainer = SmolSFTTrainer(
         model=model,
         args=args,
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=tokenizer,
-        callbacks=[callback],
+        callbacks=callbacks,
+        smol_cfg=cfg,
+        run_dir=writer.run_dir,
     )
-    out = trainer.train()
+    if bench_cb is not None:
+        bench_cb.trainer = trainer
+    resumed_from = None
+    if cfg.resume_from:
+        from smolfsdp.checkpoint import resolve_resume
+
+        resumed_from = str(resolve_resume(cfg.resume_from, writer.run_dir))
+        log.info("resuming from %s", resumed_from)
+    out = trainer.train(resume_from_checkpoint=resumed_from)
+    benchmark.stop_profiler(prof)
     effective = detect_effective(trainer)
+    if cfg.benchmark_steps:
+        bench_cb.meter.write(writer.run_dir, effective["strategy"])
+    total_steps = trainer.state.max_steps
+    stopped_early = out.global_step < total_steps
     final_dir = None
-    if cfg.save_final_model:
+    if cfg.save_final_model and not stopped_early:
         final_dir = writer.run_dir / "final_model"
         if trainer.is_fsdp_enabled and cfg.state_dict_type != "FULL_STATE_DICT":
             # SHARDED_STATE_DICT is right for checkpoints; the final model must load with from_pretrained.
@@ -308,11 +343,12 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     requested = {
         "engine": "trl",
         "strategy": f"fsdp{cfg.fsdp_version}" if info.world_size > 1 else "none",
-        "sharding_strategy": "FULL_SHARD",
+        "sharding_strategy": cfg.sharding_strategy,
         "fsdp_config": args.fsdp_config,
     }
     evals = [r["eval_loss"] for r in callback.records if r.get("split") == "eval"]
     trains = [r["loss"] for r in callback.records if r.get("split") == "train"]
+    runtime = out.metrics.get("train_runtime", 0.0)
     return {
         "requested": requested,
         "effective": effective,
@@ -320,15 +356,15 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         "data": data.stats(),
         "metrics": {
             "steps": out.global_step,
+            "resumed_from": resumed_from,
+            "stopped_early": stopped_early,
             "train_loss_first": trains[0] if trains else None,
             "train_loss_last": trains[-1] if trains else None,
             "eval_loss_first": evals[0] if evals else None,
             "eval_loss_last": evals[-1] if evals else None,
-            "train_runtime_s": round(out.metrics.get("train_runtime", 0.0), 2),
+            "train_runtime_s": round(runtime, 2),
             "tokens": int(trainer.state.num_input_tokens_seen),
-            "tokens_per_s": round(
-                trainer.state.num_input_tokens_seen / max(out.metrics.get("train_runtime", 1e-9), 1e-9), 1
-            ),
+            "tokens_per_s": round(trainer.state.num_input_tokens_seen / max(runtime, 1e-9), 1),
         },
         "final_model": str(final_dir) if final_dir else None,
     }

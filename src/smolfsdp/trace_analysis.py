@@ -35,7 +35,12 @@ CPU_COMM_RE = re.compile(r"^(c10d::|_c10d_functional::|gloo:|nccl:|record_param_
 NCCL_RE = re.compile(r"nccl", re.IGNORECASE)
 FSDP_RE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.)")
 LAYER_RE = re.compile(r"model\.layers\.(\d+)")
-KINDS = {"all-gather": r"all_?gather", "reduce-scatter": r"reduce_?scatter", "all-reduce": r"all_?reduce"}
+KINDS = {
+    "all-gather": r"all_?gather",
+    "reduce-scatter": r"reduce_?scatter",
+    "all-reduce": r"all_?reduce",
+    "broadcast": r"broadcast",
+}
 CATEGORIES = (
     "compute",
     "communication",
@@ -400,29 +405,100 @@ def _bursts(comm: pd.DataFrame, start: float, end: float, frac: float) -> dict[s
 
 
 # ------------------------------------------------------------------------ FSDP all-gathers
+def collective_kernels(df: pd.DataFrame) -> pd.DataFrame:
+    """Every NCCL kernel of a GPU trace, attributed to the CPU code that launched it.
+
+    A kernel and its launch (``cudaLaunchKernel*`` on a CPU thread) share a ``correlation`` id; the
+    CPU ranges around the launch on that thread say what asked for the collective. Columns:
+    ``step, kind, name, stream, start_us, dur_us`` (the kernel, GPU time), ``launch_us`` (CPU), ``op`` (the innermost
+    communication op around the launch: ``nccl:all_reduce``, ``c10d::_allgather_base_``, ...),
+    ``fsdp`` (the innermost ``FSDP::``/``FullyShardedDataParallel.`` range around it, or ""),
+    ``layer`` (the decoder layer named by that range, ``model.layers.N``; -1 for none, which is the
+    root group when ``fsdp`` is set) and ``unit``. FSDP2 runs each all-gather inside
+    ``FSDP::all_gather (<fqn>)`` and each reduce-scatter inside ``FSDP::post_backward_reduce
+    (<fqn>)``, so on FSDP2 traces every kernel gets its layer; FSDP1 names no layer (use the
+    execution order, as :func:`all_gathers` does). Empty for CPU-only traces.
+    """
+    cols = "step kind name stream start_us dur_us launch_us op fsdp layer unit row".split()
+    df = df if "step" in df else assign_steps(df)[0]
+    kern = df[df["device"].eq("gpu") & df["category"].eq("communication") & df["cat"].eq("kernel")]
+    if kern.empty:
+        return pd.DataFrame(columns=cols)
+    launches = df[df["category"].eq("runtime") & df["correlation"].isin(kern["correlation"])]
+    launches = launches.drop_duplicates("correlation").set_index("correlation")
+    # only the ranges that can explain a launch: communication ops and FSDP ranges, per thread
+    ranges = df[df["device"].eq("cpu") & df["category"].isin(["communication", "fsdp"])]
+    by_thread = {k: g for k, g in ranges.groupby(["pid", "tid"])}
+    rows = []
+    for k in kern.itertuples():
+        op, fsdp_name, layer, launch = "", "", -1, k.ts
+        if k.correlation in launches.index:
+            la = launches.loc[k.correlation]
+            launch = float(la["ts"])
+            g = by_thread.get((la["pid"], la["tid"]))
+            if g is not None:
+                around = g[(g["ts"] <= la["ts"]) & (g["end"] >= la["end"])].sort_values("ts")
+                comm = around[around["category"].eq("communication")]
+                fs = around[around["category"].eq("fsdp")]
+                op = comm["name"].iloc[-1] if len(comm) else ""
+                if len(fs):  # a prefetch range of layer N encloses the all-gather of N+1: innermost wins
+                    fsdp_name, layer = fs["name"].iloc[-1], int(fs["layer"].iloc[-1])
+        unit = f"model.layers.{layer}" if layer >= 0 else ("root" if fsdp_name.startswith("FSDP::") else "")
+        rows.append(
+            {
+                "step": k.step,
+                "kind": k.kind,
+                "name": k.name,
+                "stream": k.stream,
+                "start_us": k.ts,
+                "dur_us": k.dur,
+                "launch_us": launch,
+                "op": op,
+                "fsdp": fsdp_name,
+                "layer": layer,
+                "unit": unit,
+                "row": k.row,
+            }
+        )
+    return pd.DataFrame(rows, columns=cols).sort_values("start_us").reset_index(drop=True)
+
+
 def all_gathers(df: pd.DataFrame) -> pd.DataFrame:
     """One row per all-gather of an FSDP unit: ``step, unit, layer, pass, start_us, dur_us, source``.
 
-    FSDP2 annotates each one (``FSDP::all_gather (model.layers.N)``; the root's has no name): the
-    layer is read from the name. FSDP1 on CPU annotates none, so its c10d all-gathers are labelled
+    GPU traces: the NCCL all-gather kernels (GPU start and duration), each attributed through its
+    launch to the FSDP range around it (:func:`collective_kernels`). CPU traces: FSDP2 annotates each
+    all-gather (``FSDP::all_gather (model.layers.N)``; the root's has no name) and the layer is read
+    from the name. Where no range names the layer (FSDP1, CPU or GPU), the all-gathers are labelled
     by execution order, per step: forward gathers the root first, then layers 0..L-1; backward
     gathers layers L-1..0 again (the root keeps its parameters). ``source`` says which rule
     applied. ``pass`` is backward from the step's first pre-backward hook on.
     """
     df = df if "step" in df else assign_steps(df)[0]
+    kernels = collective_kernels(df)
+    kernels = kernels[kernels["kind"].eq("all-gather")]
     fsdp2 = df[df["name"].str.startswith("FSDP::all_gather") & ~df["name"].str.contains("copy_out")]
     back = df[df["name"].str.contains("pre_backward", regex=False)].groupby("step")["ts"].min()
-    if not fsdp2.empty:
+    by_order = False
+    if not kernels.empty:
+        named = kernels["fsdp"].str.startswith("FSDP::").all()
+        g = kernels.rename(columns={"start_us": "ts", "dur_us": "dur"})
+        g = g.assign(source="NCCL kernel, FSDP:: annotation" if named else "NCCL kernel, by order")
+        by_order = not named
+    elif not fsdp2.empty:
         g = fsdp2.assign(source="FSDP:: annotation")
         g["unit"] = np.where(g["layer"] >= 0, "model.layers." + g["layer"].astype(str), "root")
     else:
         c10d = df[df["category"].eq("communication") & df["kind"].eq("all-gather") & df["device"].eq("cpu")]
         g = c10d[c10d["name"].str.startswith(("c10d::", "record_param_comms"))]
         g = g.assign(source="c10d op, by order", unit="", layer=-1)
-    g = g.assign(**{"pass": np.where(g["ts"] >= g["step"].map(back).fillna(np.inf), "backward", "forward")})
+        by_order = True
+    # the pass follows the CPU side (a kernel can run after the CPU has moved on to backward)
+    cpu_ts = g["launch_us"] if "launch_us" in g else g["ts"]
+    g = g.assign(**{"pass": np.where(cpu_ts >= g["step"].map(back).fillna(np.inf), "backward", "forward")})
     notes = []
-    if fsdp2.empty and not g.empty:
-        g = g.sort_values("ts").copy()
+    if by_order and not g.empty:
+        g = g.sort_values("launch_us" if "launch_us" in g else "ts").copy()
         g["ordinal"] = g.groupby(["step", "pass"]).cumcount()
         n = g.groupby(["step", "pass"]).size().unstack(fill_value=0)
         for step, r in n.iterrows():

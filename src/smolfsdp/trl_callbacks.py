@@ -21,6 +21,10 @@ class RunWriterCallback(TrainerCallback):
         self._t0: float | None = None
         self._step_ms: float | None = None
         self._tokens_seen = 0
+        self.bench = None  # a trl_trainer.BenchmarkCallback in benchmark mode: its step rows join the log
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._tokens_seen = int(state.num_input_tokens_seen or 0)  # a resumed run starts where it stopped
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
@@ -47,6 +51,12 @@ class RunWriterCallback(TrainerCallback):
                 "samples": self.samples_per_step,
             }
             self._tokens_seen = seen
+            if (
+                self.bench is not None
+                and self.bench.records
+                and self.bench.records[-1]["step"] == state.global_step
+            ):
+                rec.update(self.bench.records[-1])
         else:
             return
         self.records.append(rec)

@@ -1,0 +1,111 @@
+"""The TRL engine's atomic DCP checkpoints, exact resume, and benchmark mode (2 CPU ranks, DDP)."""
+
+import json
+
+import pytest
+import torch
+from _dist import kill_run_when
+from safetensors.torch import load_file
+
+from smolfsdp import benchmark, checkpoint, sft
+from smolfsdp.config import ConfigError, load_config, recipe
+from smolfsdp.results import load_run
+from smolfsdp.trace_analysis import analyze, load_trace
+
+BASE = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return tmp_path_factory.mktemp("trl_runs")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(runs):
+    cfg = load_config(recipe("smoke_trl"), name="whole", output_dir=str(runs), **BASE)
+    return sft.run(cfg, capture=True, timeout=600)
+
+
+def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
+    """SIGKILL every process once step 3's checkpoint is complete; resume: same weights as uninterrupted."""
+    cfg = load_config(
+        recipe("smoke_trl"), name="killed", output_dir=str(runs), save_steps=1, save_total_limit=6, **BASE
+    )
+    marker = runs / "killed" / "checkpoints" / "step-000003" / checkpoint.MARKER
+    assert kill_run_when(cfg, marker) != 0, "the run finished before it could be killed"
+    latest = checkpoint.latest_checkpoint(runs / "killed")
+    assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
+    assert not (runs / "killed" / "final_model").exists()
+    # the Trainer's state, scheduler and RNG travel in the same atomic folder as the DCP shards
+    names = {p.name for p in latest.iterdir()}
+    assert {"COMPLETE", "config.yaml", "trainer_state.json", "scheduler.json", ".metadata"} <= names
+    assert {"rng_state_0.pth", "rng_state_1.pth", "__0_0.distcp", "__1_0.distcp"} <= names
+    step = int(latest.name.split("-")[1])
+    assert json.loads((latest / "trainer_state.json").read_text())["global_step"] == step
+
+    resumed = sft.run(cfg.replace(resume_from="latest"), capture=True, timeout=600)
+    s = resumed.summary
+    assert s["metrics"]["resumed_from"] == str(latest) and s["metrics"]["steps"] == 6
+    assert s["effective"]["strategy"] == "ddp"  # CPU: the Trainer's FSDP is DDP, and the summary says so
+    a = load_file(f"{uninterrupted.summary['final_model']}/model.safetensors")
+    b = load_file(f"{s['final_model']}/model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+    # the resumed steps logged the same losses and token counts as the uninterrupted run's
+    whole = uninterrupted.train.set_index("step")
+    after = resumed.train.drop_duplicates("step", keep="last").set_index("step")
+    for st in range(step + 1, 7):
+        assert after.loc[st, "loss"] == pytest.approx(whole.loc[st, "loss"], rel=1e-6)
+        assert after.loc[st, "tokens"] == whole.loc[st, "tokens"]
+
+
+def test_trl_checkpoint_converts_to_the_trained_weights(runs, tmp_path):
+    cfg = load_config(recipe("smoke_trl"), name="saved", output_dir=str(runs), save_steps=3, **BASE)
+    run = sft.run(cfg, capture=True, timeout=600)
+    assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
+    out = checkpoint.convert_checkpoint(run.path / "checkpoints" / "step-000006", tmp_path / "converted")
+    converted = load_file(str(out / "model.safetensors"))
+    final = load_file(str(run.path / "final_model" / "model.safetensors"))
+    assert converted.keys() == final.keys()
+    for k in final:
+        torch.testing.assert_close(converted[k], final[k], rtol=0, atol=0)
+
+
+def test_resume_with_the_other_engine_is_refused(runs):
+    if not (runs / "saved" / "checkpoints").exists():
+        pytest.skip("needs test_trl_checkpoint_converts_to_the_trained_weights's run")
+    cfg = load_config(recipe("smoke"), name="saved", output_dir=str(runs), resume_from="latest", **BASE)
+    with pytest.raises(ConfigError, match="written by the trl engine, and this run uses engine: native"):
+        sft.preflight(cfg)
+
+
+def test_trl_benchmark_mode_and_trace(tmp_path):
+    """Benchmark mode on the Trainer: same meter and formulas as the native loop; the strategy is what ran."""
+    cfg = load_config(
+        recipe("smoke_trl"),
+        name="tb",
+        output_dir=str(tmp_path),
+        benchmark_steps=4,
+        profile=True,
+        max_length=128,
+    )
+    bench = benchmark.run_benchmark(cfg, timeout=600)
+    run_dir = tmp_path / "tb"
+    assert not (run_dir / "final_model").exists() and not (run_dir / "checkpoints").exists()
+    assert bench["engine"] == "trl" and bench["strategy"] == "ddp" and bench["device"] == "cpu"
+    steps = benchmark.steps_frame(bench)
+    assert list(steps["step"]) == [1, 2, 3, 4, 5] and list(steps["warmup"]) == [True] + [False] * 4
+    n, geo = bench["n_params"], {k: bench[k] for k in ("n_layers", "n_heads", "head_dim")}
+    train = load_run(run_dir).train.set_index("step")
+    for r in steps.itertuples():
+        assert r.samples == 4 * 2 and r.tokens > 0
+        assert r.tokens_per_s == pytest.approx(r.tokens / (r.step_time_ms / 1e3))
+        assert r.flops_per_token == benchmark.flops_per_token(n, seq_len=r.seq_len, **geo)
+        assert r.tflops == pytest.approx(r.flops_per_token * r.tokens_per_s / 2 / 1e12)
+        # the meter's token count (attention_mask ones) is the Trainer's own non-padding count
+        assert train.loc[r.step, "tokens"] == r.tokens
+    assert bench["summary"]["timed_steps"] == 4 and bench["summary"]["mfu_median"] is None
+    assert len(bench["traces"]) == 2
+    res = analyze(load_trace(bench["traces"][0]))
+    assert len(res.steps) == 3 and (res.steps["comm_us"] > 0).all()
