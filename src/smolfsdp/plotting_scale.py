@@ -89,4 +89,6 @@ def plot_scaling(df, metric: str = "efficiency", title: str | None = None) -> go
     _lines(fig, df, metric, fmt)
     if metric == "efficiency":
         fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    elif metric == "step_s":  # the two models' step times differ ~20x: a log axis keeps both readable
+        fig.update_yaxes(type="log")
     return fig
