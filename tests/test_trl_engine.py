@@ -109,3 +109,19 @@ def test_trl_benchmark_mode_and_trace(tmp_path):
     assert len(bench["traces"]) == 2
     res = analyze(load_trace(bench["traces"][0]))
     assert len(res.steps) == 3 and (res.steps["comm_us"] > 0).all()
+
+
+def test_trl_elastic_restart_after_a_killed_rank(tmp_path):
+    """torchrun --max-restarts 1 on the TRL engine: rank 1 SIGKILLed after step 3's checkpoint, the
+    restarted Trainer resumes from it through its own resume path and ends on the uninterrupted weights."""
+    from smolfsdp.drills import kill_rank_drill
+
+    cfg = load_config(
+        recipe("smoke_trl"), name="el", output_dir=str(tmp_path), max_restarts=1,
+        **{**BASE, "per_device_train_batch_size": 4, "max_length": 256},
+    )  # fmt: skip
+    out = kill_rank_drill(cfg, rank=1, after_step=3)
+    assert out["first_launch_exit_code"] == 0  # torchrun restarted the workers; the launch succeeded
+    assert "failed (exitcode: -9) local_rank: 1" in out["launcher_said"]
+    assert int(out["resumed_from"].split("-")[-1]) >= 3 and out["optimizer_steps"] == 6
+    assert out["max_abs_diff"] == 0.0
