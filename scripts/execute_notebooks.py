@@ -1,21 +1,38 @@
-"""Execute every chapter listed in _quarto.yml in one profile and write HTML (no Quarto needed).
+"""Execute the chapters listed in _quarto.yml (all, or those named) in one profile and write HTML
+(no Quarto needed).
 
 python scripts/execute_notebooks.py --profile smoke --html-dir _book_html
+python scripts/execute_notebooks.py --chapter 05_profiling --chapter notebooks/07_scaling.ipynb
 """
 
 import argparse
 import sys
 import time
 
-from smolfsdp.book import chapters, execute_chapter
+from smolfsdp.book import execute_chapter, select_chapters
+from smolfsdp.config import ConfigError
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--profile", default="smoke", choices=["smoke", "full"])
     parser.add_argument("--html-dir", default="_book_html")
-    args = parser.parse_args()
-    for nb in chapters():
+    parser.add_argument(
+        "--chapter",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a chapter to run, by stem (05_profiling) or path (notebooks/05_profiling.ipynb); "
+        "repeat for several (run in book order); default: every chapter",
+    )
+    args = parser.parse_args(argv)
+    try:
+        selected = select_chapters(args.chapter)
+    except ConfigError as e:
+        parser.error(str(e))
+    for nb in selected:
         t0 = time.time()
         execute_chapter(nb, args.profile, args.html_dir)
         print(

@@ -172,3 +172,82 @@ def test_nccl_trace_record_param_comms():
     assert set(per_step["all-reduce"]) == {25_557_032}
     assert set(df.loc[df["kind"] == "all-reduce", "itemsize"]) == {4}
     assert set(df["group_size"]) == {2}
+
+
+# ------------------------------------------------------------- inputs the API accepts or refuses
+def test_scaling_table_takes_a_single_model_strategy_and_count():
+    one = comm.scaling_table("tiny", "FULL_SHARD", 4, seq_len=128)
+    listed = comm.scaling_table(["tiny"], ["FULL_SHARD"], [4], seq_len=128)
+    assert (
+        list(one["model"]) == ["tiny"]
+        and list(one["n_gpus"]) == [4]
+        and list(one["strategy"]) == ["FULL_SHARD"]
+    )
+    assert one.equals(listed)
+    cfg = comm.scaling_table(resolve_model_config("tiny"), "FULL_SHARD", 4, seq_len=128)
+    assert cfg["step_s"].tolist() == one["step_s"].tolist()
+
+
+def test_estimate_step_builds_the_cluster_from_gpu_and_gpus_per_node():
+    cl = comm.build_cluster(16, "A100 80GB", gpus_per_node=4, network="InfiniBand HDR 200 Gb/s")
+    kw = dict(gpu="A100 80GB", gpus_per_node=4, network="InfiniBand HDR 200 Gb/s")
+    by_kw = comm.estimate_step("tiny", n_gpus=16, seq_len=128, **kw)
+    assert by_kw == comm.estimate_step("tiny", cluster=cl, seq_len=128)
+    assert (by_kw["n_gpus"], by_kw["nodes"]) == (16, 4)
+    coll = comm.estimate_collectives("tiny", n_gpus=16, **kw)
+    assert coll.equals(comm.estimate_collectives("tiny", cluster=cl))
+    # FULL_SHARD over 16 GPUs in nodes of 4 crosses the network: HDR's 25 GB/s per GPU, not NVLink's 300
+    assert set(coll["bus_gbs"]) == {25.0} and set(coll["link"]) == {"network"}
+    # the same on 4 GPUs stays in one node
+    assert set(comm.estimate_collectives("tiny", n_gpus=4, **kw)["bus_gbs"]) == {300.0}
+
+
+def test_recipe_sets_the_communication_dtypes():
+    assert comm.recipe_dtypes("fp32") == {"mixed_precision": "no", "reduce_dtype": "fp32"}
+    assert comm.recipe_dtypes("hf-fsdp-bf16") == {"mixed_precision": "bf16", "reduce_dtype": "fp32"}
+    assert comm.recipe_dtypes("pure-bf16") == {"mixed_precision": "bf16", "reduce_dtype": "bf16"}
+    c = resolve_model_config("tiny")
+    layer = sum(n for _, n in _layer_shapes(c))
+    params = c.vocab_size * c.hidden_size + c.hidden_size + c.num_hidden_layers * layer  # 4 ranks: no padding
+    args = dict(models="tiny", strategies="FULL_SHARD", n_gpus=4, seq_len=128)
+    # FSDP2 FULL_SHARD gathers everything twice and reduce-scatters once
+    fp32 = comm.scaling_table(recipe="fp32", **args)
+    assert fp32["logical_bytes"].iloc[0] == params * (2 * 4 + 4)
+    bf16 = comm.scaling_table(recipe="hf-fsdp-bf16", **args)
+    assert bf16["logical_bytes"].iloc[0] == params * (2 * 2 + 4)
+    pure = comm.scaling_table(recipe="pure-bf16", **args)
+    assert pure["logical_bytes"].iloc[0] == params * (2 * 2 + 2)
+    assert "fp32 all-gathers, fp32 reductions" in fp32.attrs["assumptions"]
+
+
+def test_get_gpu_suggests_names_that_contain_the_query():
+    with pytest.raises(ConfigError, match=r"did you mean 'A100 40GB' or 'A100 80GB'\?"):
+        comm.build_cluster(8, "a100")
+    with pytest.raises(ConfigError, match=r"did you mean 'InfiniBand NDR 400 Gb/s'\?"):
+        comm.build_cluster(8, network="ndr")
+    assert comm.build_cluster(8, "h100sxm").gpu.name == "H100 SXM"
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: comm.estimate_step(n_gpus=64, cluster=comm.build_cluster(8)), "n_gpus=64 but cluster has 8"),
+        (lambda: comm.estimate_collectives(n_gpus=4, cluster=comm.build_cluster(8)), "drop n_gpus"),
+        (lambda: comm.estimate_step(cluster=comm.build_cluster(8), gpu="H200"), "cluster= and gpu= both"),
+        (lambda: comm.estimate_step(cluster=8), "not a comm.Cluster"),
+        (lambda: comm.estimate_step(n_gpus=2.5), r"n_gpus=2.5: give a whole number"),
+        (lambda: comm.build_cluster(16, gpus_per_node=7.5), "gpus_per_node=7.5"),
+        (lambda: comm.estimate_collectives("tiny", gradient_accumulation_steps=1.5), "whole number"),
+        (lambda: comm.estimate_collectives("tiny", strategy="HSDP", n_gpus=8, shard_size=0), "shard_size=0"),
+        (
+            lambda: comm.scaling_table("tiny", mixed_precision="no"),
+            r"contradicts recipe='hf-fsdp-bf16'.*'fp32'",
+        ),
+        (lambda: comm.scaling_table("tiny", recipe="fp32", reduce_dtype="bf16"), "contradicts recipe='fp32'"),
+        (lambda: comm.scaling_table("tiny", cluster=comm.build_cluster(8)), "one cluster per GPU count"),
+        (lambda: comm.scaling_table([], seq_len=128), "models is empty"),
+    ],
+)
+def test_bad_api_input(call, match):
+    with pytest.raises(ConfigError, match=match):
+        call()

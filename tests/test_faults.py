@@ -110,7 +110,7 @@ def test_cli_refuses_node_count_that_does_not_divide(capsys):
     assert "nproc=6 processes cannot be split evenly over nnodes=4" in capsys.readouterr().err
 
 
-def test_endpoint_that_does_not_answer_fails_naming_it(tmp_path):
+def test_endpoint_that_does_not_answer_fails_naming_it(tmp_path, capsys):
     port = _free_port()  # bound, released: nothing listens there
     cfg = BASE.replace(
         output_dir=str(tmp_path),
@@ -127,6 +127,20 @@ def test_endpoint_that_does_not_answer_fails_naming_it(tmp_path):
         launch.launch(cfg, capture=True)
     assert time.monotonic() - t0 < 8
     assert not (tmp_path / "smoke").exists()  # nothing was started
+    err = capsys.readouterr().err
+    assert f"waiting up to 2 s for the rendezvous endpoint 127.0.0.1:{port} served by node_rank 0" in err
+
+
+def test_waiting_for_the_endpoint_reports_while_it_retries(capsys):
+    """One line when the wait starts, one per report_every_s while it retries (30 s by default)."""
+    port = _free_port()
+    with pytest.raises(ConfigError, match="did not answer within 2.5 s"):
+        launch.wait_for_endpoint(f"127.0.0.1:{port}", 2.5, poll_s=0.2, report_every_s=1.0)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"[smolfsdp] waiting up to 2.5 s for the rendezvous endpoint 127.0.0.1:{port}")
+    still = [line for line in lines if line.startswith(f"[smolfsdp] still waiting for 127.0.0.1:{port}: ")]
+    assert len(still) == 2, lines  # at ~1 s and ~2 s of the 2.5 s
+    assert all(line.endswith("of 2.5 s ([Errno 111] Connection refused)") for line in still), still
 
 
 def test_torchrun_rendezvous_times_out_instead_of_waiting(tmp_path):
@@ -141,6 +155,28 @@ def test_torchrun_rendezvous_times_out_instead_of_waiting(tmp_path):
     assert out.returncode != 0
     assert "RendezvousTimeoutError" in out.stderr
     assert 5 <= took < 60, took
+    # what `smolfsdp train` prints last: the timeout named, not only "torchrun exited with code 1"
+    why = launch.explain_failure(out.stdout + out.stderr, out.returncode, cfg)
+    assert why.startswith(
+        f"run 'smoke' failed: the rendezvous at {cfg.rdzv_endpoint} timed out after 5 s (rdzv_timeout_s): "
+        "not all of the nnodes=2 nodes joined; start the same command on every node (node_rank 0..1)"
+    ), why
+    assert "exited with code" not in why
+
+
+def test_rendezvous_closed_and_lost_store_are_explained():
+    cfg = BASE.replace(nproc=2, nnodes=2, node_rank=1, rdzv_endpoint="node0:29400")
+    closed = "raise RendezvousClosedError\ntorch.distributed.elastic.rendezvous.api.RendezvousClosedError\n"
+    assert "the rendezvous at node0:29400 was closed by another node" in launch.explain_failure(
+        closed, 1, cfg
+    )
+    lost = (
+        "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store"
+    )
+    assert "the connection to the rendezvous store at node0:29400 failed" in launch.explain_failure(
+        lost, 1, cfg
+    )
+    assert launch.explain_rendezvous("ChildFailedError", cfg) is None
 
 
 # ------------------------------------------------------------------ a rank killed mid-run

@@ -3,12 +3,15 @@ trust_remote_code is off unless asked for."""
 
 import ast
 import os
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from smolfsdp import launch, sft
 from smolfsdp.config import TrainConfig
+from smolfsdp.data import bundled_data_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = {
@@ -18,11 +21,18 @@ SECRETS = {
 }
 
 
+#: "hf_" + 26 letters/digits: matches launch.SECRET_VALUE, as a real dataset name did
+TOKEN_SHAPED_FILE = "hf_medicalquestionanswers2024.jsonl"
+
+
 @pytest.fixture(scope="module")
 def secret_run(tmp_path_factory):
     """A real 2-rank smoke run (2 steps, a checkpoint, final model) with secrets in its environment, one
-    also in the config's free-form notes."""
+    also in the config's free-form notes, and a dataset file whose name contains a token-shaped substring
+    (the bundled rows, copied to ``hf_medicalquestionanswers2024.jsonl``)."""
     out = tmp_path_factory.mktemp("runs")
+    dataset = tmp_path_factory.mktemp("data") / TOKEN_SHAPED_FILE
+    shutil.copyfile(bundled_data_path(), dataset)
     saved = {k: os.environ.get(k) for k in SECRETS}
     os.environ.update(SECRETS)
     try:
@@ -34,6 +44,7 @@ def secret_run(tmp_path_factory):
             eval_steps=0,
             per_device_train_batch_size=2,
             max_length=64,
+            dataset=str(dataset),
             extra={"note": f"pushed with {SECRETS['HF_TOKEN']}", "hub_token": SECRETS["HF_TOKEN"]},
         )
         run = sft.run(cfg, capture=True, timeout=600)
@@ -57,6 +68,29 @@ def test_no_secret_in_any_file_a_run_wrote(secret_run):
             assert value.encode() not in data, f"{name}'s value is in {path}"
     # the ranks really had the secrets (they inherit the launcher's environment), and the notes were redacted
     assert secret_run.config["extra"] == {"note": "pushed with <redacted>", "hub_token": "<redacted>"}
+
+
+def test_ranks_train_with_the_unredacted_config_files_show_it_redacted(secret_run):
+    """The ranks read the dataset at its real path (redaction used to hand them '<redacted>.jsonl', which
+    does not exist); the config.yaml files written for people show the path redacted."""
+    assert secret_run.train["step"].tolist() == [1, 2]
+    assert (secret_run.train["tokens"] > 0).all()
+    for path in (secret_run.path, secret_run.path / "checkpoints" / "step-000002"):
+        written = yaml.safe_load((path / "config.yaml").read_text())
+        assert written["dataset"].endswith("/<redacted>.jsonl"), path
+        assert TOKEN_SHAPED_FILE not in (path / "config.yaml").read_text()
+
+
+def test_save_redacts_unless_told_not_to(tmp_path):
+    cfg = TrainConfig(dataset=f"/data/{TOKEN_SHAPED_FILE}", extra={"hub_token": "abc", "flops_per_token": 6})
+    cfg.save(tmp_path / "people.yaml")  # the default: for files people read
+    cfg.save(tmp_path / "ranks.yaml", redact_secrets=False)  # what launch() hands the ranks
+    people = yaml.safe_load((tmp_path / "people.yaml").read_text())
+    ranks = yaml.safe_load((tmp_path / "ranks.yaml").read_text())
+    assert people["dataset"] == "/data/<redacted>.jsonl"
+    assert people["extra"] == {"hub_token": "<redacted>", "flops_per_token": 6}
+    assert ranks == cfg.to_dict()
+    assert TrainConfig(**ranks) == cfg
 
 
 def test_exported_models_are_safetensors_only(secret_run, tmp_path):
@@ -96,6 +130,67 @@ def test_redact():
         "aws_secret_access_key": "<redacted>",
         "cmd": "curl -H 'Authorization: Bearer <redacted>' https://hf.co",
         "nested": [{"WANDB_API_KEY": "<redacted>"}, "<redacted>"],
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "hub_token",
+        "GITHUB_TOKEN",
+        "GH_TOKEN",
+        "access_token",
+        "auth_token",
+        "api_token",
+        "TOKEN",
+        "AWS_SESSION_TOKEN",
+        "MY_SERVICE_TOKEN",
+        "WANDB_API_KEY",
+        "MY_SECRET",
+        "client_secret_id",
+        "DB_PASSWORD",
+        "password",
+        "AWS_SECRET_ACCESS_KEY",
+        "password_end_token",  # the TOKEN exceptions never excuse a PASSWORD
+    ],
+)
+def test_secret_names(name):
+    assert launch.is_secret_name(name)
+    assert launch.redact({name: "v"}, []) == {name: "<redacted>"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "flops_per_token",
+        "cost_per_token",
+        "time_to_first_token",
+        "num_tokens",
+        "tokens",
+        "tokens_per_s",
+        "max_new_tokens",
+        "pad_token",
+        "eos_token",
+        "bos_token",
+        "unk_token",
+        "mask_token",
+        "chat_template_token",
+        "TOKENIZERS_PARALLELISM",
+        "tokenizer",
+    ],
+)
+def test_harmless_names_are_kept(name):
+    assert not launch.is_secret_name(name)
+    assert launch.redact({name: 1}, []) == {name: 1}
+
+
+def test_redact_keeps_rates_and_template_tokens():
+    # the newcomer's two cases; bench metrics.jsonl showed "flops_per_token": "<redacted>"
+    assert launch.redact({"cost_per_token": 1, "chat_template_token": "y"}, []) == {
+        "cost_per_token": 1,
+        "chat_template_token": "y",
     }
 
 

@@ -328,3 +328,46 @@ def test_fsdp2_gpu_kernels_attributed_per_layer(tmp_path):
         ("model.layers.0", "backward"),
     ]
     assert (g["dur_us"] == 30).all()  # the kernels' GPU time, not the CPU ranges' 40 µs
+
+
+# ----------------------------------------------------------- all-gathers that are not FSDP's
+def test_ddp_cpu_trace_has_no_fsdp_all_gathers(tmp_path):
+    """The TRL engine on CPU runs DDP (accelerate enables FSDP only on accelerators): its trace holds
+    all-gathers (the Trainer gathering metrics) but no ``FSDP::``/``FullyShardedDataParallel.`` range,
+    so none of them is an FSDP unit's. Measured here: 8 ``c10d::allgather_`` per step."""
+    from smolfsdp.benchmark import run_benchmark
+    from smolfsdp.config import load_config, recipe
+
+    cfg = load_config(
+        recipe("smoke_trl"), name="ddp", output_dir=str(tmp_path), benchmark_steps=3, profile=True,
+        profile_wait=0, max_length=128,
+    )  # fmt: skip
+    bench = run_benchmark(cfg, timeout=300)
+    assert bench["strategy"] == "ddp"
+    df = ta.load_trace(bench["traces"][0])
+    assert not df["category"].eq("fsdp").any()
+    r = ta.analyze(df)
+    assert list(r.steps["step"]) == [1, 2, 3]  # wait=0, warmup=1, active=3 over 4 steps
+    ops = ta.assign_steps(df)[0]
+    ops = ops[ops["name"].eq("c10d::allgather_") & ops["step"].isin([1, 2, 3])]
+    assert ops.groupby("step").size().to_dict() == {1: 8, 2: 8, 3: 8}
+    g = ta.all_gathers(df)
+    assert g.empty and list(g.columns) == [
+        "step",
+        "unit",
+        "layer",
+        "pass",
+        "start_us",
+        "dur_us",
+        "source",
+        "row",
+    ]
+    assert g.attrs["notes"] == ["no FSDP unit in this trace: its 24 all-gathers are not FSDP's"]
+    assert g.attrs["notes"][0] in r.notes and r.gathers.empty
+    assert not any("do not fit root" in n for n in r.notes)
+
+
+def test_ddp_gpu_trace_has_no_fsdp_all_gathers(ddp_trace):
+    """The real 2-rank DDP trace: NCCL all-reduces and broadcasts only, no FSDP range, no all-gather."""
+    g = ta.all_gathers(ddp_trace)
+    assert g.empty and g.attrs["notes"] == []

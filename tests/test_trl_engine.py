@@ -1,6 +1,7 @@
 """The TRL engine's atomic DCP checkpoints, exact resume, and benchmark mode (2 CPU ranks, DDP)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,12 +53,18 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
-    # the resumed steps logged the same losses and token counts as the uninterrupted run's
+    # the resumed steps logged the same losses and token counts as the uninterrupted run's; the steps
+    # the killed launch logged after its last checkpoint were trained again, and Run.train keeps the last
     whole = uninterrupted.train.set_index("step")
-    after = resumed.train.drop_duplicates("step", keep="last").set_index("step")
+    assert list(resumed.train["step"]) == [1, 2, 3, 4, 5, 6]
+    after = resumed.train.set_index("step")
     for st in range(step + 1, 7):
         assert after.loc[st, "loss"] == pytest.approx(whole.loc[st, "loss"], rel=1e-6)
         assert after.loc[st, "tokens"] == whole.loc[st, "tokens"]
+    # the summary counts this launch's tokens only, as the native engine does
+    assert s["metrics"]["tokens"] == int(whole.loc[step + 1 :, "tokens"].sum())
+    # the export is safetensors only: the Trainer's pickled TrainingArguments are not left beside it
+    assert not list(Path(s["final_model"]).glob("*.bin"))
 
 
 def test_trl_checkpoint_converts_to_the_trained_weights(runs, tmp_path):
@@ -78,6 +85,22 @@ def test_resume_with_the_other_engine_is_refused(runs):
     cfg = load_config(recipe("smoke"), name="saved", output_dir=str(runs), resume_from="latest", **BASE)
     with pytest.raises(ConfigError, match="written by the trl engine, and this run uses engine: native"):
         sft.preflight(cfg)
+
+
+def test_resume_refuses_other_settings_a_finished_run_and_a_missing_path(runs):
+    if not (runs / "saved" / "checkpoints").exists():
+        pytest.skip("needs test_trl_checkpoint_converts_to_the_trained_weights's run")
+    cfg = load_config(recipe("smoke_trl"), name="saved", output_dir=str(runs), save_steps=3, **BASE)
+    step3 = str(runs / "saved" / "checkpoints" / "step-000003")
+    with pytest.raises(ConfigError, match=r"other settings: max_steps 6 -> 8; learning_rate 0.003 -> 0.0003\."):
+        sft.preflight(cfg.replace(resume_from=step3, learning_rate=3e-4, max_steps=8))
+    sft.preflight(
+        cfg.replace(resume_from=step3, eval_steps=2, save_total_limit=1)
+    )  # may change: not trajectory
+    with pytest.raises(ConfigError, match="is at step 6 and the run has max_steps=6: it is finished"):
+        sft.preflight(cfg.replace(resume_from="latest"))
+    with pytest.raises(ConfigError, match="step-000099 does not exist"):
+        sft.preflight(cfg.replace(resume_from=str(runs / "saved" / "checkpoints" / "step-000099")))
 
 
 def test_trl_benchmark_mode_and_trace(tmp_path):

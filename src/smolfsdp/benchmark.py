@@ -201,11 +201,14 @@ class StepMeter:
             out["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved(self.info.device)
         return out
 
-    def write(self, run_dir: Path, strategy: str) -> dict[str, Any] | None:
+    def write(
+        self, run_dir: Path, strategy: str, layout: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         """Gather every rank's memory (a collective: call on all ranks); rank 0 writes bench.json.
 
         ``strategy`` is what actually ran (``fsdp1``, ``fsdp2``, ``ddp``, ``none``), never just what
-        was asked for: the TRL engine on CPU asks for FSDP and runs DDP.
+        was asked for: the TRL engine on CPU asks for FSDP and runs DDP. ``layout``: how it sharded
+        (``sharding_strategy``, ``mesh_shape``, ``mesh_dim_names`` where known), copied as given.
         """
         from smolfsdp.distributed import all_gather_object
 
@@ -217,6 +220,11 @@ class StepMeter:
             "engine": self.cfg.engine,
             "fsdp_version": self.cfg.fsdp_version,
             "strategy": strategy,
+            **{
+                k: v
+                for k, v in (layout or {}).items()
+                if k in ("sharding_strategy", "mesh_shape", "mesh_dim_names")
+            },
             "lora": self.cfg.lora,
             "world_size": self.info.world_size,
             "device": self.info.device.type,

@@ -6,6 +6,7 @@ here), this runs the same notebooks with nbclient, injecting the profile the way
 HTML with nbconvert for the browser checks.
 
     python scripts/execute_notebooks.py --profile smoke --html-dir _book_html
+    python scripts/execute_notebooks.py --chapter 05_profiling --chapter notebooks/07_scaling.ipynb
 """
 
 from __future__ import annotations
@@ -25,6 +26,36 @@ def chapters() -> list[Path]:
     for entry in book["chapters"]:
         items += entry["chapters"] if isinstance(entry, dict) else [entry]
     return [repo_root() / c for c in items if str(c).endswith(".ipynb")]
+
+
+def select_chapters(names=None) -> list[Path]:
+    """The chapters named in ``names``, in book order; all of :func:`chapters` when ``names`` is empty.
+
+    A name is a notebook stem (``05_profiling``), a file name (``05_profiling.ipynb``) or a path to the
+    notebook (relative to the current directory or the repository root). Repeats count once. Raises
+    ConfigError for a name that is no chapter of ``_quarto.yml``, with the nearest stems.
+    """
+    from smolfsdp.config import ConfigError, nearest
+
+    book = chapters()
+    if not names:
+        return book
+    by_stem = {nb.stem: nb for nb in book}
+    by_path = {nb.resolve(): nb for nb in book}
+    picked = set()
+    for name in names:
+        path = Path(name)
+        hit = by_stem.get(path.stem) if path.name == str(name) else None
+        hit = hit or by_path.get(path.resolve()) or by_path.get((repo_root() / path).resolve())
+        if hit is None:
+            hint = nearest(path.stem, by_stem, n=3)
+            raise ConfigError(
+                f"--chapter {name!r} is no chapter of _quarto.yml"
+                + (f" (did you mean {' or '.join(map(repr, hint))}?)" if hint else "")
+                + f"; give a stem or path of one of: {', '.join(by_stem)}."
+            )
+        picked.add(hit)
+    return [nb for nb in book if nb in picked]
 
 
 def inject_parameters(nb, **params) -> None:

@@ -172,6 +172,11 @@ def resolve_resume(resume_from: str, run_dir: str | Path) -> Path:
     path = latest_checkpoint(run_dir) if resume_from == "latest" else Path(resume_from)
     if path is None:
         raise ConfigError(f"resume_from=latest but {checkpoint_dir(run_dir)} holds no complete checkpoint.")
+    if not path.exists():
+        raise ConfigError(
+            f"{path} does not exist; checkpoints live in runs/<name>/checkpoints/step-N/ "
+            "(or give resume_from: latest)."
+        )
     if not path.is_dir() or not is_complete(path):
         raise ConfigError(
             f"{path} is not a complete smolfsdp checkpoint (no {MARKER} marker); "
@@ -221,6 +226,57 @@ def check_engine(path: str | Path, engine: str) -> None:
         raise ConfigError(
             f"{path} was written by the {written_by} engine, and this run uses engine: {engine}. Resume with "
             f"engine: {written_by}, or convert it (smolfsdp convert) and start a new run from the weights."
+        )
+
+
+#: Settings that define a run's trajectory: a resumed run must keep them, or it is another run
+#: (the optimizer, scheduler and data position come from the checkpoint and assume them). How a run
+#: is sharded, launched, logged, evaluated and saved may change (DCP reshards on load).
+TRAJECTORY_FIELDS = (
+    "model", "tokenizer", "dataset", "dataset_config", "dataset_split", "columns", "include_reasoning",
+    "system_prompt", "max_length", "eval_size", "max_rows", "engine", "nproc", "seed", "lora", "lora_r",
+    "lora_alpha", "lora_dropout", "lora_target_modules", "num_train_epochs", "max_steps",
+    "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
+    "warmup_ratio", "lr_scheduler_type", "max_grad_norm", "mixed_precision", "benchmark_steps",
+    "benchmark_warmup_steps",
+)  # fmt: skip
+
+
+def check_resume_settings(path: str | Path, cfg) -> None:
+    """Raise ConfigError when ``cfg`` would not continue the run that wrote checkpoint ``path``.
+
+    Compares ``cfg`` with the checkpoint's own ``config.yaml`` on :data:`TRAJECTORY_FIELDS` (naming
+    each difference, old -> new), and refuses a checkpoint already at the run's last step (the
+    Trainer would train one step past ``max_steps``; nothing is left to resume). A checkpoint without
+    ``config.yaml`` (written before it was saved there) is not compared.
+    """
+    import yaml
+
+    from smolfsdp.launch import redact
+
+    path = Path(path)
+    saved_file = path / "config.yaml"
+    if saved_file.is_file():
+        saved = yaml.safe_load(saved_file.read_text()) or {}
+        now = redact(cfg.to_dict())  # the saved config is redacted: compare like with like
+        diff = [
+            f"{k} {saved.get(k)!r} -> {now.get(k)!r}"
+            for k in TRAJECTORY_FIELDS
+            if k in saved and saved[k] != now[k]
+        ]
+        if diff:
+            raise ConfigError(
+                f"{path} was written by a run with other settings: {'; '.join(diff)}. A resumed run continues "
+                "that run (its optimizer, scheduler and data position come from the checkpoint), so these must "
+                f"match; {saved_file} holds them. Resume with the same settings, or start a new run from the "
+                f"weights (smolfsdp convert {path} OUT)."
+            )
+    step = int(path.name.split("-")[-1]) if path.name.split("-")[-1].isdigit() else None
+    if step is not None and cfg.max_steps > 0 and step >= cfg.max_steps:
+        raise ConfigError(
+            f"{path} is at step {step} and the run has max_steps={cfg.max_steps}: it is finished, there is "
+            "nothing to resume. Its final model is in final_model/; to train longer start a new run from the "
+            f"weights (smolfsdp convert {path} OUT)."
         )
 
 

@@ -23,6 +23,8 @@ Model, per rank and optimizer step (every formula's source is in the docstring t
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
@@ -41,6 +43,19 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 RING_BASE_US, RING_HOP_NVLINK_US, RING_HOP_NET_US = 8.4, 5.7, 6.6
 #: DDP's default gradient bucket, ``bucket_cap_mb=25`` (torch.nn.parallel.DistributedDataParallel).
 DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def _count(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int >= ``minimum``; a whole float (8.0) is accepted. Raises ConfigError otherwise."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        n = int(value)
+    elif isinstance(value, float) and value.is_integer():
+        n = int(value)
+    else:
+        raise ConfigError(f"{name}={value!r}: give a whole number (a count), e.g. {name}=8.")
+    if n < minimum:
+        raise ConfigError(f"{name}={n}: need at least {minimum}.")
+    return n
 
 
 def _strategy(name: str) -> str:
@@ -97,14 +112,16 @@ def build_cluster(
 ) -> Cluster:
     """A cluster; ``nodes`` (if given) overrides ``gpus_per_node`` as ``n_gpus / nodes``.
 
-    Fewer GPUs than a node holds means one node. Raises ConfigError for ``n_gpus < 1``, a node count
-    that does not divide the GPUs, more GPUs than fill whole nodes, an unknown GPU or network (with
-    the nearest name), or a GPU without an intra-node bandwidth.
+    Fewer GPUs than a node holds means one node. Raises ConfigError for ``n_gpus < 1`` or not a whole
+    number (likewise ``gpus_per_node``, ``nodes``), a node count that does not divide the GPUs, more
+    GPUs than fill whole nodes, an unknown GPU or network (with the nearest names), or a GPU without
+    an intra-node bandwidth.
     """
-    if int(n_gpus) < 1:
-        raise ConfigError(f"n_gpus={n_gpus}: need at least 1 GPU.")
+    n_gpus = _count("n_gpus", n_gpus)
+    gpus_per_node = _count("gpus_per_node", gpus_per_node)
     if nodes is not None:
-        if nodes < 1 or n_gpus % nodes:
+        nodes = _count("nodes", nodes)
+        if n_gpus % nodes:
             raise ConfigError(
                 f"nodes={nodes} does not divide n_gpus={n_gpus}: give a node count that divides the GPUs "
                 f"(e.g. {math.gcd(n_gpus, max(nodes, 1))})."
@@ -122,6 +139,51 @@ def build_cluster(
         raise ConfigError(f"GPU {g.name!r} has no intra_node_gbs; build a hardware.GPU with it set.")
     net = network if isinstance(network, Network) else get_network(network)
     return Cluster(n_gpus, per_node, n_gpus // per_node, g, net)
+
+
+def resolve_cluster(
+    cluster: Cluster | None = None,
+    n_gpus: int | None = None,
+    *,
+    gpu: str | GPU | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
+    network: str | Network | None = None,
+) -> Cluster:
+    """``cluster`` as given, or :func:`build_cluster` from the other arguments (None: its defaults,
+    ``n_gpus=2``). What :func:`estimate_collectives` and :func:`estimate_step` accept.
+
+    Raises ConfigError when ``cluster`` is given together with ``gpu``/``gpus_per_node``/``nodes``/
+    ``network`` (the cluster already fixes them) or with an ``n_gpus`` other than ``cluster.n_gpus``,
+    when ``cluster`` is not a :class:`Cluster`, and :func:`build_cluster`'s errors.
+    """
+    if cluster is None:
+        extra = {"gpus_per_node": gpus_per_node, "nodes": nodes, "network": network}
+        return build_cluster(
+            2 if n_gpus is None else n_gpus,
+            "H100 SXM" if gpu is None else gpu,
+            **{k: v for k, v in extra.items() if v is not None},
+        )
+    if not isinstance(cluster, Cluster):
+        raise ConfigError(
+            f"cluster={cluster!r} is not a comm.Cluster: build one with comm.build_cluster(...)."
+        )
+    given = [
+        k
+        for k, v in dict(gpu=gpu, gpus_per_node=gpus_per_node, nodes=nodes, network=network).items()
+        if v is not None
+    ]
+    if given:
+        raise ConfigError(
+            f"cluster= and {', '.join(given)}= both given: the cluster already fixes its GPU, nodes and network; "
+            f"pass either cluster=build_cluster(n_gpus, gpu, ...) or {', '.join(given)}= without cluster."
+        )
+    if n_gpus is not None and _count("n_gpus", n_gpus) != cluster.n_gpus:
+        raise ConfigError(
+            f"n_gpus={n_gpus} but cluster has {cluster.n_gpus} GPUs: drop n_gpus (the cluster sets it) or "
+            f"build the cluster with build_cluster({n_gpus}, ...)."
+        )
+    return cluster
 
 
 def llama3_70b_config():
@@ -166,7 +228,11 @@ def estimate_collectives(
     *,
     strategy: str = "FULL_SHARD",
     cluster: Cluster | None = None,
-    n_gpus: int = 2,
+    n_gpus: int | None = None,
+    gpu: str | GPU | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
+    network: str | Network | None = None,
     shard_size: int | None = None,
     fsdp_version: int = 2,
     mixed_precision: str = "bf16",
@@ -205,13 +271,17 @@ def estimate_collectives(
     tokens: 1 int64; gradient norm: FSDP1 one fp32, FSDP2 one fp32 per parameter tensor; loss and
     tokens: 2 fp64), for comparing with a trace of that loop.
 
+    Cluster: ``cluster``, or one built from ``n_gpus`` (default 2), ``gpu``, ``gpus_per_node``,
+    ``nodes``, ``network`` as :func:`build_cluster` does (:func:`resolve_cluster`).
+
     Raises ConfigError: unknown strategy/dtype, a shard size that does not divide ``n_gpus``,
-    ``gradient_accumulation_steps < 1``, fsdp_version not 1 or 2, and :func:`build_cluster`'s errors.
+    ``gradient_accumulation_steps < 1`` or not whole, fsdp_version not 1 or 2, and
+    :func:`resolve_cluster`'s errors (``cluster`` with a different ``n_gpus`` or with ``gpu``/...).
     """
     from smolfsdp.memory import count_parameters, model_units, resolve_model_config
 
     strategy = ALIASES.get(_strategy(strategy), _strategy(strategy))
-    cl = cluster or build_cluster(n_gpus)
+    cl = resolve_cluster(cluster, n_gpus, gpu=gpu, gpus_per_node=gpus_per_node, nodes=nodes, network=network)
     n = cl.n_gpus
     if fsdp_version not in (1, 2):
         raise ConfigError(f"fsdp_version={fsdp_version}: FSDP is version 1 or 2.")
@@ -219,13 +289,11 @@ def estimate_collectives(
         raise ConfigError(f"mixed_precision={mixed_precision!r}: use 'no' (fp32) or 'bf16'.")
     if reduce_dtype not in DTYPE_BYTES:
         raise ConfigError(f"reduce_dtype={reduce_dtype!r}: use one of {tuple(DTYPE_BYTES)}.")
-    k = int(gradient_accumulation_steps)
-    if k < 1:
-        raise ConfigError(f"gradient_accumulation_steps={k} must be >= 1.")
+    k = _count("gradient_accumulation_steps", gradient_accumulation_steps)
     shard = {"FULL_SHARD": n, "SHARD_GRAD_OP": n, "NO_SHARD": 1}.get(strategy)
     if strategy == "HYBRID_SHARD":
-        shard = shard_size or cl.gpus_per_node
-        if shard < 1 or n % shard:
+        shard = cl.gpus_per_node if shard_size is None else _count("shard_size", shard_size)
+        if n % shard:
             raise ConfigError(
                 f"mesh {n // max(shard, 1)} x {shard} does not multiply to {n} GPUs: give a shard_size "
                 f"that divides n_gpus (e.g. {cl.gpus_per_node}, one node)."
@@ -333,7 +401,11 @@ def estimate_step(
     *,
     strategy: str = "FULL_SHARD",
     cluster: Cluster | None = None,
-    n_gpus: int = 2,
+    n_gpus: int | None = None,
+    gpu: str | GPU | None = None,
+    gpus_per_node: int | None = None,
+    nodes: int | None = None,
+    network: str | Network | None = None,
     seq_len: int = 4096,
     micro_batch: int = 1,
     gradient_accumulation_steps: int = 1,
@@ -353,22 +425,24 @@ def estimate_step(
     loop's collectives. Communication and compute are assumed not to slow each other down.
     ``step_s = sum over phases of exposed + max(compute, comm - exposed)``; ``serial_s = compute +
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
-    efficiency against a GPU that only computes). Raises ConfigError for mfu outside (0, 1], sizes
-    < 1, a sequence longer than the model allows, and :func:`estimate_collectives`' errors.
+    efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2),
+    ``gpu``, ``gpus_per_node``, ``nodes``, ``network``, as :func:`resolve_cluster` builds it; other
+    ``kwargs`` go to :func:`estimate_collectives`. Raises ConfigError for mfu outside (0, 1], sizes
+    < 1 or not whole, a sequence longer than the model allows, and :func:`estimate_collectives`'
+    errors.
     """
     from smolfsdp.memory import resolve_model_config
 
     if not 0 < mfu <= 1:
         raise ConfigError(f"mfu={mfu}: give the model FLOP utilisation as a fraction in (0, 1], e.g. 0.4.")
-    if seq_len < 1 or micro_batch < 1:
-        raise ConfigError("seq_len and micro_batch must be at least 1.")
+    seq_len, micro_batch = _count("seq_len", seq_len), _count("micro_batch", micro_batch)
+    cl = resolve_cluster(cluster, n_gpus, gpu=gpu, gpus_per_node=gpus_per_node, nodes=nodes, network=network)
     config = resolve_model_config(model)
     if seq_len > config.max_position_embeddings:
         raise ConfigError(
             f"seq_len={seq_len} is above max_position_embeddings={config.max_position_embeddings}."
         )
-    cl = cluster or build_cluster(n_gpus)
-    k = gradient_accumulation_steps
+    k = _count("gradient_accumulation_steps", gradient_accumulation_steps)
     coll = estimate_collectives(
         config, strategy=strategy, cluster=cl, gradient_accumulation_steps=k, **kwargs
     )
@@ -422,6 +496,35 @@ def estimate_step(
 
 
 # ------------------------------------------------------------------------------ scaling
+def recipe_dtypes(recipe: str) -> dict[str, str]:
+    """The communication dtypes of a ``smolfsdp.memory.RECIPES`` recipe, as :func:`estimate_collectives`
+    takes them: ``mixed_precision`` "bf16" when the recipe computes (so all-gathers) in 2-byte units,
+    else "no" (fp32); ``reduce_dtype`` the dtype of its sharded gradient, which FSDP reduce-scatters
+    into (``Recipe.grad_bytes``: 4 -> "fp32", 2 -> "bf16"). E.g. "fp32" -> no/fp32, "hf-fsdp-bf16" ->
+    bf16/fp32, "pure-bf16" -> bf16/bf16. Raises ConfigError for an unknown recipe (nearest name).
+    """
+    from smolfsdp.memory import RECIPES, check_choice
+
+    rec = RECIPES[check_choice(recipe, list(RECIPES), "recipe")]
+    names = {4: "fp32", 2: "bf16"}
+    return {
+        "mixed_precision": "bf16" if rec.compute_bytes == 2 else "no",
+        "reduce_dtype": names[rec.grad_bytes],
+    }
+
+
+def _seq(value, what) -> tuple:
+    """A single name/config/number as a one-element tuple; lists, tuples, ranges, sets, generators and
+    1-d arrays as their items (a ``PretrainedConfig`` is iterable too, over its keys: it counts as one)."""
+    many = isinstance(value, (list, tuple, range, set, frozenset, Iterator)) or getattr(value, "ndim", 0) >= 1
+    if not many:
+        return (value,)
+    out = tuple(value)
+    if not out:
+        raise ConfigError(f"{what} is empty: give at least one.")
+    return out
+
+
 def scaling_table(
     models=("smollm3-3b",),
     strategies=STRATEGIES,
@@ -440,10 +543,42 @@ def scaling_table(
     """One row per (model, strategy, GPU count): :func:`estimate_step` plus the per-GPU memory of
     ``smolfsdp.memory.estimate_memory`` (same recipe, sequence, micro-batch, shard group) and whether
     it fits the GPU (``memory_gib``, ``gpu_memory_gib``, ``fits``). Weak scaling: tokens per GPU fixed.
-    ``models``: names for ``resolve_model_config`` or configs (e.g. :func:`llama3_70b_config`).
+    ``models``: names for ``resolve_model_config`` or configs (e.g. :func:`llama3_70b_config`); a
+    single name or config, a single strategy and a single GPU count are taken as one-element lists.
+    The recipe sets the communication dtypes too (:func:`recipe_dtypes`: "fp32" all-gathers and
+    reduces in fp32); compute time is always at the GPU's bf16 dense peak (the GPU table has no fp32
+    figure). Raises ConfigError for ``mixed_precision``/``reduce_dtype`` that contradict the recipe
+    (naming the recipes that match), a ``cluster`` (this builds one per GPU count from ``gpu``,
+    ``gpus_per_node``, ``network``), and :func:`estimate_step`'s and ``estimate_memory``'s errors.
     """
-    from smolfsdp.memory import GIB, estimate_memory, resolve_model_config
+    from smolfsdp.memory import GIB, RECIPES, estimate_memory, resolve_model_config
 
+    if "cluster" in kwargs or "nodes" in kwargs:
+        raise ConfigError(
+            "scaling_table builds one cluster per GPU count: give gpu=, gpus_per_node=, network= instead of "
+            "cluster= or nodes=."
+        )
+    dtypes = recipe_dtypes(recipe)
+    for key, value in dtypes.items():
+        if key in kwargs and kwargs[key] != value:
+            asked = {**dtypes, **{k: kwargs[k] for k in dtypes if k in kwargs}}
+            match = [r for r in RECIPES if recipe_dtypes(r) == asked]
+            raise ConfigError(
+                f"{key}={kwargs[key]!r} contradicts recipe={recipe!r}, which communicates with "
+                f"mixed_precision={dtypes['mixed_precision']!r}, reduce_dtype={dtypes['reduce_dtype']!r}: "
+                f"drop {key} or pick a recipe that matches"
+                + (
+                    f" ({', '.join(repr(r) for r in match)})."
+                    if match
+                    else " (none of smolfsdp.memory.RECIPES does)."
+                )
+            )
+    kwargs = {**kwargs, **dtypes}
+    models, strategies, n_gpus = (
+        _seq(models, "models"),
+        _seq(strategies, "strategies"),
+        _seq(n_gpus, "n_gpus"),
+    )
     rows = []
     for m in models:
         config = resolve_model_config(m)
@@ -478,7 +613,10 @@ def scaling_table(
                 )
     df = pd.DataFrame(rows)
     df.attrs["assumptions"] = (
-        f"{gpu}, {gpus_per_node}/node, {network}; {recipe}, seq {seq_len} x micro-batch {micro_batch} per GPU, "
+        f"{getattr(gpu, 'name', gpu)}, {gpus_per_node}/node, {getattr(network, 'name', network)}; {recipe} "
+        f"({'bf16' if dtypes['mixed_precision'] == 'bf16' else 'fp32'} all-gathers, "
+        f"{dtypes['reduce_dtype']} reductions), "
+        f"seq {seq_len} x micro-batch {micro_batch} per GPU, "
         f"MFU {mfu:.0%}, activation checkpointing {'on' if activation_checkpointing else 'off'}; "
         "NCCL ring bandwidth and latency, overlap as in comm.estimate_step"
     )

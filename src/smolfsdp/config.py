@@ -277,10 +277,24 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def save(self, path: str | Path) -> None:
-        from smolfsdp.launch import redact  # tokens and secrets never reach a written config
+    def save(self, path: str | Path, redact_secrets: bool = True) -> None:
+        """Write this config as flat YAML to ``path``.
 
-        Path(path).write_text(yaml.safe_dump(redact(self.to_dict()), sort_keys=False))
+        With ``redact_secrets`` (the default, for every file a person or a later run reads: the run
+        folder's and each checkpoint's ``config.yaml``) values under secret-looking keys, values of secret
+        environment variables and token-shaped substrings become ``<redacted>``
+        (:func:`smolfsdp.launch.redact`). That also hits a token-shaped part of a file path (a dataset
+        named ``hf_medicalquestionanswers2024.jsonl`` is written as ``<redacted>.jsonl``): a deliberate
+        trade, since a written config must never leak a real token, at the price of a path that no longer
+        loads as written. ``redact_secrets=False`` writes the config exactly as resolved; only the launcher
+        uses it, for the short-lived file its ranks TRAIN with (a private temporary folder).
+        """
+        data = self.to_dict()
+        if redact_secrets:
+            from smolfsdp.launch import redact  # tokens and secrets never reach a written config
+
+            data = redact(data)
+        Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)

@@ -75,15 +75,32 @@ NETWORKS: dict[str, Network] = {
 }  # fmt: skip
 
 
+def _compact(name) -> str:
+    """Lower case without spaces, dashes or underscores: 'H100-SXM' and 'h100sxm' both give 'h100sxm'."""
+    return "".join(ch for ch in str(name).lower() if ch not in " -_")
+
+
+def _did_you_mean(name, options) -> str:
+    """' (did you mean 'A' or 'B'?)': the known names that start with, then contain, ``name`` (so 'a100'
+    points at both A100s, not at 'A10G'); else the nearest spelling (``config.nearest``); else ''."""
+    q = _compact(name)
+    hits = [o for o in options if q and _compact(o).startswith(q)]
+    hits += [o for o in options if q and q in _compact(o) and o not in hits]
+    hits = hits or nearest(str(name), options)
+    return f" (did you mean {' or '.join(repr(h) for h in hits)}?)" if hits else ""
+
+
 def get_network(name: str) -> Network:
-    """A fabric from ``NETWORKS`` (case-insensitive). Raises ConfigError naming the nearest."""
-    by_lower = {k.lower(): n for k, n in NETWORKS.items()}
-    if str(name).lower() in by_lower:
-        return by_lower[str(name).lower()]
-    hint = nearest(str(name), NETWORKS)
+    """A fabric from ``NETWORKS`` (case, spaces, dashes and underscores ignored). Raises ConfigError
+    naming the known fabrics that start with or contain ``name``, else the nearest spelling."""
+    if isinstance(name, Network):
+        return name
+    by_key = {_compact(k): n for k, n in NETWORKS.items()}
+    if _compact(name) in by_key:
+        return by_key[_compact(name)]
     raise ConfigError(
         f"Unknown network {name!r}"
-        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + _did_you_mean(name, NETWORKS)
         + f". Known: {', '.join(NETWORKS)}; or build a smolfsdp.hardware.Network(name, per_gpu_gbs, source)."
     )
 
@@ -91,7 +108,9 @@ def get_network(name: str) -> Network:
 def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
     """A GPU from the table (case-insensitive), or a custom one of ``memory_gib`` GiB.
 
-    Raises ConfigError for an unknown name, listing the known ones and the nearest.
+    Names match ignoring case, spaces, dashes and underscores ('h100-sxm', 'H100SXM'). Raises
+    ConfigError for an unknown name, listing the known ones and suggesting those that start with or
+    contain it ('a100' -> 'A100 40GB' or 'A100 80GB'), else the nearest spelling.
     """
     if memory_gib is not None:
         if memory_gib <= 0:
@@ -105,14 +124,14 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
             "unknown",
             "given on the command line",
         )
-    by_lower = {k.lower(): g for k, g in GPUS.items()}
-    key = str(name).lower().replace("-", " ").replace("_", " ")
-    if key in by_lower:
-        return by_lower[key]
-    hint = nearest(str(name), GPUS)
+    if isinstance(name, GPU):
+        return name
+    by_key = {_compact(k): g for k, g in GPUS.items()}
+    if _compact(name) in by_key:
+        return by_key[_compact(name)]
     raise ConfigError(
         f"Unknown GPU {name!r}"
-        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + _did_you_mean(name, GPUS)
         + f". Known: {', '.join(GPUS)}; or give its memory with --gpu-memory-gib."
     )
 

@@ -19,7 +19,9 @@ starts ``nproc // nnodes`` of them, so ``nnodes`` must divide ``nproc``. The exa
 
 When the run fails, :func:`explain_failure` turns torchrun's ``ChildFailedError`` report into one
 line: which rank died, how (exit code or signal), the last complete checkpoint and the command that
-resumes from it. :func:`redact` keeps tokens and secrets out of every file a run writes.
+resumes from it; a rendezvous that timed out (nodes that never all joined) is named as such.
+:func:`redact` keeps tokens and secrets out of every file a run writes for people; the ranks themselves
+read the unredacted config from a private temporary file that is removed when the run ends.
 """
 
 from __future__ import annotations
@@ -161,18 +163,27 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def wait_for_endpoint(endpoint: str, timeout_s: float, poll_s: float = 1.0) -> None:
-    """TCP-connect to the rendezvous ``endpoint`` until it answers or ``timeout_s`` passes.
+def wait_for_endpoint(
+    endpoint: str, timeout_s: float, poll_s: float = 1.0, report_every_s: float = 30.0
+) -> None:
+    """TCP-connect to the rendezvous ``endpoint`` every ``poll_s`` seconds until it answers or ``timeout_s``
+    passes.
 
-    Run on every node but the host before torchrun starts, so a wrong address or a firewall fails in
-    seconds with the address named, instead of deep inside torch's store client.
+    Run on every node but the host before torchrun starts. Node 0 may legitimately start later than
+    this node, so a refused or unreachable endpoint is retried for the whole ``timeout_s`` (the run's
+    ``rdzv_timeout_s``, 300 s by default), not given up at once. It says so on stderr: one line when it
+    starts waiting and one every ``report_every_s`` seconds while it retries (with the last error), and
+    it then fails with the address named, instead of deep inside torch's store client.
 
     Raises:
         ConfigError: nothing accepted a connection at ``host:port`` within ``timeout_s``.
     """
     host, port = parse_endpoint(endpoint)
-    deadline = time.monotonic() + timeout_s
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    next_report = t0 + report_every_s
     last: OSError | None = None
+    first = True
     while True:
         left = deadline - time.monotonic()
         try:
@@ -180,7 +191,24 @@ def wait_for_endpoint(endpoint: str, timeout_s: float, poll_s: float = 1.0) -> N
                 return
         except OSError as err:
             last = err
-        if time.monotonic() + poll_s > deadline:
+        now = time.monotonic()
+        if first:
+            first = False
+            print(
+                f"[smolfsdp] waiting up to {timeout_s:g} s for the rendezvous endpoint {host}:{port} served by "
+                f"node_rank 0 ({last}); start node 0 if it is not running yet",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif now >= next_report:
+            while next_report <= now:  # on a fixed schedule: t0 + report_every_s, t0 + 2 report_every_s, ...
+                next_report += report_every_s
+            print(
+                f"[smolfsdp] still waiting for {host}:{port}: {now - t0:.0f} of {timeout_s:g} s ({last})",
+                file=sys.stderr,
+                flush=True,
+            )
+        if now + poll_s > deadline:
             break
         time.sleep(poll_s)
     raise ConfigError(
@@ -224,7 +252,9 @@ def launch(
         wait_for_endpoint(cfg.rdzv_endpoint, cfg.rdzv_timeout_s)
     with tempfile.TemporaryDirectory(prefix="smolfsdp-") as tmp:
         cfg_path = Path(tmp) / "config.yaml"
-        cfg.save(cfg_path)
+        # the ranks train with the config as resolved; redaction is for the files people read (the
+        # run folder's and each checkpoint's config.yaml); this private folder is removed afterwards
+        cfg.save(cfg_path, redact_secrets=False)
         cmd = command_for(cfg, ["train", "--config", str(cfg_path)])
         proc = subprocess.Popen(
             cmd,
@@ -331,6 +361,8 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     ``output`` is torchrun's combined output. A rank killed by a signal is named as the cause; the
     others usually failed because a peer vanished, or were stopped by torchrun (SIGTERM). A collective
     that failed is quoted from the rank's :class:`smolfsdp.distributed.CollectiveError` (or NCCL's watchdog).
+    A rendezvous that timed out, was closed or lost its store (nodes that never all joined, a node that
+    ended the run) is explained by :func:`explain_rendezvous`.
     """
     from smolfsdp.checkpoint import latest_checkpoint
 
@@ -352,6 +384,9 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     what = parts[0] if parts else f"the launcher (torchrun) exited with code {returncode}"
     if len(parts) > 1:
         what += "; then " + ", ".join(parts[1:])
+    rdzv = explain_rendezvous(output, cfg)
+    if rdzv:
+        what = rdzv if not parts else f"{what}; then {rdzv}"
     hung = re.findall(r"CollectiveError: (rank \d+ of \d+: .*?\) (?:timed out|failed))", output)
     hung += re.findall(r"(\[Rank \d+\] Watchdog caught collective operation timeout: .*?\))", output)
     if hung:
@@ -361,11 +396,47 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
         then = (
             f"the last complete checkpoint is {latest}; resume with: smolfsdp train <the same flags> --resume"
         )
+    elif rdzv and not parts:  # the ranks never started (or a restarted group never did)
+        then = "no checkpoint of this run is complete, so once fixed the same command starts it from step 0"
     elif cfg.save_steps > 0:
         then = "no checkpoint was complete yet; the run must start over (--overwrite true)"
     else:
         then = "no checkpoints were written (save_steps=0); set --save_steps to make a run resumable"
     return f"run {cfg.name!r} failed: {what}. {then}"
+
+
+_RDZV_ERROR = re.compile(r"\b(Rendezvous(?:Timeout|Closed|Connection)Error)\b")
+
+
+def explain_rendezvous(output: str, cfg: TrainConfig) -> str | None:
+    """What torchrun's rendezvous error in ``output`` means for ``cfg``'s nodes, or None when there is none.
+
+    torchrun's agent raises these before any rank starts (or before a restarted group starts), so no
+    ``ChildFailedError`` report names a rank; the class names are torch's
+    (``torch/distributed/elastic/rendezvous/api.py``). The last one in ``output`` is the one that ended
+    the launcher (a chained traceback prints its cause first).
+    """
+    found = _RDZV_ERROR.findall(output)
+    if not found:
+        return None
+    where = f"at {cfg.rdzv_endpoint}" if cfg.rdzv_endpoint else "(local, --standalone)"
+    n = cfg.nnodes
+    if found[-1] == "RendezvousTimeoutError":
+        return (
+            f"the rendezvous {where} timed out after {cfg.rdzv_timeout_s:g} s (rdzv_timeout_s): not all of the "
+            f"nnodes={n} nodes joined; start the same command on every node (node_rank 0..{n - 1}) within "
+            f"rdzv_timeout_s of each other, and check that {cfg.rdzv_endpoint or 'the endpoint'} is reachable "
+            "from each (address, port, firewall)"
+        )
+    if found[-1] == "RendezvousClosedError":
+        return (
+            f"the rendezvous {where} was closed by another node: its launcher ended the run (a rank there "
+            "failed, or it was stopped); that node's output names the cause"
+        )
+    return (
+        f"the connection to the rendezvous store {where} failed (node_rank 0 stopped, or the network between "
+        "the nodes failed); node 0's output names the cause"
+    )
 
 
 def resume_on_restart(cfg: TrainConfig, env: dict[str, str] | None = None) -> TrainConfig:
@@ -384,21 +455,39 @@ def resume_on_restart(cfg: TrainConfig, env: dict[str, str] | None = None) -> Tr
 
 
 # ------------------------------------------------------------------------------ secrets
-#: Names of environment variables and mapping keys whose values are secrets (HF_TOKEN, hub_token,
-#: WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ...); not "tokens" counts or tokenizer settings.
+#: Names of environment variables and mapping keys whose values are secrets: HF_TOKEN, hub_token, GH_TOKEN,
+#: AWS_SESSION_TOKEN, a bare TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ... A name is cut
+#: into words at ``_``, ``-`` and ``.``; a last word ``TOKEN`` (:data:`TOKEN_NAME`) makes it secret unless the
+#: word before it says it is a rate, a position or a special token (:data:`NOT_SECRET_TOKEN`). ``tokens``,
+#: ``num_tokens`` and ``max_new_tokens`` (plural) never match.
 SECRET_NAME = re.compile(
-    r"SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|(^|_)KEY$|(^|_)TOKEN$", re.I
+    r"SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|(^|[_.-])KEY$", re.I
 )
-#: Tokenizer special-token keys, which end in "_token" and are not secrets.
-SPECIAL_TOKEN_KEYS = re.compile(r"^(pad|bos|eos|unk|sep|cls|mask)_token$", re.I)
-#: Values that look like secrets wherever they appear (Hugging Face, OpenAI-style, W&B, AWS access keys).
-SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|\bAKIA[0-9A-Z]{16}\b")
+#: The ``TOKEN`` rule, apart from :data:`SECRET_NAME` so that its exceptions never excuse a ``*PASSWORD*``.
+TOKEN_NAME = re.compile(r"(^|[_.-])TOKEN$", re.I)
+#: ``*_token`` names that are not secrets: rates and positions (``flops_per_token``, ``cost_per_token``,
+#: ``time_to_first_token``) and tokenizer special tokens (``pad_token``, ``eos_token``,
+#: ``chat_template_token``, ...). Deliberately a short list of exceptions rather than a list of secret
+#: prefixes: an unknown ``*_TOKEN`` (``MY_SERVICE_TOKEN``) stays secret; a harmless key wrongly redacted
+#: shows as ``<redacted>`` and is fixed by adding its word here, a leaked token cannot be taken back.
+NOT_SECRET_TOKEN = re.compile(
+    r"(^|[_.-])(per|first|last|next|pad|bos|eos|unk|sep|cls|mask|special|template|start|end|eot|image"
+    r"|audio|video|tool|think)[_.-]token$",
+    re.I,
+)
+#: Values that look like secrets wherever they appear (Hugging Face, OpenAI-style, GitHub, AWS access keys).
+SECRET_VALUE = re.compile(
+    r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|\bgh[pousr]_[A-Za-z0-9]{36,}|\bAKIA[0-9A-Z]{16}\b"
+)
 REDACTED = "<redacted>"
 
 
 def is_secret_name(name: str) -> bool:
-    """True for names like ``HF_TOKEN``, ``hub_token``, ``WANDB_API_KEY``; False for ``tokens``, ``pad_token``."""
-    return bool(SECRET_NAME.search(name)) and not SPECIAL_TOKEN_KEYS.match(name)
+    """True for names like ``HF_TOKEN``, ``hub_token``, ``TOKEN``, ``WANDB_API_KEY``, ``DB_PASSWORD``; False for
+    ``tokens``, ``num_tokens``, ``flops_per_token``, ``pad_token``, ``chat_template_token``."""
+    if SECRET_NAME.search(name):
+        return True
+    return bool(TOKEN_NAME.search(name)) and not NOT_SECRET_TOKEN.search(name)
 
 
 def secret_values(env: dict[str, str] | None = None, min_len: int = 8) -> list[str]:
@@ -412,7 +501,10 @@ def redact(obj: Any, secrets: list[str] | None = None) -> Any:
     """A copy of ``obj`` (dicts, lists, strings, scalars) with secrets replaced by ``<redacted>``.
 
     A mapping key that looks secret has its value replaced; in every string the values of secret
-    environment variables (:func:`secret_values`) and token-shaped substrings are replaced.
+    environment variables (:func:`secret_values`) and token-shaped substrings (:data:`SECRET_VALUE`) are
+    replaced, also inside file paths (``/data/hf_medicalquestionanswers2024.jsonl`` becomes
+    ``/data/<redacted>.jsonl``): safety first, so use it on what is written for people, never on the
+    config the ranks train with (``TrainConfig.save(path, redact_secrets=False)`` in :func:`launch`).
     """
     secrets = secret_values() if secrets is None else secrets
     if isinstance(obj, dict):

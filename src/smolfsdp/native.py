@@ -439,7 +439,7 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
     bar.close()
     benchmark.stop_profiler(prof)
     if meter:
-        meter.write(writer.run_dir, f"fsdp{cfg.fsdp_version}")
+        meter.write(writer.run_dir, f"fsdp{cfg.fsdp_version}", evidence)
     stopped_early = last_step < total_steps
     if not stopped_early:
         eval_losses.append(run_eval(total_steps))

@@ -129,7 +129,7 @@ class RunWriter:
 
     def write_config(self, cfg) -> None:
         if self.enabled:
-            cfg.save(self.run_dir / "config.yaml")
+            cfg.save(self.run_dir / "config.yaml", redact_secrets=True)  # for people: no token in it
 
     def log(self, record: dict[str, Any]) -> None:
         if self._fh is not None:
@@ -165,11 +165,22 @@ class Run:
 
     @property
     def train(self) -> pd.DataFrame:
-        return self.metrics[self.metrics["split"] == "train"].reset_index(drop=True)
+        """Train records, one per step (see :meth:`_final`)."""
+        return self._final("train")
 
     @property
     def eval(self) -> pd.DataFrame:
-        return self.metrics[self.metrics["split"] == "eval"].reset_index(drop=True)
+        """Eval records, one per step (see :meth:`_final`)."""
+        return self._final("eval")
+
+    def _final(self, split: str) -> pd.DataFrame:
+        """One record per step: the last one logged. A run killed after its last checkpoint logged a few
+        steps that the resumed run then trained again; ``metrics`` keeps every record as it was written,
+        these views keep the trajectory the final model went through."""
+        rows = self.metrics[self.metrics["split"] == split]
+        if "step" in rows:
+            rows = rows.drop_duplicates("step", keep="last").sort_values("step", kind="stable")
+        return rows.reset_index(drop=True)
 
 
 def load_run(path: str | Path) -> Run:

@@ -63,11 +63,17 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
 
         meta = apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
     if cfg.resume_from:
-        from smolfsdp.checkpoint import check_engine, check_matches_model, resolve_resume
+        from smolfsdp.checkpoint import (
+            check_engine,
+            check_matches_model,
+            check_resume_settings,
+            resolve_resume,
+        )
 
         resume_path = resolve_resume(cfg.resume_from, cfg.run_dir)
         check_engine(resume_path, cfg.engine)
         check_matches_model(resume_path, meta, cfg.model)
+        check_resume_settings(resume_path, cfg)
     needed = bytes_to_write(cfg, meta)
     if needed:
         from smolfsdp.checkpoint import check_disk_space
@@ -163,7 +169,11 @@ def _log_summary(s: dict[str, Any]) -> None:
             f"{s['params']['total']:,}",
         )
     if m.get("eval_loss_first") is None:
-        log.info("%d steps (%.1f s), no eval split; run folder written", m["steps"], m["train_runtime_s"])
+        log.info(
+            "%d steps (%.1f s), no evaluation (eval_steps 0 or no eval rows); run folder written",
+            m["steps"],
+            m["train_runtime_s"],
+        )
     else:
         log.info(
             "eval loss %.3f -> %.3f over %d steps (%.1f s); run folder written",
@@ -329,8 +339,11 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     out = trainer.train(resume_from_checkpoint=resumed_from)
     benchmark.stop_profiler(prof)
     effective = detect_effective(trainer)
+    trainer_dir = writer.run_dir / "trainer"
+    if info.is_main and trainer_dir.is_dir() and not any(trainer_dir.iterdir()):
+        trainer_dir.rmdir()  # nothing is written there: checkpoints go to checkpoints/, logs to metrics.jsonl
     if cfg.benchmark_steps:
-        bench_cb.meter.write(writer.run_dir, effective["strategy"])
+        bench_cb.meter.write(writer.run_dir, effective["strategy"], effective["evidence"])
     total_steps = trainer.state.max_steps
     stopped_early = out.global_step < total_steps
     final_dir = None
@@ -339,7 +352,10 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         if trainer.is_fsdp_enabled and cfg.state_dict_type != "FULL_STATE_DICT":
             # SHARDED_STATE_DICT is right for checkpoints; the final model must load with from_pretrained.
             trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+        trainer.model.config.use_cache = True  # the Trainer turns the KV cache off for training
         trainer.save_model(str(final_dir))
+        if info.is_main:  # save_model also pickles TrainingArguments; exports are safetensors only
+            (final_dir / "training_args.bin").unlink(missing_ok=True)
     requested = {
         "engine": "trl",
         "strategy": f"fsdp{cfg.fsdp_version}" if info.world_size > 1 else "none",
@@ -349,6 +365,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     evals = [r["eval_loss"] for r in callback.records if r.get("split") == "eval"]
     trains = [r["loss"] for r in callback.records if r.get("split") == "train"]
     runtime = out.metrics.get("train_runtime", 0.0)
+    tokens = int(trainer.state.num_input_tokens_seen) - callback.tokens_at_start
     return {
         "requested": requested,
         "effective": effective,
@@ -363,8 +380,9 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
             "eval_loss_first": evals[0] if evals else None,
             "eval_loss_last": evals[-1] if evals else None,
             "train_runtime_s": round(runtime, 2),
-            "tokens": int(trainer.state.num_input_tokens_seen),
-            "tokens_per_s": round(trainer.state.num_input_tokens_seen / max(runtime, 1e-9), 1),
+            # this launch's tokens (as the native engine counts): a resumed run's earlier ones are not in runtime
+            "tokens": tokens,
+            "tokens_per_s": round(tokens / max(runtime, 1e-9), 1),
         },
         "final_model": str(final_dir) if final_dir else None,
     }

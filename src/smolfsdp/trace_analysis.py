@@ -473,6 +473,10 @@ def all_gathers(df: pd.DataFrame) -> pd.DataFrame:
     by execution order, per step: forward gathers the root first, then layers 0..L-1; backward
     gathers layers L-1..0 again (the root keeps its parameters). ``source`` says which rule
     applied. ``pass`` is backward from the step's first pre-backward hook on.
+
+    A trace with no FSDP range at all (no ``FSDP::*`` or ``FullyShardedDataParallel.*`` event: DDP,
+    the TRL engine on CPU) gives no rows, whatever all-gathers it holds (e.g. the Trainer gathering
+    metrics); ``out.attrs["notes"]`` then says how many all-gathers were left out.
     """
     df = df if "step" in df else assign_steps(df)[0]
     kernels = collective_kernels(df)
@@ -493,10 +497,15 @@ def all_gathers(df: pd.DataFrame) -> pd.DataFrame:
         g = c10d[c10d["name"].str.startswith(("c10d::", "record_param_comms"))]
         g = g.assign(source="c10d op, by order", unit="", layer=-1)
         by_order = True
+    notes = []
+    if not df["category"].eq("fsdp").any() and not g.empty:
+        # FSDP1 records FullyShardedDataParallel.* ranges and FSDP2 FSDP::* ones, on CPU and GPU; with
+        # neither, the all-gathers belong to someone else (DDP, the Trainer gathering metrics)
+        notes.append(f"no FSDP unit in this trace: its {len(g)} all-gathers are not FSDP's")
+        g, by_order = g.iloc[:0], False
     # the pass follows the CPU side (a kernel can run after the CPU has moved on to backward)
     cpu_ts = g["launch_us"] if "launch_us" in g else g["ts"]
     g = g.assign(**{"pass": np.where(cpu_ts >= g["step"].map(back).fillna(np.inf), "backward", "forward")})
-    notes = []
     if by_order and not g.empty:
         g = g.sort_values("launch_us" if "launch_us" in g else "ts").copy()
         g["ordinal"] = g.groupby(["step", "pass"]).cumcount()

@@ -21,10 +21,12 @@ class RunWriterCallback(TrainerCallback):
         self._t0: float | None = None
         self._step_ms: float | None = None
         self._tokens_seen = 0
+        self.tokens_at_start = 0  # tokens seen before this launch (a resumed run's earlier part)
         self.bench = None  # a trl_trainer.BenchmarkCallback in benchmark mode: its step rows join the log
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._tokens_seen = int(state.num_input_tokens_seen or 0)  # a resumed run starts where it stopped
+        self.tokens_at_start = self._tokens_seen
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()
