@@ -94,7 +94,11 @@ def test_benchmark_run_bench_json_is_consistent(tmp_path):
     run_dir = tmp_path / "b"
     assert not (run_dir / "final_model").exists() and not (run_dir / "checkpoints").exists()
     assert bench["traces"] == [] and bench["device"] == "cpu"
-    assert (bench["strategy"], bench["sharding_strategy"], bench["mesh_shape"]) == ("fsdp2", "FULL_SHARD", [2])
+    assert (bench["strategy"], bench["sharding_strategy"], bench["mesh_shape"]) == (
+        "fsdp2",
+        "FULL_SHARD",
+        [2],
+    )
     assert bench["mfu_reason"].startswith("CPU run")
     steps = benchmark.steps_frame(bench)
     assert list(steps["step"]) == [1, 2, 3, 4] and list(steps["warmup"]) == [True, False, False, False]

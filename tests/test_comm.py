@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from smolfsdp import comm
+from smolfsdp import comm, comm_trace
 from smolfsdp.config import ConfigError
 from smolfsdp.memory import resolve_model_config
 
@@ -156,7 +156,7 @@ def test_model_equals_smoke_trace(tmp_path, version, precision):
         )
     )
     for rank in (0, 1):
-        trace = comm.trace_step_bytes(tmp_path / cfg.name / "traces" / f"rank{rank}.json.gz")
+        trace = comm_trace.trace_step_bytes(tmp_path / cfg.name / "traces" / f"rank{rank}.json.gz")
         assert trace["count"].to_dict() == model["count"].to_dict()
         assert trace["numel_total"].to_dict() == model["numel_total"].to_dict()
         typed = trace["logical_bytes"].dropna()  # gloo's TensorList arguments carry no dtype
@@ -166,7 +166,7 @@ def test_model_equals_smoke_trace(tmp_path, version, precision):
 
 @pytest.mark.skipif(not (SHARED / "ddp_2rank_a100_rank0.json.gz").is_file(), reason="needs ../shared/traces")
 def test_nccl_trace_record_param_comms():
-    df = comm.trace_collectives(SHARED / "ddp_2rank_a100_rank0.json.gz")
+    df = comm_trace.trace_collectives(SHARED / "ddp_2rank_a100_rank0.json.gz")
     per_step = df[df["step"] >= 0].groupby(["step", "kind"])["numel"].sum().unstack()
     # DDP on 2 A100s: every step all-reduces the same gradient elements (25,557,032, in fp32) in buckets
     assert set(per_step["all-reduce"]) == {25_557_032}

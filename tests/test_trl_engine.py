@@ -92,7 +92,9 @@ def test_resume_refuses_other_settings_a_finished_run_and_a_missing_path(runs):
         pytest.skip("needs test_trl_checkpoint_converts_to_the_trained_weights's run")
     cfg = load_config(recipe("smoke_trl"), name="saved", output_dir=str(runs), save_steps=3, **BASE)
     step3 = str(runs / "saved" / "checkpoints" / "step-000003")
-    with pytest.raises(ConfigError, match=r"other settings: max_steps 6 -> 8; learning_rate 0.003 -> 0.0003\."):
+    with pytest.raises(
+        ConfigError, match=r"other settings: max_steps 6 -> 8; learning_rate 0.003 -> 0.0003\."
+    ):
         sft.preflight(cfg.replace(resume_from=step3, learning_rate=3e-4, max_steps=8))
     sft.preflight(
         cfg.replace(resume_from=step3, eval_steps=2, save_total_limit=1)

@@ -1,4 +1,4 @@
-"""Figures of the chapter "Beyond two GPUs": pure ``plot_*`` functions returning plotly Figures.
+"""Figures of the chapter "Scaling out": pure ``plot_*`` functions returning plotly Figures.
 
 Every point is a row of ``smolfsdp.comm.scaling_table`` (the communication model and
 ``smolfsdp.memory``); the table's assumptions go into the title. Save with
