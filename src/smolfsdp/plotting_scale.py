@@ -9,6 +9,8 @@ Every point is a row of ``smolfsdp.comm.scaling_table`` (the communication model
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -30,14 +32,27 @@ STRATEGY_LABELS = {
 
 def _subplots(models, title: str, y_title: str, df):
     fig = make_subplots(rows=1, cols=len(models), subplot_titles=list(models), shared_yaxes=True)
-    note = df.attrs.get("assumptions", "")
+    note = _wrap(df.attrs.get("assumptions", ""))
+    lines = note.count("<br>") + 1
     fig.update_layout(
-        title={"text": f"{title}<br><sup>{note}</sup>"}, template="plotly_white",
-        legend={"orientation": "h", "y": -0.2}, margin={"l": 60, "r": 20, "t": 90, "b": 80},
+        title={"text": f"{title}<br><sup>{note}</sup>", "y": 0.98, "yanchor": "top"}, template="plotly_white",
+        legend={"orientation": "h", "y": -0.2}, margin={"l": 60, "r": 20, "t": 50 + 22 * lines, "b": 80},
     )  # fmt: skip
     fig.update_xaxes(type="log", title_text="GPUs", dtick=0.30103)  # ticks at powers of two
     fig.update_yaxes(title_text=y_title, col=1)
     return fig
+
+
+def _wrap(text: str, width: int = 110) -> str:
+    """Break the assumptions line at ``"; "`` so the subtitle fits the figure's width."""
+    out, line = [], ""
+    for part in text.split("; "):
+        if line and len(line) + len(part) + 2 > width:
+            out.append(line)
+            line = part
+        else:
+            line = f"{line}; {part}" if line else part
+    return "<br>".join([*out, line]) if line else "<br>".join(out)
 
 
 def _lines(fig, df, y: str, fmt: str, dash_unfit: bool = True) -> None:
@@ -64,11 +79,20 @@ def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
     models = list(df["model"].unique())
     fig = _subplots(models, title, "GiB per GPU (device peak)", df)
     _lines(fig, df, "memory_gib", "%{y:.1f} GiB")
-    fig.add_hline(
-        y=float(df["gpu_memory_gib"].iloc[0]), line_dash="dot", annotation_text="GPU memory",
-        annotation_position="top left",
-    )  # fmt: skip
-    fig.update_yaxes(type="log")
+    # the GPU's memory as a dotted trace, not add_hline: on a log axis an hline's annotation is placed
+    # in log10 units and stretches the autorange to 1e70
+    cap = float(df["gpu_memory_gib"].iloc[0])
+    x = sorted(df["n_gpus"].unique())
+    for col in range(1, len(models) + 1):
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=[cap] * len(x), mode="lines", line={"dash": "dot", "color": "black"},
+                name=f"GPU memory ({cap:.0f} GiB)", showlegend=col == 1, hoverinfo="name",
+            ),
+            row=1, col=col,
+        )  # fmt: skip
+    lo, hi = float(df["memory_gib"].min()), max(float(df["memory_gib"].max()), cap)
+    fig.update_yaxes(type="log", range=[math.log10(lo / 1.5), math.log10(hi * 1.5)])
     return fig
 
 
