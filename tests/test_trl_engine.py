@@ -134,6 +134,7 @@ def test_trl_benchmark_mode_and_trace(tmp_path):
     assert len(bench["traces"]) == 2
     res = analyze(load_trace(bench["traces"][0]))
     assert len(res.steps) == 3 and (res.steps["comm_us"] > 0).all()
+    assert res.prefetch["fsdp"] is False and res.gathers.empty  # DDP: no FSDP unit, none reported
 
 
 def test_trl_elastic_restart_after_a_killed_rank(tmp_path):

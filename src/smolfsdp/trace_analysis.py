@@ -536,7 +536,8 @@ def prefetch(df: pd.DataFrame, gathers: pd.DataFrame) -> dict[str, Any]:
     ``concurrent_gathers``: pairs of all-gather transfers in flight together (NCCL all-gather kernels
     on GPU; ``gloo:all_gather`` on the gloo threads on CPU); ``max_in_flight``. ``annotated``: FSDP2's
     ``FSDP::backward_prefetch for model.layers.N`` ranges (layers listed), FSDP1's
-    ``_pre_backward_prefetch`` / ``_pre_forward_prefetch`` ranges counted.
+    ``_pre_backward_prefetch`` / ``_pre_forward_prefetch`` ranges counted. ``fsdp``: whether the trace
+    holds any FSDP range at all; when it does not (a DDP run) the transfers are not FSDP's parameters.
     """
     mode_gpu = (df["device"].eq("gpu") & df["category"].eq("communication")).any()
     xfer = df[df["category"].eq("communication") & df["kind"].eq("all-gather")]
@@ -552,6 +553,7 @@ def prefetch(df: pd.DataFrame, gathers: pd.DataFrame) -> dict[str, Any]:
     names = df.loc[df["name"].str.contains("prefetch", regex=False), "name"]
     layers = sorted({int(m) for m in names.str.extract(r"model\.layers\.(\d+)")[0].dropna()})
     return {
+        "fsdp": bool(df["category"].eq("fsdp").any()),
         "transfers": int(len(xfer)),
         "concurrent_gathers": concurrent,
         "max_in_flight": in_flight,
