@@ -75,22 +75,6 @@ def test_native_fsdp2_run(tmp_path):
     )
 
 
-def test_trl_engine_says_ddp_on_cpu(tmp_path):
-    cfg = TrainConfig(name="trl", output_dir=str(tmp_path), engine="trl", max_steps=6, eval_steps=3)
-    run = sft.run(cfg, capture=True, timeout=600)
-    s = run.summary
-    assert s["requested"]["strategy"] == "fsdp1"
-    assert s["requested"]["fsdp_config"]["backward_prefetch"] == "BACKWARD_PRE"
-    assert s["effective"]["strategy"] == "ddp"
-    assert "DistributedDataParallel" in s["effective"]["reason"]
-    assert s["effective"]["evidence"]["wrapper"] == "DistributedDataParallel"
-    assert s["world_size"] == 2
-    assert len(run.train) == 6 and run.eval["eval_loss"].notna().all()
-    from transformers import AutoModelForCausalLM
-
-    assert AutoModelForCausalLM.from_pretrained(s["final_model"]).config.model_type == "smollm3"
-
-
 def test_medquad_real_text(tmp_path, medquad_path):
     """Real MedQuAD answers (up to ~28k characters) through the Question/Answer mapping."""
     cfg = TrainConfig(

@@ -77,6 +77,9 @@ class TrainConfig:
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True  # FSDP2: free gathered layers after forward (ZeRO-3)
     use_orig_params: bool = True  # FSDP1: keep original parameters as views (needed for LoRA)
+    # TRL engine on CPU: lift accelerate's accelerator-only gate so the Trainer applies FSDP on gloo
+    # (smolfsdp.accelerate_cpu_fsdp); false = accelerate as shipped, which runs DDP on CPU
+    accelerate_fsdp_on_cpu: bool = True
     # HSDP and the other strategies (smolfsdp.fsdp2.resolve_mesh_shape); FSDP1 names for both versions:
     # FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2; FSDP2: reshard_after_forward=False), HYBRID_SHARD
     # (shard within a group, replicate across groups; FSDP2: 2-D mesh), NO_SHARD (FSDP2: mesh world x 1)

@@ -27,7 +27,7 @@ import torch
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import prepare_data
-from smolfsdp.distributed import DistInfo, init_distributed, setup_logging, teardown
+from smolfsdp.distributed import DistInfo, all_gather_object, init_distributed, setup_logging, teardown
 from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.results import RunWriter, git_sha, hardware, load_run, versions
 
@@ -185,8 +185,15 @@ def _log_summary(s: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------- TRL engine
-def detect_effective(trainer) -> dict[str, Any]:
-    """What the Trainer actually did with the model: FSDP1, FSDP2, DDP or nothing, and why."""
+def detect_effective(trainer, *, cpu_gate_lifted: bool = False) -> dict[str, Any]:
+    """What the Trainer actually did with the model: FSDP1, FSDP2, DDP or nothing, and why.
+
+    Read from the wrapped model, never from the configuration: FSDP1 is reported only when
+    ``FullyShardedDataParallel`` units exist (evidence: units, FlatParameters, sharding strategy,
+    activation-checkpoint wrappers, mixed-precision dtypes), FSDP2 only when parameters are DTensors.
+    ``cpu_gate_lifted`` says whether ``smolfsdp.accelerate_cpu_fsdp`` was installed (for the reason).
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
@@ -197,18 +204,30 @@ def detect_effective(trainer) -> dict[str, Any]:
         "accelerate_distributed_type": str(acc.distributed_type),
         "trainer_is_fsdp_enabled": trainer.is_fsdp_enabled,
         "wrapper": type(wrapped).__name__,
+        "accelerate_cpu_gate_lifted": cpu_gate_lifted,
     }
     modules = list(wrapped.modules())
-    if any(isinstance(m, FullyShardedDataParallel) for m in modules):
-        units = [m for m in modules if isinstance(m, FullyShardedDataParallel)]
+    on_cpu = acc.device.type == "cpu"
+    units = [m for m in modules if isinstance(m, FullyShardedDataParallel)]
+    if units:
+        mp = getattr(units[0], "mixed_precision", None)
+        reason = "accelerate wrapped the model in FullyShardedDataParallel"
+        if on_cpu and cpu_gate_lifted:
+            from smolfsdp.accelerate_cpu_fsdp import REASON as reason
         return {
             "strategy": "fsdp1",
-            "reason": "accelerate wrapped the model in FullyShardedDataParallel",
+            "reason": reason,
             "evidence": {
                 **evidence,
                 "fsdp_units": len(units),
                 "parameter_type": "FlatParameter",
+                # with use_orig_params the module's parameters are views; each unit owns one FlatParameter
+                "flat_parameters": sum(getattr(u, "_flat_param", None) is not None for u in units),
                 "sharding_strategy": getattr(getattr(units[0], "sharding_strategy", None), "name", None),
+                "activation_checkpoint_wrappers": sum(isinstance(m, CheckpointWrapper) for m in modules),
+                "mixed_precision": None
+                if mp is None or mp.param_dtype is None
+                else {k: str(getattr(mp, k)).replace("torch.", "") for k in MP_FIELDS},
             },
         }
     if any(isinstance(m, FSDPModule) for m in modules) or any(
@@ -221,19 +240,24 @@ def detect_effective(trainer) -> dict[str, Any]:
             "evidence": {**evidence, "fsdp_units": n, "parameter_type": "DTensor"},
         }
     if isinstance(wrapped, DistributedDataParallel):
-        return {
-            "strategy": "ddp",
-            "evidence": evidence,
-            "reason": (
-                "accelerate enables FSDP only on accelerator devices; on CPU (use_cpu=True) the Trainer wrapped "
-                "the model in DistributedDataParallel instead, so every rank held all parameters"
-            ),
-        }
+        if on_cpu and not cpu_gate_lifted:
+            why = (
+                "accelerate enables FSDP only on accelerators and accelerate_fsdp_on_cpu is false, so on CPU the "
+                "Trainer wrapped the model in DistributedDataParallel: every rank held all parameters"
+            )
+        elif not trainer.is_fsdp_enabled:
+            why = "the Trainer received no FSDP plugin (no fsdp_config), so accelerate wrapped it in DDP"
+        else:
+            why = "accelerate had an FSDP plugin but wrapped the model in DistributedDataParallel"
+        return {"strategy": "ddp", "evidence": evidence, "reason": why}
     return {
         "strategy": "none",
         "reason": "single process: the Trainer applied no data-parallel wrapper",
         "evidence": evidence,
     }
+
+
+MP_FIELDS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 
 
 def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str):
@@ -291,8 +315,62 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         disable_tqdm=not info.is_main,
         dataloader_drop_last=True,
     )
+    if multi:
+        keep_fp32_buffers_and_reduce(args, cfg)
+        if cfg.gradient_accumulation_steps > 1 and not cfg.cpu_offload:
+            # Without this the Trainer runs every micro-batch but the last under FSDP1 no_sync(): each rank
+            # then holds the whole unsharded gradient in the compute dtype (5.7 GiB per GPU for SmolLM3-3B
+            # in bf16), which smolfsdp.memory does not count. Syncing each micro-batch reduce-scatters
+            # it instead (more communication, sharded memory). FSDP1 with CPU offload does not support
+            # accumulation outside no_sync (wrong gradients), so offload keeps no_sync.
+            args.accelerator_config.gradient_accumulation_kwargs = {"sync_each_batch": True}
     # accelerate 1.15 would wrap with FULL_SHARD whatever fsdp_config asks (see the function)
     return pin_plugin_sharding_strategy(args)
+
+
+def keep_fp32_buffers_and_reduce(args, cfg: TrainConfig) -> None:
+    """Give the Trainer's FSDP bf16 compute with fp32 gradient reduction and fp32 buffers.
+
+    Why: with ``bf16=True`` accelerate 1.15 builds ``MixedPrecision(param_dtype=bf16,
+    reduce_dtype=bf16, buffer_dtype=bf16)`` (``FullyShardedDataParallelPlugin.set_mixed_precision``).
+    bf16 buffers include SmolLM3's rotary ``inv_freq``: trained positions then differ from the fp32
+    ones the model is served with (the phase error grows with position); bf16 reduction drops the low
+    bits of the sum over ranks. A policy set in the plugin's arguments is kept by accelerate
+    (``set_mixed_precision`` only fills an empty one). No-op without ``mixed_precision: bf16``.
+    """
+    if cfg.mixed_precision != "bf16" or not args.fsdp_plugin_args:
+        return
+    last = "buffer_dtype" if cfg.fsdp_version == 1 else "output_dtype"
+    last_dtype = torch.float32 if cfg.fsdp_version == 1 else torch.bfloat16
+    args.fsdp_plugin_args["mixed_precision_policy"] = {
+        "param_dtype": torch.bfloat16,
+        "reduce_dtype": torch.float32,
+        last: last_dtype,
+    }
+
+
+def lift_gate_if_asked(cfg: TrainConfig, info: DistInfo) -> bool:
+    """Install ``smolfsdp.accelerate_cpu_fsdp`` on multi-process CPU runs when the config asks
+    (``accelerate_fsdp_on_cpu``, default true); returns whether it is installed."""
+    from smolfsdp import accelerate_cpu_fsdp
+
+    if info.device.type == "cpu" and info.world_size > 1 and cfg.accelerate_fsdp_on_cpu:
+        accelerate_cpu_fsdp.lift_cpu_fsdp_gate()
+    else:
+        accelerate_cpu_fsdp.restore_cpu_fsdp_gate()
+    return accelerate_cpu_fsdp.is_lifted()
+
+
+def _local_numel(wrapped) -> int:
+    """Parameter elements this rank holds: FlatParameter shards (FSDP1), DTensor shards (FSDP2), or
+    every parameter (DDP and no wrapper)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from smolfsdp import fsdp1, fsdp2
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in wrapped.modules()):
+        return fsdp1.local_numel(wrapped)
+    return fsdp2.local_numel(wrapped)  # plain tensors count in full; tied ones once
 
 
 def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
@@ -300,6 +378,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     from smolfsdp.trl_callbacks import RunWriterCallback
     from smolfsdp.trl_trainer import BenchmarkCallback, SmolSFTTrainer, StopAtStepCallback
 
+    gate_lifted = lift_gate_if_asked(cfg, info)
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
@@ -338,7 +417,8 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         log.info("resuming from %s", resumed_from)
     out = trainer.train(resume_from_checkpoint=resumed_from)
     benchmark.stop_profiler(prof)
-    effective = detect_effective(trainer)
+    effective = detect_effective(trainer, cpu_gate_lifted=gate_lifted)
+    local = all_gather_object(_local_numel(trainer.model_wrapped))
     trainer_dir = writer.run_dir / "trainer"
     if info.is_main and trainer_dir.is_dir() and not any(trainer_dir.iterdir()):
         trainer_dir.rmdir()  # nothing is written there: checkpoints go to checkpoints/, logs to metrics.jsonl
@@ -348,14 +428,15 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     stopped_early = out.global_step < total_steps
     final_dir = None
     if cfg.save_final_model and not stopped_early:
+        from smolfsdp.native import save_final_model
+
         final_dir = writer.run_dir / "final_model"
-        if trainer.is_fsdp_enabled and cfg.state_dict_type != "FULL_STATE_DICT":
-            # SHARDED_STATE_DICT is right for checkpoints; the final model must load with from_pretrained.
-            trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
-        trainer.model.config.use_cache = True  # the Trainer turns the KV cache off for training
-        trainer.save_model(str(final_dir))
-        if info.is_main:  # save_model also pickles TrainingArguments; exports are safetensors only
-            (final_dir / "training_args.bin").unlink(missing_ok=True)
+        # One export for both engines: the full state dict gathered with torch.distributed.checkpoint
+        # (offloaded to the host only on CUDA; accelerate's FSDP1 gather offloads always and crashes a
+        # CPU rank), tied lm_head saved once, safetensors only (no pickled TrainingArguments).
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+        unwrapped.config.use_cache = True  # the Trainer turns the KV cache off for training
+        save_final_model(trainer.model_wrapped, tokenizer, final_dir, info)
     requested = {
         "engine": "trl",
         "strategy": f"fsdp{cfg.fsdp_version}" if info.world_size > 1 else "none",
@@ -369,7 +450,12 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     return {
         "requested": requested,
         "effective": effective,
-        "params": {"total": total_params},
+        "params": {
+            "total": total_params,
+            "trainable": total_params,
+            "local_numel_per_rank": local,
+            "fraction_per_rank": [round(n / total_params, 4) for n in local],
+        },
         "data": data.stats(),
         "metrics": {
             "steps": out.global_step,
