@@ -79,8 +79,8 @@ def synthesize(source: Path, copies: int, nccl_kernels: int, out: Path) -> dict[
         copy = []
         for e in xs:
             e2 = dict(e)
-            if "ts" in e2:
-                e2["ts"] = e2["ts"] + k * math.ceil(span + 1000.0)  # whole µs: keeps ns fractions as they were
+            if "ts" in e2:  # shifted by whole µs: the ns fractions stay as they were
+                e2["ts"] = e2["ts"] + k * math.ceil(span + 1000.0)
             a = e2.get("args")
             if a and "correlation" in a:
                 e2["args"] = {**a, "correlation": a["correlation"] + k * max_corr}
@@ -127,8 +127,15 @@ def worker(tool: str, path: Path) -> dict:
         pct = float(hta.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"].iloc[0])
         t2 = time.perf_counter()
         extra = {}
-    return {"load_s": t1 - t0, "analyze_s": t2 - t1, "total_s": t2 - t0, "overlap_pct": pct,
-            "rss_after_imports_mb": base, "peak_rss_mb": _peak_rss_mb(), **extra}  # fmt: skip
+    return {
+        "load_s": t1 - t0,
+        "analyze_s": t2 - t1,
+        "total_s": t2 - t0,
+        "overlap_pct": pct,
+        "rss_after_imports_mb": base,
+        "peak_rss_mb": _peak_rss_mb(),
+        **extra,
+    }
 
 
 def _run(tool: str, path: Path) -> dict:

@@ -26,7 +26,6 @@ Definitions (every time in microseconds, the trace's own unit):
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +34,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from smolfsdp.trace_classify import CATEGORIES, CPU_COMM_RE, FSDP_RE, KINDS, LAYER_RE, NCCL_RE, _classify_one, classify, parse_id
+from smolfsdp.trace_classify import (
+    CATEGORIES,
+    CPU_COMM_RE,
+    FSDP_RE,
+    KINDS,
+    LAYER_RE,
+    NCCL_RE,
+    classify,
+    parse_id,
+)
 from smolfsdp.trace_collectives import all_gathers, assign_steps, collective_kernels, prefetch
 from smolfsdp.trace_intervals import intersection_length, merge_intervals, union_length
 from smolfsdp.trace_load import TraceError, load_trace, read_trace
@@ -101,10 +109,14 @@ def _comm_compute(ev: pd.DataFrame, mode: str) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def _overlap(comm: pd.DataFrame, comp: pd.DataFrame) -> dict[str, float]:
-    return _overlap_arrays((comm["ts"].to_numpy(), comm["end"].to_numpy()), (comp["ts"].to_numpy(), comp["end"].to_numpy()))
+    return _overlap_arrays(
+        (comm["ts"].to_numpy(), comm["end"].to_numpy()), (comp["ts"].to_numpy(), comp["end"].to_numpy())
+    )
 
 
-def _overlap_arrays(comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
+def _overlap_arrays(
+    comm: tuple[np.ndarray, np.ndarray], comp: tuple[np.ndarray, np.ndarray]
+) -> dict[str, float]:
     """comm/compute/overlap/exposed µs and overlap % (HTA's definition) of two interval sets."""
     comm_us = union_length(*comm)
     over = intersection_length(comm, comp)
@@ -136,8 +148,12 @@ def analyze(df: pd.DataFrame, *, boundary_frac: float = 0.1) -> TraceReport:
         sel = in_step & a.comm
         comm = (a.ts[sel], a.end[sel])
         sel = in_step & a.comp
-        rec = {"step": w.step, "start_us": w.start_us, "dur_us": w.dur_us,
-               **_overlap_arrays(comm, (a.ts[sel], a.end[sel]))}  # fmt: skip
+        rec = {
+            "step": w.step,
+            "start_us": w.start_us,
+            "dur_us": w.dur_us,
+            **_overlap_arrays(comm, (a.ts[sel], a.end[sel])),
+        }
         rec.update(_bursts(*comm, w.start_us, w.end_us, boundary_frac))
         for phase, code in a.phases.items():
             rec[f"{phase}_us"] = float(a.dur[in_step & (a.name == code)].sum())

@@ -29,7 +29,17 @@ KINDS = {
     "all-reduce": re.compile(r"all_?reduce", re.IGNORECASE),
     "broadcast": re.compile(r"broadcast", re.IGNORECASE),
 }
-CATEGORIES = ("compute", "communication", "memory", "fsdp", "step", "annotation", "runtime", "cpu_op", "other")
+CATEGORIES = (
+    "compute",
+    "communication",
+    "memory",
+    "fsdp",
+    "step",
+    "annotation",
+    "runtime",
+    "cpu_op",
+    "other",
+)
 TRAILING_INT = re.compile(r"(0x[0-9a-fA-F]+|\d+)\s*\)?\s*$")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
@@ -112,7 +122,9 @@ def classify(df: pd.DataFrame, thread_names: dict | None = None) -> pd.DataFrame
 def _rows(df: pd.DataFrame, gpu: np.ndarray, stream: np.ndarray, thread_names: dict) -> pd.Categorical:
     """Row labels: ``GPU <pid> stream <n>`` for GPU events, the thread's name (or ``thread <tid>``)."""
     pid, tid = df["pid"].cat, df["tid"].cat
-    keys = pd.DataFrame({"gpu": gpu, "pid": pid.codes, "x": np.where(gpu, stream, tid.codes.astype(np.int64))})
+    keys = pd.DataFrame(
+        {"gpu": gpu, "pid": pid.codes, "x": np.where(gpu, stream, tid.codes.astype(np.int64))}
+    )
     codes = keys.groupby(["gpu", "pid", "x"], sort=False).ngroup().to_numpy()
     labels = []
     for g, p, x in keys.drop_duplicates().itertuples(index=False):

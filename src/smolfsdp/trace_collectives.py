@@ -62,7 +62,11 @@ def _innermost(ranges: pd.DataFrame, queries: pd.DataFrame) -> tuple[np.ndarray,
     out = {c: np.full(len(queries), -1, dtype=np.int64) for c in ("communication", "fsdp")}
     r_thread = ranges["pid"].astype(str) + "/" + ranges["tid"].astype(str)
     q_thread = queries["pid"].astype(str) + "/" + queries["tid"].astype(str)
-    r_ts, r_end, r_cat = ranges["ts"].to_numpy(), ranges["end"].to_numpy(), ranges["category"].astype(str).to_numpy()
+    r_ts, r_end, r_cat = (
+        ranges["ts"].to_numpy(),
+        ranges["end"].to_numpy(),
+        ranges["category"].astype(str).to_numpy(),
+    )
     q_ts, q_end = queries["ts"].to_numpy(), queries["end"].to_numpy()
     by_thread = pd.Series(np.arange(len(ranges))).groupby(r_thread.to_numpy()).apply(np.asarray).to_dict()
     for thread, q_idx in pd.Series(np.arange(len(queries))).groupby(q_thread.to_numpy()):
@@ -118,11 +122,20 @@ def collective_kernels(df: pd.DataFrame) -> pd.DataFrame:
     unit = np.where(layer >= 0, "model.layers." + layer.astype(str), "")
     unit = np.where((layer < 0) & pd.Series(fsdp).str.startswith("FSDP::").to_numpy(), "root", unit)
     out = pd.DataFrame(
-        {"step": kern["step"].to_numpy(), "kind": kern["kind"].astype(str).to_numpy(),
-         "name": kern["name"].astype(str).to_numpy(), "stream": kern["stream"].to_numpy(),
-         "start_us": kern["ts"].to_numpy(), "dur_us": kern["dur"].to_numpy(), "launch_us": launch,
-         "op": op.astype(str), "fsdp": fsdp.astype(str), "layer": layer.astype(np.int64), "unit": unit,
-         "row": kern["row"].astype(str).to_numpy()}  # fmt: skip
+        {
+            "step": kern["step"].to_numpy(),
+            "kind": kern["kind"].astype(str).to_numpy(),
+            "name": kern["name"].astype(str).to_numpy(),
+            "stream": kern["stream"].to_numpy(),
+            "start_us": kern["ts"].to_numpy(),
+            "dur_us": kern["dur"].to_numpy(),
+            "launch_us": launch,
+            "op": op.astype(str),
+            "fsdp": fsdp.astype(str),
+            "layer": layer.astype(np.int64),
+            "unit": unit,
+            "row": kern["row"].astype(str).to_numpy(),
+        }
     )
     return out[cols].sort_values("start_us", kind="stable").reset_index(drop=True)
 

@@ -39,10 +39,17 @@ from tqdm import tqdm
 
 from smolfsdp.trace_classify import classify, parse_id
 
+PROGRESS_DELAY_S = 2.0  # the bar appears only on reads that take longer than this
 CHUNK = 65_536  # events folded into numpy columns at a time (bounds the Python objects alive)
 # PyTorch 1.8-1.9 wrote capitalised categories; later Kineto (CUDA and ROCm) writes these
-CAT_ALIASES = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
-               "Operator": "cpu_op", "Python": "python_function"}  # fmt: skip
+CAT_ALIASES = {
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "Runtime": "cuda_runtime",
+    "Operator": "cpu_op",
+    "Python": "python_function",
+}
 
 
 class Shared(dict):
@@ -85,8 +92,10 @@ class _Reader:
                 "decompressed) without its end marker: the file is truncated"
             ) from err
         except (gzip.BadGzipFile, zlib.error) as err:
-            raise TraceError(f"{self.path}: gzip data is corrupt ({err}) near compressed byte "
-                             f"{self.raw.tell():,}; is it a .json.gz trace?") from err  # fmt: skip
+            raise TraceError(
+                f"{self.path}: gzip data is corrupt ({err}) near compressed byte "
+                f"{self.raw.tell():,}; is it a .json.gz trace?"
+            ) from err
         self.pos += len(data)
         self.eof = self.eof or (n != 0 and not data)
         if self.bar is not None:
@@ -119,8 +128,10 @@ def _header(reader: _Reader) -> tuple[dict[str, Any], str | None]:
     if event == "start_array":
         return header, "item"
     if event != "start_map":
-        raise TraceError(f"{reader.path}: JSON {event} {value!r} at the top, not a trace: expected an object "
-                         "with a traceEvents list (PyTorch profiler) or a list of events")  # fmt: skip
+        raise TraceError(
+            f"{reader.path}: JSON {event} {value!r} at the top, not a trace: expected an object "
+            "with a traceEvents list (PyTorch profiler) or a list of events"
+        )
     builder, key = None, None
     for prefix, event, value in events:
         if prefix == "" and event == "map_key":
@@ -130,8 +141,10 @@ def _header(reader: _Reader) -> tuple[dict[str, Any], str | None]:
             if value == "traceEvents":
                 _, kind, _ = next(events)
                 if kind != "start_array":
-                    raise TraceError(f"{reader.path}: traceEvents is a {kind.removeprefix('start_')}, "
-                                     "expected a list of events")  # fmt: skip
+                    raise TraceError(
+                        f"{reader.path}: traceEvents is a {kind.removeprefix('start_')}, "
+                        "expected a list of events"
+                    )
                 return header, "traceEvents.item"
         elif builder is not None and prefix != "":
             builder.event(event, value)
@@ -159,15 +172,24 @@ def read_trace(path: str | Path, progress: bool = False) -> tuple[dict[str, Any]
         first.close()
     if prefix is None:
         keys = ", ".join(list(header)[:8]) or "none"
-        raise TraceError(f"{path}: JSON object without a traceEvents list (keys: {keys}); "
-                         "is it a PyTorch profiler trace?")  # fmt: skip
+        raise TraceError(
+            f"{path}: JSON object without a traceEvents list (keys: {keys}); is it a PyTorch profiler trace?"
+        )
     return header, _events(path, prefix, progress)
 
 
 def _events(path: Path, prefix: str, progress: bool) -> Iterator[dict[str, Any]]:
     size = path.stat().st_size
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"reading {path.name}", delay=2.0,
-               file=sys.stderr, disable=not progress, leave=False)  # fmt: skip
+    bar = tqdm(
+        total=size,
+        unit="B",
+        unit_scale=True,
+        desc=f"reading {path.name}",
+        delay=PROGRESS_DELAY_S,
+        file=sys.stderr,
+        disable=not progress,
+        leave=False,
+    )
     reader = _Reader(path, bar)
     try:
         for i, e in enumerate(ijson.items(reader, prefix, use_float=True)):
@@ -243,8 +265,15 @@ class _Columns:
         self.flush()
         cols = {c: np.concatenate(p) for c, p in self.parts.items() if c not in self.TEXT}
         text = {c: self._categorical(c) for c in self.TEXT}
-        return pd.DataFrame({**text, "ts": cols["ts"], "dur": cols["dur"], "stream": cols["stream"],
-                             "correlation": cols["corr"]})  # fmt: skip
+        return pd.DataFrame(
+            {
+                **text,
+                "ts": cols["ts"],
+                "dur": cols["dur"],
+                "stream": cols["stream"],
+                "correlation": cols["corr"],
+            }
+        )
 
 
 def load_trace(path: str | Path, *, progress: bool = False) -> pd.DataFrame:
@@ -278,8 +307,10 @@ def load_trace(path: str | Path, *, progress: bool = False) -> pd.DataFrame:
     except TraceError:
         raise
     except (AttributeError, TypeError, ValueError) as err:  # a field of the wrong type in some event
-        raise TraceError(f"{path}: an event field is unreadable ({err}): expected numbers (or numeric "
-                         "strings) in ts/dur, text or numbers in name/cat/pid/tid, an object in args") from err  # fmt: skip
+        raise TraceError(
+            f"{path}: an event field is unreadable ({err}): expected numbers (or numeric "
+            "strings) in ts/dur, text or numbers in name/cat/pid/tid, an object in args"
+        ) from err
     df["end"] = df["ts"] + df["dur"]
     df = classify(df, names)
     df.attrs.update(
