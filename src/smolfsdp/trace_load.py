@@ -77,7 +77,7 @@ class _Reader:
     """File-like view of a (possibly gzip'd) trace that counts bytes and feeds the progress bar."""
 
     def __init__(self, path: Path, bar: tqdm | None = None):
-        self.path, self.bar, self.pos, self.eof = path, bar, 0, False
+        self.path, self.bar, self.pos = path, bar, 0
         self.raw = path.open("rb")
         gz = self.raw.read(2) == b"\x1f\x8b"
         self.raw.seek(0)
@@ -97,7 +97,6 @@ class _Reader:
                 f"{self.raw.tell():,}; is it a .json.gz trace?"
             ) from err
         self.pos += len(data)
-        self.eof = self.eof or (n != 0 and not data)
         if self.bar is not None:
             self.bar.update(self.raw.tell() - self.bar.n)
         return data
