@@ -92,9 +92,12 @@ def _classify_one(name: str, cat: str) -> tuple[str, str, int]:
 def classify(df: pd.DataFrame, thread_names: dict | None = None) -> pd.DataFrame:
     """Add ``device, row, category, kind, layer, in_comm`` (see ``trace_load.load_trace``).
 
-    ``df`` has the loader's columns (``name, cat, pid, tid`` as categoricals, ``stream``);
-    ``thread_names`` maps ``(pid, tid)`` text to the trace's thread names.
+    ``df`` has the loader's columns (``name, cat, pid, tid``, text or categorical; ``ts, end``,
+    ``stream``); ``thread_names`` maps ``(pid, tid)`` text to the trace's thread names.
     """
+    for col in ("name", "cat", "pid", "tid"):  # a frame built by hand: text -> categorical, as loaded
+        if not isinstance(df[col].dtype, pd.CategoricalDtype):
+            df[col] = df[col].astype(str).astype("category")
     name, cat = df["name"].cat, df["cat"].cat
     gpu = np.isin(cat.codes.to_numpy(), [i for i, c in enumerate(cat.categories) if c in GPU_CATS])
     # a GPU event without args.stream is on the stream its tid names (Kineto's GPU rows are streams)
