@@ -208,5 +208,5 @@ def test_memory_stays_far_below_a_json_load():
     ours = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
     assert len(df) == 26_933
-    assert ours < 0.35 * whole, (ours / 1e6, whole / 1e6)
+    assert ours < 0.25 * whole, (ours / 1e6, whole / 1e6)  # measured: 6 MB vs 39 MB
     assert df.memory_usage(deep=True).sum() / len(df) < 150  # bytes per event, all columns

@@ -40,7 +40,7 @@ from tqdm import tqdm
 from smolfsdp.trace_classify import classify, parse_id
 
 PROGRESS_DELAY_S = 2.0  # the bar appears only on reads that take longer than this
-CHUNK = 65_536  # events folded into numpy columns at a time (bounds the Python objects alive)
+CHUNK = 16_384  # events folded into numpy columns at a time (bounds the Python objects alive)
 # PyTorch 1.8-1.9 wrote capitalised categories; later Kineto (CUDA and ROCm) writes these
 CAT_ALIASES = {
     "Kernel": "kernel",
