@@ -3,15 +3,16 @@ FSDP1 and FSDP2 made here, on synthetic traces with known answers, and on broken
 
 from __future__ import annotations
 
-import gzip
+import importlib.util
 import json
 import shutil
 
 import numpy as np
 import pytest
-from conftest import SHARED
+from conftest import ROOT, SHARED
 
 from smolfsdp import trace_analysis as ta
+from smolfsdp.trace_classify import _classify_one as classify_one
 
 TRACES = SHARED / "traces"
 DDP = TRACES / "ddp_2rank_a100_rank0.json.gz"
@@ -90,7 +91,7 @@ def test_trace_without_step_annotation_is_one_span_and_says_so(tmp_path):
     ],
 )
 def test_nccl_kernel_name_forms_are_communication(name):
-    cat, kind, _ = ta._classify_one(name, "kernel")
+    cat, kind, _ = classify_one(name, "kernel")
     assert cat == "communication"
     if "AllGather" in name:
         assert kind == "all-gather"
@@ -112,35 +113,10 @@ def test_nccl_kernel_name_forms_are_communication(name):
     ],
 )
 def test_event_classes(name, cat, expected):
-    assert ta._classify_one(name, cat)[:2] == expected
+    assert classify_one(name, cat)[:2] == expected
 
 
-# --------------------------------------------------------------------------- bad input
-def test_truncated_gzip_says_truncated(tmp_path, ddp_trace):
-    data = DDP.read_bytes()
-    bad = tmp_path / "cut.json.gz"
-    bad.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ta.TraceError, match=r"truncated.*|.*without its end marker"):
-        ta.load_trace(bad)
-
-
-def test_truncated_json_says_where(tmp_path):
-    full = json.dumps({"traceEvents": [_x("aten::mm", 0, 5)] * 50})
-    bad = tmp_path / "cut.json.gz"
-    bad.write_bytes(gzip.compress(full[:700].encode()))
-    with pytest.raises(ta.TraceError, match=r"line 1 column \d+ \(character 700 of 700\).*truncated"):
-        ta.load_trace(bad)
-
-
-def test_non_json_and_non_trace(tmp_path):
-    (tmp_path / "a.json").write_text("this is not json")
-    with pytest.raises(ta.TraceError, match="invalid JSON at line 1 column 1"):
-        ta.load_trace(tmp_path / "a.json")
-    (tmp_path / "b.json").write_text('{"hello": 1}')
-    with pytest.raises(ta.TraceError, match="traceEvents"):
-        ta.load_trace(tmp_path / "b.json")
-    with pytest.raises(FileNotFoundError):
-        ta.load_trace(tmp_path / "missing.json")
+# bad input, layouts (CUDA/ROCm/old), strict JSON and memory: tests/test_trace_load.py
 
 
 # ----------------------------------------------------------------------- real GPU traces
@@ -175,6 +151,29 @@ def test_overlap_matches_hta(ddp_trace, tmp_path):
     ours = ta.analyze(ddp_trace).complete_steps
     assert ours["steps"] == [4, 5]
     assert abs(ours["overlap_pct"] - theirs) / theirs < 0.05, (ours["overlap_pct"], theirs)
+    assert abs(ours["overlap_pct"] - theirs) < 1.0  # the issue's bar: within one percentage point
+
+
+def test_nccl_heavy_bench_trace_every_kernel_attributed(tmp_path, ddp_trace):
+    """The benchmark's NCCL-heavy trace (scripts/bench_trace_analysis.py), one copy: the 15 NCCL
+    kernels of 100 µs or more split into 20 back-to-back pieces each, every piece launched inside the
+    original ``nccl:*`` range. Every kernel is attributed to that range, and the union of
+    communication (so the overlap) is the original trace's."""
+    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench_trace_analysis.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    info = bench.synthesize(DDP, copies=1, nccl_kernels=300, out=tmp_path / "big.json")
+    assert (info["pieces"], info["nccl_kernels"]) == (20, 15 * 20 + 6)
+    df = ta.load_trace(tmp_path / "big.json")
+    k = ta.collective_kernels(df)
+    assert (
+        len(k) == 306
+        and (k["op"] == k["kind"].map({"all-reduce": "nccl:all_reduce", "broadcast": "nccl:broadcast"})).all()
+    )
+    assert k.groupby("step").size().to_dict() == {4: 102, 5: 102, 6: 102}
+    ours, orig = ta.analyze(df).complete_steps, ta.analyze(ddp_trace).complete_steps
+    assert ours["comm_us"] == pytest.approx(orig["comm_us"], rel=1e-9)
+    assert ours["overlap_pct"] == pytest.approx(orig["overlap_pct"], abs=1e-6)
 
 
 def test_sampled_128rank_trace_sendrecv_on_its_own_stream():

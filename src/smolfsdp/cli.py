@@ -146,12 +146,12 @@ def cmd_analyze_trace(args: argparse.Namespace) -> int:
     out = []
     for path in args.paths:
         try:
-            out.append(summarize_trace(path))
+            out.append(summarize_trace(path, progress=True))  # the bar shows on reads over 2 s
         except (TraceError, FileNotFoundError) as err:
             print(f"smolfsdp: error: {err}", file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(out, indent=2, allow_nan=False))  # strict JSON: summarize_trace writes null, not NaN
         return 0
     cols = ["step", "dur_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
     for s in out:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from smolfsdp.config import ConfigError
+from smolfsdp.trace_load import read_trace
 
 # --------------------------------------------------------------------------- trace check
 _C10D_KIND = {
@@ -60,20 +61,17 @@ def trace_collectives(path) -> pd.DataFrame:
     Two sources: NCCL runs record ``record_param_comms`` with ``Collective name``, ``In msg nelems``,
     ``Out msg nelems``, ``dtype``, ``Group size``; gloo runs record none, so the ``c10d::`` ops are read
     instead, which carry sizes only when the profiler ran with ``record_shapes=True`` (``Input Dims``,
-    ``Input type``; a ``TensorList`` argument has no dtype). Raises TraceError (``smolfsdp.trace_analysis``)
+    ``Input type``; a ``TensorList`` argument has no dtype). Raises TraceError (``smolfsdp.trace_load``)
     for unreadable files and ConfigError when the trace holds no sized collective.
     """
-    from smolfsdp.trace_analysis import _read_json
-
-    raw = _read_json(Path(path))
-    events = raw.get("traceEvents", []) if isinstance(raw, dict) else raw
+    header, events = read_trace(Path(path))
     xs = [e for e in events if e.get("ph") == "X"]
     steps = sorted(
         (e["ts"], e["ts"] + e.get("dur", 0), int(e["name"].split("#")[1]))
         for e in xs
         if e.get("name", "").startswith("ProfilerStep#")
     )
-    world = ((raw.get("distributedInfo") or {}) if isinstance(raw, dict) else {}).get("world_size")
+    world = (header.get("distributedInfo") or {}).get("world_size")
     nccl = [e for e in xs if e.get("name") == "record_param_comms" and e.get("cat") != "kernel"]
     rows, seen = [], set()
     for e in nccl:
