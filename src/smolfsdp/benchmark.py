@@ -33,6 +33,7 @@ import contextlib
 import json
 import resource
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,30 @@ def step_metrics(
 
 
 # ----------------------------------------------------------------------------- the meter
+def process_rss() -> dict[str, int]:
+    """This process's resident memory now and its peak, in bytes, read together from one source.
+
+    Linux: ``VmRSS`` and ``VmHWM`` of ``/proc/self/status`` in one read (the kernel reports the
+    high-water mark as at least the current RSS). Mixing psutil's RSS with ``getrusage``'s
+    ``ru_maxrss`` read at another moment (and rounded differently) could report a peak below the
+    current value. Elsewhere: psutil's RSS and ``ru_maxrss`` (KiB on Linux, bytes on macOS), the peak
+    raised to at least the RSS.
+    """
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line
+        )
+        rss = int(fields["VmRSS"].split()[0]) * 1024  # "123456 kB"
+        peak = int(fields["VmHWM"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        import psutil  # deferred: only off Linux
+
+        rss = psutil.Process().memory_info().rss
+        scale = 1 if sys.platform == "darwin" else 1024
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    return {"rss_bytes": rss, "rss_peak_bytes": max(peak, rss)}
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
@@ -189,13 +214,7 @@ class StepMeter:
         return row
 
     def memory(self) -> dict[str, int]:
-        import psutil
-
-        out = {
-            "rss_bytes": psutil.Process().memory_info().rss,
-            "rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
-            "tensor_bytes": self._tensor_bytes,
-        }
+        out = {**process_rss(), "tensor_bytes": self._tensor_bytes}
         if self.info.device.type == "cuda":
             out["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(self.info.device)
             out["max_memory_reserved_bytes"] = torch.cuda.max_memory_reserved(self.info.device)

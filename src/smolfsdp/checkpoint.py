@@ -12,6 +12,7 @@ fails part-way leaves the previous checkpoint as the latest one.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -308,6 +309,28 @@ def check_matches_model(ckpt: str | Path, model, model_name: str = "the model") 
         )
 
 
+def umask_modes(folder: str | Path) -> None:
+    """Give every file in ``folder`` (recursively) the mode the process umask gives a new file (0644
+    under umask 022).
+
+    Why: safetensors 0.8 writes ``*.safetensors`` through a temporary file created 0600 and renamed
+    into place, so ``model.safetensors`` would be readable only by its owner while the config and
+    tokenizer next to it are 0644 (a model folder shared or served by another user fails to load).
+    """
+    mask = os.umask(0)  # the only portable way to read the umask: set it, then put it back at once
+    os.umask(mask)
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+
+
+def config_of(ckpt: str | Path) -> Path:
+    """The run config that describes a checkpoint: the copy saved in it, else ``runs/<name>/config.yaml``
+    (the run folder's may have changed since the save). The path may not exist."""
+    ckpt = Path(ckpt)
+    return ckpt / "config.yaml" if (ckpt / "config.yaml").is_file() else ckpt.parent.parent / "config.yaml"
+
+
 def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """DCP checkpoint -> ``model.safetensors`` + config + tokenizer, in one process, no process group.
 
@@ -335,10 +358,7 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
         )
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose a new folder or pass --overwrite.")
-    # the config saved with the checkpoint describes it; the run folder's may have changed since
-    run_config = (
-        ckpt / "config.yaml" if (ckpt / "config.yaml").is_file() else ckpt.parent.parent / "config.yaml"
-    )
+    run_config = config_of(ckpt)
     if not run_config.is_file():
         raise ConfigError(f"{run_config} is missing: convert needs the run's config to rebuild the model.")
     cfg = load_config(run_config)
@@ -359,6 +379,7 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    umask_modes(tmp)
     if out.exists():
         shutil.rmtree(out)
     tmp.replace(out)

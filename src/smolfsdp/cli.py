@@ -74,6 +74,19 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     proc = launch(cfg)
     if proc.returncode == 0:
         print(f"[smolfsdp] run folder: {cfg.run_dir}", flush=True)
+        if cfg.stop_at_step:  # rank 0 said why it stopped; the command goes last, where it is seen
+            from smolfsdp.results import load_run
+            from smolfsdp.sft import resume_command, stop_note
+
+            note = stop_note(load_run(cfg.run_dir).summary, cfg.run_dir)
+            if note and "resume from" in note:
+                print(
+                    f"[smolfsdp] stopped early at step {cfg.stop_at_step}; resume with: "
+                    f"{resume_command(cfg.run_dir)}",
+                    flush=True,
+                )
+            elif note:
+                print(f"[smolfsdp] {note}", flush=True)
     return proc.returncode
 
 
@@ -118,7 +131,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
-    """Benchmark mode: warm-up + timed steps (default 5, profiled), then print bench.json's summary."""
+    """Benchmark mode: warm-up + timed steps (default 5, profiled), then a table of bench.json's
+    summary (``--json``: the summary, MFU reason and trace paths as JSON)."""
     import json
 
     from smolfsdp.benchmark import run_benchmark
@@ -129,10 +143,79 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     overrides.setdefault("name", "bench")
     cfg = load_config(args.config, **overrides)
     bench = run_benchmark(cfg)
-    keys = ("summary", "mfu_reason", "traces")
-    print(json.dumps({k: bench[k] for k in keys}, indent=2))
+    if args.json:
+        keys = ("strategy", "summary", "mfu_reason", "memory_per_rank", "traces")
+        print(json.dumps({k: bench.get(k) for k in keys}, indent=2))
+        return 0
+    print(format_bench(bench))
     print(f"[smolfsdp] {cfg.run_dir / 'bench.json'}", flush=True)
     return 0
+
+
+def _size(n: float | None) -> str:
+    """Bytes in MiB below 1 GiB, else GiB (binary units, as nvidia-smi and torch report them)."""
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def format_bench(bench: dict) -> str:
+    """bench.json as a small table with units: step time, throughput, TFLOP/s, MFU (or why there is
+    none), peak memory per rank, and the strategy that ran (which may differ from the one asked)."""
+    s = bench["summary"]
+    if not s.get("timed_steps"):
+        return "no timed steps: benchmark_steps must exceed benchmark_warmup_steps"
+    mfu = s.get("mfu_median")
+    rows = [
+        (
+            "strategy that ran",
+            f"{bench['strategy']} ({bench['engine']} engine, {bench['world_size']} ranks, "
+            f"{bench['device_name'] or bench['device']})",
+        ),
+        ("timed steps", f"{s['timed_steps']} (after {bench['warmup_steps']} warm-up)"),
+        (
+            "step time, median",
+            f"{s['step_time_ms_median']:.1f} ms "
+            f"(min {s['step_time_ms_min']:.1f}, max {s['step_time_ms_max']:.1f})",
+        ),
+        (
+            "tokens/s, all ranks",
+            f"{s['tokens_per_s_median']:,.0f} ({s['tokens_per_step_mean']:,.0f} tokens/step)",
+        ),
+        ("TFLOP/s per rank", f"{s['tflops_median']:.4g}"),
+        ("MFU", f"{100 * mfu:.1f} %" if mfu is not None else f"- ({bench['mfu_reason']})"),
+    ]
+    for rank, m in enumerate(bench.get("memory_per_rank") or []):
+        if "max_memory_allocated_bytes" in m:
+            mem = (
+                f"{_size(m['max_memory_allocated_bytes'])} allocated, "
+                f"{_size(m['max_memory_reserved_bytes'])} reserved (GPU peak in the step)"
+            )
+        else:
+            mem = (
+                f"{_size(m['rss_peak_bytes'])} process RSS peak, {_size(m['tensor_bytes'])} in parameters, "
+                "gradients and optimizer state"
+            )
+        rows.append((f"memory, rank {rank}", mem))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def convert_plan(checkpoint: str) -> str:
+    """What ``convert`` is about to write: a plain model, or a LoRA run's adapter merged into its base."""
+    from smolfsdp.checkpoint import config_of
+
+    path = config_of(checkpoint)
+    if not path.is_file():  # convert_checkpoint raises the error that names the problem
+        return f"[smolfsdp] converting {checkpoint}"
+    cfg = load_config(path)
+    if not cfg.lora:
+        return f"[smolfsdp] converting {checkpoint} (model {cfg.model}) to model.safetensors"
+    return (
+        f"[smolfsdp] {checkpoint} is a LoRA run (r={cfg.lora_r}, alpha={cfg.lora_alpha}, "
+        f"{','.join(cfg.lora_target_modules)}): merging the adapter into the base model {cfg.model}; "
+        "the output is one plain model (to keep the adapter alone, use the run's final_model/adapter)"
+    )
 
 
 def cmd_analyze_trace(args: argparse.Namespace) -> int:
@@ -208,10 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     p_conv.add_argument("--overwrite", action="store_true")
     p_bench = sub.add_parser("bench", help="benchmark mode: timed steps, bench.json, profiler traces")
     p_bench.add_argument("--config", default=None, help="a run recipe, e.g. configs/runs/smoke.yaml")
+    p_bench.add_argument("--json", action="store_true", help="the summary as JSON instead of a table")
     p_trace = sub.add_parser("analyze-trace", help="busy/idle, overlap, per-layer all-gathers of traces")
     p_trace.add_argument("paths", nargs="+", help=".json or .json.gz profiler traces")
     p_trace.add_argument("--json", action="store_true")
     args, rest = parser.parse_known_args(argv)
+    from smolfsdp import quiet
+
+    quiet.install()  # known harmless third-party warnings (the list and why: smolfsdp.quiet)
     try:
         if args.command == "memory":
             if rest:
@@ -234,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "convert":
             from smolfsdp.checkpoint import convert_checkpoint
 
+            print(convert_plan(args.checkpoint), flush=True)
             out = convert_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
             print(f"[smolfsdp] wrote {out}")
             return 0

@@ -144,17 +144,19 @@ def _free_port() -> int:
 
 
 def setup_logging(rank: int) -> None:
-    """INFO on rank 0, WARNING elsewhere, with the rank in every line."""
-    level = logging.INFO if rank == 0 else logging.WARNING
+    """smolfsdp's INFO on rank 0, WARNING elsewhere and from every other library, the rank in every line.
+
+    Third-party INFO (accelerate's "The used dataset had no length" on every eval batch, ...) is
+    not for a learner; their warnings still print (the known harmless ones are in ``smolfsdp.quiet``).
+    """
     logging.basicConfig(
-        level=level,
+        level=logging.WARNING,
         stream=sys.stdout,
         force=True,
         format=f"[rank{rank}] %(asctime)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("datasets", "httpx", "urllib3", "filelock"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("smolfsdp").setLevel(logging.INFO if rank == 0 else logging.WARNING)
 
 
 def print0(*args, **kwargs) -> None:

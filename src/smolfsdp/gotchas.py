@@ -593,6 +593,29 @@ def format_result(r: GotchaResult, width: int = 60) -> str:
     return f"== {r.title} ({r.name})\n" + "\n".join(rows) + "\n\n" + textwrap.fill(r.explanation, 2 * width)
 
 
+KIND_LEGEND = {
+    DIST: "runs in 2 processes (torchrun, gloo), both forms in one launch",
+    LOCAL: "runs in this process, no process group",
+    CRASH: "the failing form kills the process (e.g. SIGSEGV), so each form gets its own launch",
+}
+
+
+def format_list(as_json: bool = False) -> str:
+    """``gotchas --list``: name, how it runs, title; a legend of the ``how`` column; or JSON."""
+    if as_json:
+        rows = [
+            {"name": g.name, "how": g.kind, "how_means": KIND_LEGEND[g.kind], "title": g.title}
+            for g in GOTCHAS.values()
+        ]
+        return json.dumps(rows, indent=2)
+    lines = [f"{'name':<30} {'how':<6} title"]
+    lines += [f"{g.name:<30} {g.kind:<6} {g.title}" for g in GOTCHAS.values()]
+    lines.append("\nhow (the column above):")
+    lines += [f"  {k:<6} {v}" for k, v in KIND_LEGEND.items()]
+    lines.append("run one: smolfsdp gotchas --run NAME [--json]; all: --run all")
+    return "\n".join(lines)
+
+
 def _main_ranks(names: list[str], out: Path, offload: bool) -> None:
     from smolfsdp.distributed import init_distributed, teardown
 
@@ -628,8 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = None if args.run in (None, "all") else args.run.split(",")
     if args.list or args.run is None:
-        for g in GOTCHAS.values():
-            print(f"{g.name:<30} {g.kind:<6} {g.title}")
+        print(format_list(as_json=args.json))
         return 0
     results = run_gotchas(names, args.out)
     if args.json:

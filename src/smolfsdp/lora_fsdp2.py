@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from smolfsdp.checkpoint import umask_modes
 from smolfsdp.config import ConfigError, TrainConfig
 
 ADAPTER_DIR = "adapter"
@@ -90,6 +91,7 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
     """
     import torch.distributed as dist
     from peft import get_peft_model
+    from peft.utils.constants import EMBEDDING_LAYER_NAMES
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from smolfsdp.modeling import build_meta_model
@@ -107,8 +109,17 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
         skeleton.peft_config["default"].base_model_name_or_path = cfg.model  # what to load it onto
         adapter = {k: v.detach().clone() for k, v in full.items() if ".lora_" in k}
         result["tensors"] = len(adapter)
-        skeleton.save_pretrained(out_dir / ADAPTER_DIR, state_dict=adapter, safe_serialization=True)
+        # save_embedding_layers given: with "auto" peft 0.21 looks cfg.model ("tiny") up on the Hub
+        # and warns twice when it cannot; the adapter holds embeddings only if they are LoRA targets.
+        embeddings = bool(set(cfg.lora_target_modules) & set(EMBEDDING_LAYER_NAMES))
+        skeleton.save_pretrained(
+            out_dir / ADAPTER_DIR,
+            state_dict=adapter,
+            safe_serialization=True,
+            save_embedding_layers=embeddings,
+        )
         tokenizer.save_pretrained(out_dir / ADAPTER_DIR)
+        umask_modes(out_dir / ADAPTER_DIR)  # safetensors writes 0600
         if cfg.lora_merge:
             result["merged"] = str(out_dir / "merged")
             merged = load_adapter_model(
@@ -116,6 +127,7 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
             ).merge_and_unload()
             merged.save_pretrained(out_dir / "merged", safe_serialization=True)
             tokenizer.save_pretrained(out_dir / "merged")
+            umask_modes(out_dir / "merged")
     dist.barrier()
     return result
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
+from smolfsdp.checkpoint import umask_modes
 from smolfsdp.data import IGNORE_INDEX, prepare_data
 from smolfsdp.distributed import DistInfo, all_gather_object
 from smolfsdp.modeling import (
@@ -226,6 +227,7 @@ def save_final_model(model: nn.Module, tokenizer, out_dir: Path, info: DistInfo)
         tmp = out_dir.with_name(out_dir.name + ".tmp")
         inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        umask_modes(tmp)  # safetensors writes 0600
         _replace_dir(tmp, out_dir)
     dist.barrier()
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from smolfsdp import quiet
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import prepare_data
 from smolfsdp.distributed import DistInfo, all_gather_object, init_distributed, setup_logging, teardown
@@ -43,6 +45,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     from smolfsdp.config import ConfigError
     from smolfsdp.results import check_run_dir
 
+    quiet.install()  # apply_lora below builds a PeftModel in this process (transformers FutureWarning)
     try:
         check_run_dir(cfg.run_dir, resume=bool(cfg.resume_from), overwrite=cfg.overwrite)
     except FileExistsError as err:
@@ -122,6 +125,7 @@ def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Body of one launched process: join the group, train, write the run folder (rank 0), tear down."""
+    quiet.install()
     info = init_distributed()
     setup_logging(info.rank)
     torch.manual_seed(cfg.seed)
@@ -152,7 +156,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
         }
         writer.write_summary(summary)
         if info.is_main:
-            _log_summary(summary)
+            _log_summary({**summary, "run_dir": writer.run_dir})
     finally:
         writer.close()
     teardown()
@@ -182,6 +186,33 @@ def _log_summary(s: dict[str, Any]) -> None:
             m["steps"],
             m["train_runtime_s"],
         )
+    note = stop_note(s, s["run_dir"]) if "run_dir" in s else None
+    if note:
+        log.info(note)
+
+
+def resume_command(run_dir) -> str:
+    """The command that continues a run from its latest checkpoint (its own ``config.yaml``, no stop)."""
+    return f"smolfsdp train --config {Path(run_dir) / 'config.yaml'} --resume --stop_at_step null"
+
+
+def stop_note(summary: dict[str, Any], run_dir) -> str | None:
+    """One line for a run that ``stop_at_step`` ended early: the step, and how to resume or why not.
+
+    None for a run that finished. ``run_dir`` is ``runs/<name>`` (its ``checkpoints/`` is read).
+    """
+    from smolfsdp.checkpoint import latest_checkpoint
+
+    m = summary.get("metrics", {})
+    if not m.get("stopped_early"):
+        return None
+    head = f"stopped early at step {m['steps']} (stop_at_step): no final evaluation, no final model"
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return (
+            f"{head}; no checkpoint was saved (save_steps 0), so it cannot resume: rerun with --save_steps N"
+        )
+    return f"{head}; resume from {ckpt.name} with: {resume_command(run_dir)}"
 
 
 # ------------------------------------------------------------------------------- TRL engine
@@ -296,6 +327,9 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         activation_checkpointing=False,
         use_cpu=on_cpu,
         ddp_backend=info.backend if multi else None,
+        # Every parameter of the causal LM gets a gradient. The Trainer's default (True without gradient
+        # checkpointing) makes DDP search the graph each step and warn that it found nothing unused.
+        ddp_find_unused_parameters=False,
         fsdp=multi,
         fsdp_config=hf_fsdp_config(
             cfg.fsdp_version,
@@ -375,10 +409,16 @@ def _local_numel(wrapped) -> int:
 
 def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     from smolfsdp import benchmark
-    from smolfsdp.trl_callbacks import RunWriterCallback
+    from smolfsdp.trl_callbacks import RunWriterCallback, use_one_line_progress
     from smolfsdp.trl_trainer import BenchmarkCallback, SmolSFTTrainer, StopAtStepCallback
 
     gate_lifted = lift_gate_if_asked(cfg, info)
+    if cfg.fsdp_version == 1 and info.world_size > 1:  # transformers' own line is filtered (smolfsdp.quiet)
+        log.info(
+            "note: transformers deprecates the Trainer's FSDP1 path (FSDP2, fsdp_version 2, is its default); "
+            "the pinned transformers %s still runs it",
+            versions().get("transformers"),
+        )
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
@@ -407,6 +447,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         smol_cfg=cfg,
         run_dir=writer.run_dir,
     )
+    use_one_line_progress(trainer)  # one readable line per logging step on rank 0, not the raw dict
     if bench_cb is not None:
         bench_cb.trainer = trainer
     resumed_from = None

@@ -1,6 +1,8 @@
-"""A ``TrainerCallback`` that writes the Trainer's logs into the smolfsdp run format.
+"""``TrainerCallback``s of the TRL engine: the Trainer's logs in the smolfsdp run format, and on screen.
 
-The TRL engine and the native engine then produce the same ``metrics.jsonl`` (see ``results``).
+``RunWriterCallback``: the TRL engine and the native engine then produce the same ``metrics.jsonl``
+(see ``results``). ``OneLineProgressCallback``: one readable line per logging step on rank 0 instead
+of the Trainer's raw log dict.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 
 class RunWriterCallback(TrainerCallback):
@@ -64,3 +66,45 @@ class RunWriterCallback(TrainerCallback):
         self.records.append(rec)
         if state.is_world_process_zero:
             self.writer.log(rec)
+
+
+def log_line(step: int, max_steps: int, logs: dict[str, Any]) -> str | None:
+    """One line for a Trainer log event: a training step or an evaluation; None for other events
+    (the end-of-training summary, which ``smolfsdp.sft`` reports itself).
+
+    ``step 2/4  loss 6.934  grad_norm 2.354  lr 3.00e-03  tokens seen 3,494  epoch 0.10``
+    """
+    head = f"step {step}/{max_steps}"
+    if "eval_loss" in logs:
+        return f"{head}  eval_loss {logs['eval_loss']:.4f}"
+    if "loss" not in logs:
+        return None
+    parts = [head, f"loss {float(logs['loss']):.4f}"]
+    if logs.get("grad_norm") is not None:
+        parts.append(f"grad_norm {float(logs['grad_norm']):.3f}")
+    if logs.get("learning_rate") is not None:
+        parts.append(f"lr {float(logs['learning_rate']):.2e}")
+    if logs.get("num_input_tokens_seen") is not None:
+        parts.append(f"tokens seen {int(logs['num_input_tokens_seen']):,}")
+    if logs.get("epoch") is not None:
+        parts.append(f"epoch {float(logs['epoch']):.2f}")
+    return "  ".join(parts)
+
+
+class OneLineProgressCallback(ProgressCallback):
+    """The Trainer's progress bar, with one :func:`log_line` per log event on rank 0 instead of the
+    raw dict ``ProgressCallback.on_log`` (or ``PrinterCallback``) writes."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        line = log_line(state.global_step, state.max_steps, logs)
+        if line is not None:
+            (self.training_bar.write if self.training_bar is not None else print)(line)
+
+
+def use_one_line_progress(trainer) -> None:
+    """Replace the Trainer's default progress/printer callback with :class:`OneLineProgressCallback`."""
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(OneLineProgressCallback())
