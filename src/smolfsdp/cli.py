@@ -76,18 +76,36 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         print(f"[smolfsdp] run folder: {cfg.run_dir}", flush=True)
         if cfg.stop_at_step:  # rank 0 said why it stopped; the command goes last, where it is seen
             from smolfsdp.results import load_run
-            from smolfsdp.sft import resume_command, stop_note
+            from smolfsdp.sft import stop_note
 
             note = stop_note(load_run(cfg.run_dir).summary, cfg.run_dir)
-            if note and "resume from" in note:
+            if note and "can resume" in note:
                 print(
-                    f"[smolfsdp] stopped early at step {cfg.stop_at_step}; resume with: "
-                    f"{resume_command(cfg.run_dir)}",
-                    flush=True,
+                    f"[smolfsdp] stopped early; resume with: {resume_command(args.config, rest)}", flush=True
                 )
             elif note:
                 print(f"[smolfsdp] {note}", flush=True)
     return proc.returncode
+
+
+def resume_command(config: str | None, overrides: list[str]) -> str:
+    """The ``smolfsdp train`` command that continues a run stopped by ``--stop_at_step``: the same
+    config and overrides, without the stop, with ``--resume`` (the latest complete checkpoint)."""
+    import shlex
+
+    keep, i = [], 0
+    while i < len(overrides):
+        key = overrides[i][2:].partition("=")[0].replace("-", "_") if overrides[i].startswith("--") else ""
+        has_value = (
+            "=" not in overrides[i] and i + 1 < len(overrides) and not overrides[i + 1].startswith("--")
+        )
+        if key in ("stop_at_step", "resume", "resume_from"):
+            i += 2 if has_value else 1
+            continue
+        keep.append(overrides[i])
+        i += 1
+    words = ["smolfsdp", "train"] + (["--config", config] if config else []) + keep + ["--resume"]
+    return shlex.join(words)
 
 
 def cmd_memory(args: argparse.Namespace) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -191,15 +190,11 @@ def _log_summary(s: dict[str, Any]) -> None:
         log.info(note)
 
 
-def resume_command(run_dir) -> str:
-    """The command that continues a run from its latest checkpoint (its own ``config.yaml``, no stop)."""
-    return f"smolfsdp train --config {Path(run_dir) / 'config.yaml'} --resume --stop_at_step null"
-
-
 def stop_note(summary: dict[str, Any], run_dir) -> str | None:
-    """One line for a run that ``stop_at_step`` ended early: the step, and how to resume or why not.
+    """One line for a run that ``stop_at_step`` ended early: the step, and what it can resume from.
 
-    None for a run that finished. ``run_dir`` is ``runs/<name>`` (its ``checkpoints/`` is read).
+    None for a run that finished. ``run_dir`` is ``runs/<name>`` (its ``checkpoints/`` is read). The
+    CLI follows it with the exact command to resume (``cli.resume_command``).
     """
     from smolfsdp.checkpoint import latest_checkpoint
 
@@ -212,7 +207,10 @@ def stop_note(summary: dict[str, Any], run_dir) -> str | None:
         return (
             f"{head}; no checkpoint was saved (save_steps 0), so it cannot resume: rerun with --save_steps N"
         )
-    return f"{head}; resume from {ckpt.name} with: {resume_command(run_dir)}"
+    return (
+        f"{head}; it can resume from {ckpt}: the same command without --stop_at_step, plus --resume "
+        "(Python: sft.run(cfg.replace(stop_at_step=None, resume_from='latest')))"
+    )
 
 
 # ------------------------------------------------------------------------------- TRL engine

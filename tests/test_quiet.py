@@ -1,0 +1,145 @@
+"""A newcomer's runs print no third-party warning lines (issue 17), and the filters drop nothing else.
+
+``smolfsdp.quiet`` filters the known harmless ones; the rest are fixed at their cause. The end-to-end
+test runs the demo (native FSDP1), a LoRA run (native FSDP2 + peft) and a TRL run (SFTTrainer + FSDP1)
+for a few steps and counts the lines of their captured output that look like a warning and are not
+smolfsdp's own.
+"""
+
+import logging
+import re
+import stat
+import warnings
+from pathlib import Path
+
+import pytest
+
+from smolfsdp import quiet, sft
+from smolfsdp.config import load_config
+from smolfsdp.trl_callbacks import log_line
+
+ROOT = Path(__file__).resolve().parents[1]
+WARNING_WORDS = re.compile(r"warn|deprecat", re.IGNORECASE)  # Warning, FutureWarning, warnings.warn(, ...
+# smolfsdp's own lines: the launcher's "[smolfsdp] ..." and a rank's "[rank0] 09:10:08 smolfsdp.data: ..."
+OWN = re.compile(r"^(\[smolfsdp\]|\[rank\d+\] [\d:]+ smolfsdp[.\w]*:)")
+
+
+def third_party_warning_lines(log: str) -> list[str]:
+    """Lines of a run's output that look like a warning and were not printed by smolfsdp."""
+    return [ln for ln in log.splitlines() if WARNING_WORDS.search(ln) and not OWN.match(ln.strip())]
+
+
+def test_counter_sees_the_warnings_issue_17_lists():
+    """The counter flags each kind of line the issue lists (as the unfixed runs printed them)."""
+    before = """\
+/x/site-packages/transformers/modeling_utils.py:3312: FutureWarning: `is_gradient_checkpointing` is deprecated
+  warnings.warn(
+/x/site-packages/peft/utils/save_and_load.py:313: UserWarning: Could not find a config file in tiny - will assume
+[transformers] FSDP1 (`fsdp_config['version'] = 1`) is deprecated and will be removed in Transformers v5.20.
+[rank1] 09:11:40 accelerate.utils.dataclasses: sharding_strategy is deprecated in favor of reshard_after_forward.
+[rank0] 09:10:08 smolfsdp.data: 20 of 180 rows were longer than max_length=256 and were truncated
+[rank0] 09:11:40 smolfsdp.sft: note: transformers deprecates the Trainer's FSDP1 path"""
+    assert len(third_party_warning_lines(before)) == 5
+
+
+@pytest.fixture(scope="module")
+def quiet_runs(tmp_path_factory):
+    """The demo, a LoRA and a TRL run, 3 steps each on short sequences, output captured."""
+    out = tmp_path_factory.mktemp("quiet")
+    short = {"output_dir": str(out), "max_steps": 3, "eval_steps": 0, "max_length": 128, "max_rows": 60}
+    runs = {}
+    for name in ("smoke", "lora_smoke", "smoke_trl"):
+        cfg = load_config(ROOT / "configs" / "runs" / f"{name}.yaml", **short)
+        runs[name] = sft.run(cfg, capture=True, timeout=300)
+    return runs
+
+
+@pytest.mark.parametrize("name", ["smoke", "lora_smoke", "smoke_trl"])
+def test_runs_print_no_third_party_warnings(quiet_runs, name):
+    run = quiet_runs[name]
+    assert run.summary["metrics"]["steps"] == 3
+    assert third_party_warning_lines(run.log) == []
+
+
+def test_trl_run_logs_one_readable_line_per_step_on_rank0(quiet_runs):
+    log = quiet_runs["smoke_trl"].log
+    assert "{'loss'" not in log and "{'train_runtime'" not in log  # the Trainer's raw dicts are gone
+    steps = re.findall(
+        r"step (\d+)/3  loss \d+\.\d{4}  grad_norm [\d.]+  lr [\d.e+-]+  tokens seen [\d,]+", log
+    )
+    assert steps == ["1", "2", "3"]  # logging_steps 1: one line per step, rank 0 only
+    # the FSDP1 deprecation said once, by smolfsdp, instead of transformers' line on each rank
+    assert log.count("transformers deprecates the Trainer's FSDP1 path") == 1
+
+
+def test_final_model_files_are_0644_like_the_rest(quiet_runs):
+    """safetensors 0.8 writes through a 0600 temporary file; smolfsdp gives the model the umask's mode."""
+    final = Path(quiet_runs["smoke"].summary["final_model"])
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in final.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o644, modes
+    adapter = Path(quiet_runs["lora_smoke"].summary["adapter"]["adapter"])
+    assert stat.S_IMODE((adapter / "adapter_model.safetensors").stat().st_mode) == 0o644
+
+
+# ------------------------------------------------------------------------------ the filters
+def test_filters_drop_only_the_known_messages(caplog):
+    quiet.install()
+    quiet.install()  # idempotent: one filter per logger
+    acc = logging.getLogger("accelerate.utils.dataclasses")
+    assert sum(isinstance(f, quiet._DropKnown) for f in acc.filters) == 1
+    with caplog.at_level(logging.WARNING):
+        acc.warning(
+            "sharding_strategy is deprecated in favor of reshard_after_forward. "
+            "This will be removed in a future version of Accelerate."
+        )
+        acc.warning("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.")
+        logging.getLogger("transformers.training_args").warning(
+            "FSDP1 (`fsdp_config['version'] = 1`) is deprecated and will be removed in Transformers v5.20."
+        )
+        logging.getLogger("transformers.training_args").warning("max_steps is given, it will override ...")
+    assert [r.getMessage()[:17] for r in caplog.records] == ["backward_prefetch", "max_steps is give"]
+
+
+def test_warning_filter_is_narrow():
+    quiet.install()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        quiet.install()  # after simplefilter: the known filter goes first again
+        warnings.warn_explicit(
+            "`is_gradient_checkpointing` is deprecated and will be removed in v6.",
+            FutureWarning,
+            "modeling_utils.py",
+            1,
+            module="transformers.modeling_utils",
+        )
+        warnings.warn_explicit(
+            "`is_gradient_checkpointing` is deprecated and will be removed in v6.",
+            FutureWarning,
+            "ours.py",
+            1,
+            module="smolfsdp.ours",  # the same text from another module still shows
+        )
+        warnings.warn("our own truncation notice", UserWarning)
+    assert [str(w.message)[:20] for w in seen] == ["`is_gradient_checkpo", "our own truncation n"]
+
+
+def test_every_known_entry_says_where_and_why():
+    for k in quiet.KNOWN:
+        assert re.search(r"\d+\.\d+", k.library) and len(k.why) > 40
+        assert quiet.is_known(re.sub(r"\\", "", k.message).rstrip("$"))
+
+
+def test_log_line_values():
+    logs = {
+        "loss": 6.9341,
+        "grad_norm": 2.3541,
+        "learning_rate": 0.003,
+        "epoch": 0.1,
+        "num_input_tokens_seen": 3494,
+    }
+    assert (
+        log_line(2, 4, logs)
+        == "step 2/4  loss 6.9341  grad_norm 2.354  lr 3.00e-03  tokens seen 3,494  epoch 0.10"
+    )
+    assert log_line(4, 4, {"eval_loss": 6.5381, "epoch": 0.2}) == "step 4/4  eval_loss 6.5381"
+    assert log_line(4, 4, {"train_runtime": 3.7, "train_loss": 6.8}) is None
