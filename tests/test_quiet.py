@@ -119,7 +119,15 @@ def test_warning_filter_is_narrow():
             1,
             module="smolfsdp.ours",  # the same text from another module still shows
         )
-        warnings.warn("our own truncation notice", UserWarning)
+        warnings.warn_explicit(
+            "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a "
+            "single process.",
+            UserWarning,
+            "utils.py",
+            485,
+            module="torch.distributed.checkpoint.utils",
+        )
+        warnings.warn("our own truncation notice", UserWarning, stacklevel=1)
     assert [str(w.message)[:20] for w in seen] == ["`is_gradient_checkpo", "our own truncation n"]
 
 

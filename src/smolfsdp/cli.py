@@ -78,13 +78,15 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             from smolfsdp.results import load_run
             from smolfsdp.sft import stop_note
 
-            note = stop_note(load_run(cfg.run_dir).summary, cfg.run_dir)
+            summary = load_run(cfg.run_dir).summary
+            note = stop_note(summary, cfg.run_dir)
             if note and "can resume" in note:
+                step = summary["metrics"]["steps"]
                 print(
-                    f"[smolfsdp] stopped early; resume with: {resume_command(args.config, rest)}", flush=True
+                    f"[smolfsdp] stopped early at step {step}; resume with: {resume_command(args.config, rest)}"
                 )
             elif note:
-                print(f"[smolfsdp] {note}", flush=True)
+                print(f"[smolfsdp] {note}")
     return proc.returncode
 
 

@@ -69,6 +69,15 @@ KNOWN: tuple[Known, ...] = (
         "accelerate's other FSDP2-conversion warnings still print",
         logger="accelerate.utils.dataclasses",
     ),
+    Known(
+        message=r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to load "
+        r"in a single process",
+        library="torch 2.13 (distributed.checkpoint.state_dict_loader.load), on every dcp.load without a "
+        "process group, no_dist=True included",
+        why="`smolfsdp convert` loads a sharded checkpoint in one process on purpose (DCP reads every shard "
+        "there); inside a launched run the process group always exists, so it cannot hide a missing one",
+        module=r"torch\.distributed\.checkpoint",
+    ),
 )
 
 
