@@ -28,6 +28,7 @@ import importlib.metadata as md
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -95,10 +96,11 @@ class Plan:
 def make_plan(simulate_cpu: bool, warmup_steps: int = 3, timed_steps: int = 10) -> Plan:
     if warmup_steps < 1 or timed_steps < 1:
         raise ValueError(f"warmup_steps={warmup_steps}, timed_steps={timed_steps}: both must be >= 1")
-    # wait 1, warmup 1, active 2: benchmark's schedule with one active step fewer, to keep a 3B
-    # trace well under the device tool's 16 MiB per file
+    # GPU: wait 1, warmup 1, active 2 (benchmark's schedule with one active step fewer, to keep a 3B
+    # trace well under the device tool's 16 MiB per file); CPU simulation: warmup 1, active 1
+    wait, active = (0, 1) if simulate_cpu else (1, 2)
     prof = SimpleNamespace(
-        profile=True, profile_wait=1, profile_warmup=1, profile_active=2, record_shapes=False
+        profile=True, profile_wait=wait, profile_warmup=1, profile_active=active, record_shapes=False
     )
     if simulate_cpu:
         return Plan(True, SIM_SHAPES, min(warmup_steps, 1), min(timed_steps, 2), 256, 3, prof)
@@ -323,7 +325,8 @@ def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: f
 def _profiled_window(model, opt, ids, plan: Plan, device: torch.device, work: Path, grads: dict) -> Path:
     """Steps under ``benchmark.start_profiler`` (wait, warmup, active); returns the written trace.
 
-    The first (``wait``, not recorded) step also counts the gradient bytes into ``grads["bytes"]``.
+    The first step (``wait`` or ``warmup``: not in the trace) also counts the gradient bytes into
+    ``grads["bytes"]``.
     """
 
     def count_grads() -> None:
@@ -454,7 +457,7 @@ def provenance(device: torch.device, command: str | None) -> dict[str, Any]:
     return {
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": command,
-        "python_command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "python_command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "git_sha": sha or env_sha,
         "git_sha_source": "git rev-parse HEAD" if sha else ("SMOLFSDP_GIT_SHA" if env_sha else None),
         "source_sha256": digest,
