@@ -198,3 +198,44 @@ def load_run(path: str | Path) -> Run:
         pd.DataFrame(rows),
         json.loads((path / "summary.json").read_text()),
     )
+
+
+# ------------------------------------------------------------------------ committed GPU measurements
+#: Where ``scripts/gpu_check.sh``'s files are committed, relative to the repository root.
+GPU_RESULTS_DIR = "data/results/h200"
+GPU_RESULT_FILES = ("bench.json", "trace_summary.json", "provenance.json")
+
+
+@dataclass
+class GpuResults:
+    """One committed run of ``scripts/gpu_check.sh`` (see ``data/results/h200/README.md``)."""
+
+    path: Path
+    bench: dict[str, Any]
+    trace_summary: dict[str, Any]
+    provenance: dict[str, Any]
+
+
+def load_gpu_results(path: str | Path = GPU_RESULTS_DIR) -> GpuResults | None:
+    """The measurement committed in ``path`` (relative paths from the repository root), or None.
+
+    None when ``path`` holds no ``bench.json`` (nothing was measured yet). Raises FileNotFoundError
+    when ``bench.json`` is there without ``trace_summary.json`` or ``provenance.json`` (a number
+    without its provenance is not shown), and ValueError for a CPU simulation's files (they are
+    not a GPU measurement).
+    """
+    from smolfsdp.data import repo_root
+
+    path = Path(path)
+    path = path if path.is_absolute() else repo_root() / path
+    if not (path / "bench.json").is_file():
+        return None
+    missing = [n for n in GPU_RESULT_FILES if not (path / n).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} has bench.json but not {missing}: commit every file scripts/gpu_check.sh wrote."
+        )
+    bench, summary, prov = (json.loads((path / n).read_text()) for n in GPU_RESULT_FILES)
+    if bench.get("simulated_cpu"):
+        raise ValueError(f"{path}/bench.json comes from --simulate-cpu, not from a GPU: do not commit it.")
+    return GpuResults(path, bench, summary, prov)
