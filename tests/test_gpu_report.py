@@ -58,18 +58,18 @@ def test_absent_results_say_so(tmp_path):
     (tmp_path / "readme_only").mkdir()
     (tmp_path / "readme_only" / "README.md").write_text("no measurement yet")
     for kind in ("memory", "profiling"):
-        text, table = gpu_results_section(kind, tmp_path / "readme_only")
-        assert table is None and "No GPU measurement exists yet" in text
+        (text,) = gpu_results_section(kind, tmp_path / "readme_only")
+        assert "No GPU measurement exists yet" in text
 
 
 def test_the_committed_folder_loads_or_says_none_exists():
     res = load_gpu_results()  # data/results/h200/: a README until a real run is committed
-    text, table = gpu_results_section("memory")
+    parts = gpu_results_section("memory")
     if res is None:
-        assert table is None and "No GPU measurement exists yet" in text
+        assert len(parts) == 1 and "No GPU measurement exists yet" in parts[0]
     else:  # a committed run is complete, from a GPU, and shown shape by shape
         assert res.provenance["gpu"] and not res.bench["simulated_cpu"]
-        assert set(table["shape"]) == {c["name"] for c in res.bench["configs"]}
+        assert set(parts[1]["shape"]) == {c["name"] for c in res.bench["configs"]}
 
 
 def test_fabricated_results_give_errors_in_percent(tmp_path):
@@ -84,10 +84,10 @@ def test_fabricated_results_give_errors_in_percent(tmp_path):
     thr = throughput_table(res).iloc[0]
     assert thr["MFU vs datasheet (%)"] == pytest.approx(100 * 400 / 989)
     assert thr["MFU vs measured matmul (%)"] == 50.0 and thr["compute stream busy (%)"] == 90.0
-    text, table = gpu_results_section("profiling", folder)
-    assert "SYNTHETIC GPU" in text and "800 TFLOP/s" in text and table.shape[0] == 1
-    text, table = gpu_results_section("memory", folder)
-    assert "error is in percent of the measurement" in text and len(table) == 5
+    text, table, reading = gpu_results_section("profiling", folder)
+    assert "SYNTHETIC GPU" in text and "800 TFLOP/s" in text and table.shape[0] == 1 and "MFU" in reading
+    text, table, reading = gpu_results_section("memory", folder)
+    assert "error is in percent of the measurement" in reading and len(table) == 5
     assert error_pct(110, 100) == pytest.approx(10.0)
 
 

@@ -96,29 +96,38 @@ def provenance_line(results: GpuResults) -> str:
     )
 
 
-def gpu_results_section(kind: str, path: str | Path = GPU_RESULTS_DIR) -> tuple[str, pd.DataFrame | None]:
-    """(Markdown text, table or None) for a chapter: ``kind`` is "memory" or "profiling".
+def gpu_results_section(kind: str, path: str | Path = GPU_RESULTS_DIR) -> list[str | pd.DataFrame]:
+    """What a chapter shows, in order: Markdown strings and a table. ``kind``: "memory" or "profiling".
 
-    With no measurement committed the text says so and the table is None. Raises ValueError for
-    another ``kind``.
+    With no measurement committed: one sentence saying so, no number. With one: what was measured
+    and its provenance, the table, and how to read it. Raises ValueError for another ``kind``.
     """
     if kind not in ("memory", "profiling"):
         raise ValueError(f"kind={kind!r}: use 'memory' or 'profiling'")
     results = load_gpu_results(path)
     if results is None:
-        return (
+        return [
             f"**No GPU measurement exists yet.** Nothing is committed under `{GPU_RESULTS_DIR}/`, so "
             "every SmolLM3-3B number in this chapter is an estimate. The check that will measure "
-            f"them on one GPU is `{COMMAND}` (see `{GPU_RESULTS_DIR}/README.md`).",
-            None,
-        )
+            f"them on one GPU is `{COMMAND}` (see `{GPU_RESULTS_DIR}/README.md`)."
+        ]
     if kind == "memory":
-        table = memory_table(results).round(3)
-        what = (
+        intro = (
             "Estimated against measured bytes on one GPU (world size 1, FSDP2, bf16 compute, fused "
-            "AdamW); the error is in percent of the measurement. "
+            "AdamW), SmolLM3-3B geometry with random weights. "
+        )
+        table = memory_table(results).round(3)
+        reading = (
+            "The error is in percent of the measurement: negative where the estimate is low. The peak "
+            "is compared with the estimate's upper bound (every component alive at once) less the CUDA "
+            "context, which the allocator never sees."
         )
     else:
+        intro = "Throughput on one GPU, SmolLM3-3B geometry, random token ids at full length. "
         table = throughput_table(results).round(1)
-        what = "Throughput and MFU on one GPU, against the datasheet peak and the measured matmul. "
-    return what + provenance_line(results), table
+        reading = (
+            "MFU is shown twice: against the datasheet's bf16 dense peak and against the bf16 matmul "
+            "timed in the same run, the ceiling this GPU reached that day; the gap between the two "
+            "columns is the card's, the gap below the second one is the training step's."
+        )
+    return [intro + provenance_line(results), table, reading]
