@@ -13,6 +13,7 @@ need those two.
 """
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -68,6 +69,9 @@ def _print_table(bench: dict[str, Any], checks: dict[str, Any]) -> None:
         f"{'shape':<18}{'ms':>9}{'tok/s':>10}{'TFLOP/s':>9}{'MFU':>7}{'/matmul':>8}{'peak/est':>9}{'static/est':>11}{'nccl':>6}"
     )
     for c in bench["configs"]:
+        if "error" in c:
+            print(f"{c['name']:<18}{c['error'][:90]}")
+            continue
         s, m = c["summary"], c["memory"]
         mfu = f"{s['mfu_median']:.3f}" if s["mfu_median"] is not None else "-"
         pk = f"{m['peak_ratio']:.3f}" if m["peak_ratio"] is not None else "-"
@@ -125,16 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = calibration["tflops_median"]
     peak, source = benchmark.peak_tflops(prov["gpu"])
     log(f"matmul {plan.matmul_n}^3 bf16: {ceiling:.1f} TFLOP/s (median of {plan.matmul_iters})")
-    configs, checks, traces = [], {}, {}
-    for shape in plan.shapes:
-        record, trace = run_shape(config, shape, plan, info.device, ceiling, out, log)
-        configs.append(record)
-        checks[shape.name] = check_trace(trace, config.num_hidden_layers)
-        traces[shape.name] = trace
-    real = next(s.name for s in plan.shapes if s.real_run)
-    kept = keep_trace(traces, real, out)
-    for trace in traces.values():
-        shutil.rmtree(trace.parent.parent)
     bench = {
         "check": "smolfsdp gpu_check (issue 13)",
         "simulated_cpu": plan.simulate_cpu,
@@ -142,17 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": prov["gpu"],
         "world_size": 1,
         "model": {
-            "config": "tiny preset (smolfsdp.modeling.tiny_config)"
-            if plan.simulate_cpu
+            "config": "tiny preset (smolfsdp.modeling.tiny_config)" if plan.simulate_cpu
             else "data/models/smollm3_3b/config.json",
             "weights": "random (seed 0); token ids random (seed 1), every position a real token",
             "attn_implementation": "sdpa",
-            "param_dtype": "float32",
-            "compute_dtype": "bfloat16 (FSDP2 MixedPrecisionPolicy, fp32 reduce)",
+            "param_dtype": "float32", "compute_dtype": "bfloat16 (FSDP2 MixedPrecisionPolicy, fp32 reduce)",
             "sharding": "FSDP2 fully_shard per decoder layer + root, 1-D mesh of 1",
             "optimizer": "torch.optim.AdamW(lr=1e-5, fused=True); clip_grad_norm_ 1.0",
             "estimator_recipe": RECIPE,
-        },  # fmt: skip
+        },
         "calibration": {
             "matmul": calibration,
             "datasheet_peak_tflops": peak,
@@ -160,24 +152,50 @@ def main(argv: list[str] | None = None) -> int:
             "ceiling_fraction_of_datasheet": ceiling / peak if peak else None,
         },
         "units": {
-            "step_time_ms": "milliseconds per optimizer step",
-            "tokens_per_s": "tokens per second",
+            "step_time_ms": "milliseconds per optimizer step", "tokens_per_s": "tokens per second",
             "tflops": "model TFLOP/s (6N + 12LHQT per token, PaLM appendix B)",
-            "mfu": "fraction of the datasheet bf16 dense peak",
-            "mfu_vs_matmul": "fraction of the measured matmul",
+            "mfu": "fraction of the datasheet bf16 dense peak", "mfu_vs_matmul": "fraction of the measured matmul",
             "*_bytes": "bytes",
-        },  # fmt: skip
-        "configs": configs,
-    }
-    analyze = run_analyze_trace(out / kept) if kept else None
-    summary = {"trace_file": kept, "trace_shape": kept and kept[len("trace_") : -len(".json.gz")],
-               "analyze_trace": analyze, "checks": checks}  # fmt: skip
-    for name, obj in ((BENCH, bench), (TRACE_SUMMARY, summary), (PROVENANCE, prov)):
-        (out / name).write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    _print_table(bench, checks)
-    log(f"wrote {sorted(p.name for p in out.iterdir())}")
+        },
+        "configs": [],
+    }  # fmt: skip
+    summary: dict[str, Any] = {"trace_file": None, "trace_shape": None, "analyze_trace": None, "checks": {}}
+
+    # written after every shape: a run cut short by the device's time limit keeps what it measured
+    def write() -> None:
+        for name, obj in ((BENCH, bench), (TRACE_SUMMARY, summary), (PROVENANCE, prov)):
+            (out / name).write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+    traces, failed = {}, []
+    for shape in plan.shapes:
+        try:
+            record, trace = run_shape(config, shape, plan, info.device, ceiling, out, log)
+        except torch.OutOfMemoryError as err:  # recorded, not hidden: the other shapes still count
+            record, trace = {"name": shape.name, "error": f"{type(err).__name__}: {err}"[:2000]}, None
+        if trace is None:
+            failed.append(shape.name)
+            bench["configs"].append(record)
+            log(f"{shape.name}: FAILED ({record['error'][:80]}); going on with the next shape")
+            gc.collect()  # the failed shape's model and optimizer are garbage once the exception is gone
+            torch.cuda.empty_cache()
+            write()
+            continue
+        bench["configs"].append(record)
+        summary["checks"][shape.name] = check_trace(trace, config.num_hidden_layers)
+        traces[shape.name] = trace
+        write()
+    real = next(s.name for s in plan.shapes if s.real_run)
+    kept = keep_trace(traces, real, out) if traces else None
+    for trace in traces.values():
+        shutil.rmtree(trace.parent.parent)
+    summary["trace_file"] = kept
+    summary["trace_shape"] = kept and kept[len("trace_") : -len(".json.gz")]
+    summary["analyze_trace"] = run_analyze_trace(out / kept) if kept else None
+    write()
+    _print_table(bench, summary["checks"])
+    log(f"wrote {sorted(p.name for p in out.iterdir())}" + (f"; FAILED: {failed}" if failed else ""))
     teardown()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -41,7 +41,10 @@ if [ "$SIM" = 0 ] && command -v nvidia-smi >/dev/null; then
   SAMPLER=$!
 fi
 set +e
-"$PY" scripts/gpu_check.py --out "$OUT" --command "bash scripts/gpu_check.sh $*" "$@" 2>&1 | tee "$LOG"
+# the whole check stops after GPU_CHECK_TIMEOUT_S (7.5 min), inside the device tool's limit; the
+# files written after each shape, the log and the nvidia-smi readings still come back
+timeout "${GPU_CHECK_TIMEOUT_S:-450}" "$PY" scripts/gpu_check.py --out "$OUT" \
+  --command "bash scripts/gpu_check.sh $*" "$@" 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 set -e
 [ -n "$SAMPLER" ] && kill "$SAMPLER" 2>/dev/null || true

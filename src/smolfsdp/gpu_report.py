@@ -19,6 +19,11 @@ GIB = 2**30
 COMMAND = "OUT=<empty folder> bash scripts/gpu_check.sh"
 
 
+def _measured(results: GpuResults) -> list[dict]:
+    """The shapes that ran (a shape that failed, e.g. out of memory, carries ``error`` instead)."""
+    return [c for c in results.bench["configs"] if "error" not in c]
+
+
 def error_pct(estimated: float, measured: float) -> float:
     """Estimator error in percent of the measurement: ``100 * (estimated - measured) / measured``."""
     return 100 * (estimated - measured) / measured
@@ -32,7 +37,7 @@ def memory_table(results: GpuResults) -> pd.DataFrame:
     steps (against the estimate's upper bound minus the CUDA context, which the allocator never sees).
     """
     rows = []
-    for cfg in results.bench["configs"]:
+    for cfg in _measured(results):
         mem, st = cfg["memory"], cfg["memory"]["static"]
         est, got = st["estimated"], st["measured"]
         pairs = [
@@ -64,7 +69,7 @@ def throughput_table(results: GpuResults) -> pd.DataFrame:
     and against the matmul measured in the same run, compute-stream busy share, NCCL kernels."""
     checks = results.trace_summary.get("checks", {})
     rows = []
-    for cfg in results.bench["configs"]:
+    for cfg in _measured(results):
         s, chk = cfg["summary"], checks.get(cfg["name"], {})
         busy = chk.get("compute_busy_fraction_mean")
         rows.append(
@@ -130,4 +135,7 @@ def gpu_results_section(kind: str, path: str | Path = GPU_RESULTS_DIR) -> list[s
             "timed in the same run, the ceiling this GPU reached that day; the gap between the two "
             "columns is the card's, the gap below the second one is the training step's."
         )
+    failed = [f"{c['name']} ({c['error'][:120]})" for c in results.bench["configs"] if "error" in c]
+    if failed:
+        reading += " Shapes that did not run: " + "; ".join(failed) + "."
     return [intro + provenance_line(results), table, reading]
