@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         keep_trace,
         make_plan,
         measure_matmul_tflops,
-        provenance,
         run_analyze_trace,
         run_shape,
     )
     from smolfsdp.memory import resolve_model_config
+    from smolfsdp.results import provenance
 
     args = parse_args(argv)
     plan = make_plan(args.simulate_cpu, args.warmup_steps, args.timed_steps)
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "units": {
             "step_time_ms": "milliseconds per optimizer step", "tokens_per_s": "tokens per second",
-            "tflops": "model TFLOP/s (6N + 12LHQT per token, PaLM appendix B)",
+            "tflops": "model TFLOP/s (6N + 12LHQT per token, PaLM appendix B; recompute not counted)",
             "mfu": "fraction of the datasheet bf16 dense peak", "mfu_vs_matmul": "fraction of the measured matmul",
             "*_bytes": "bytes",
         },
