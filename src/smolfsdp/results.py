@@ -1,6 +1,8 @@
 """One run folder format for every engine: ``runs/<name>/{config.yaml, metrics.jsonl, summary.json}``.
 
-Written by rank 0 of a run (:class:`RunWriter`), read by the chapters (:func:`load_run`).
+Written by rank 0 of a run (:class:`RunWriter`), read by the chapters (:func:`load_run`). Also the
+committed one-GPU measurement of ``scripts/gpu_check.sh`` (:func:`load_gpu_results`, shown by
+``smolfsdp.gpu_report``) and the provenance it records (:func:`provenance`).
 
     python -c "from smolfsdp.results import load_run; print(load_run('runs/smoke').summary)"
 """
