@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             write()
             continue
         bench["configs"].append(record)
+        write()  # the measurement is safe before its trace is read
         summary["checks"][shape.name] = check_trace(trace, config.num_hidden_layers)
         traces[shape.name] = trace
         write()
