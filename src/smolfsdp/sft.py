@@ -27,7 +27,7 @@ import torch
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import prepare_data
-from smolfsdp.distributed import DistInfo, init_distributed, setup_logging, teardown
+from smolfsdp.distributed import DistInfo, check_offload_support, init_distributed, setup_logging, teardown
 from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.results import RunWriter, git_sha, hardware, load_run, versions
 
@@ -47,6 +47,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         check_run_dir(cfg.run_dir, resume=bool(cfg.resume_from), overwrite=cfg.overwrite)
     except FileExistsError as err:
         raise ConfigError(str(err)) from err
+    check_offload_support(cfg.fsdp_version, cfg.cpu_offload)  # FSDP1 offload on a CPU-only machine
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
@@ -122,7 +123,7 @@ def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Body of one launched process: join the group, train, write the run folder (rank 0), tear down."""
-    info = init_distributed()
+    info = init_distributed(cpu_offload=cfg.cpu_offload)
     setup_logging(info.rank)
     torch.manual_seed(cfg.seed)
     writer = RunWriter(
