@@ -127,8 +127,13 @@ def _full(p) -> torch.Tensor:
     "fsdp2_mixed_dtensor",
     "FSDP2: 'mixed torch.Tensor and DTensor' around evaluation",
     DIST,
-    """With torch 2.13 an eval forward through the root (no_grad or not), generate() and
-    unshard() all leave training working. What still fails is calling a submodule that FSDP2 did not
+    """With torch 2.13 an eval forward through the root (no_grad or not) and unshard() leave
+    training working, and so does generate() on a plain transformers model (it calls the root's
+    forward). generate() on a peft (LoRA) model is this gotcha: PeftModel.generate calls the inner model
+    past the root's hooks and fails with the same error; smolfsdp.fsdp2.apply_fsdp2 registers it with
+    torch.distributed.fsdp.register_fsdp_forward_method, so it works. Under FSDP1, model.generate fails
+    with or without LoRA ("'weight' must be 2-D"); smolfsdp.lora_fsdp2.generate gathers the full
+    parameters for the call (summon_full_params). What still fails is calling a submodule that FSDP2 did not
     shard on its own (here model.model, the inner SmolLM3Model, e.g. to get hidden states for an eval
     metric): the embedding's weight belongs to the root's group and is still a sharded DTensor, the
     input ids are a plain Tensor. Pinning FSDP1 (the seed's fix) does not help in this form: FSDP1
