@@ -319,7 +319,7 @@ def test_generate_on_sharded_lora_equals_unsharded(tokenizer, version):
             reference.generate(input_ids=torch.tensor([p]), max_new_tokens=6, do_sample=False).tolist()
             for p in PROMPTS
         ]
-    assert all(len(e[0]) == len(p) + 6 for e, p in zip(expected, PROMPTS))
+    assert all(len(e[0]) == len(p) + 6 for e, p in zip(expected, PROMPTS, strict=True))
     for rank, got in enumerate(run_distributed(_sharded_generate, 2, version)):
         assert got["helper"] == expected[rank]
         if version == 2:
