@@ -413,7 +413,7 @@ def estimate_memory(
     fsdp_version: int = 2,
     gpus_per_node: int = 8,
     rank: int = 0,
-    loading: str = "rank0",
+    loading: str = "every-rank",
 ) -> MemoryEstimate:
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -422,9 +422,21 @@ def estimate_memory(
     replicate across nodes). ``rank`` 0 is the fullest (padding lands on the last ranks). Static
     terms follow ``sharded_state``; activations ``activation_breakdown``; offload moves the static
     terms to ``host_bytes`` (FSDP1 ``CPUOffload(offload_params=True)`` / FSDP2 ``CPUOffloadPolicy``
-    keep shards, gradients and optimizer state on the host). ``loading``: every-rank (each process
-    loads the full model, then moves it to its GPU), rank0 (``cpu_ram_efficient_loading`` /
-    ``sync_module_states``), meta (build on meta, load sharded).
+    keep shards, gradients and optimizer state on the host).
+
+    ``loading`` sets the load-time peaks (model bytes at the recipe's ``param_bytes``: fp32 for the
+    recipes smolfsdp runs, whose engines build fp32 parameters):
+
+    * ``every-rank`` (the default, what both smolfsdp engines do: ``modeling.build_model`` /
+      ``from_pretrained`` in every process, then wrap): the host of a node holds one full model per
+      process, ``min(world_size, gpus_per_node)`` of them at once.
+    * ``rank0``: only local rank 0 loads, the others build on meta (``cpu_ram_efficient_loading`` with
+      ``sync_module_states``, a Trainer option smolfsdp does not turn on): one full model per node.
+    * ``meta``: build on meta, load each shard where it lives: nothing full on the host.
+
+    On the device every loading peaks at the largest FSDP unit held in full (the root or a layer):
+    FSDP moves one unit at a time to the device and shards it there (FSDP1 ``device_id``, FSDP2
+    ``fully_shard``); the whole model never sits on one GPU.
 
     Raises ConfigError for an unknown strategy/recipe/loading, world size < 1, a sequence longer than
     the model's ``max_position_embeddings``, or an unresolvable model.
@@ -500,7 +512,7 @@ def estimate_memory(
         activations_no_ac_bytes=no_ac, activations_ac_bytes=with_ac, logits_bytes=act["logits"],
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
         host_bytes=host, n_step_tensors=st["n_step_tensors"],
-        load_peak_device_bytes=full_model if loading == "every-rank" else layer_full * rec.param_bytes,
+        load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading] * full_model,
         notes=notes,
     )  # fmt: skip

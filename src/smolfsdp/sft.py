@@ -25,9 +25,17 @@ from typing import Any
 
 import torch
 
+from smolfsdp import fsdp1, fsdp2
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import prepare_data
-from smolfsdp.distributed import DistInfo, all_gather_object, init_distributed, setup_logging, teardown
+from smolfsdp.distributed import (
+    DistInfo,
+    all_gather_object,
+    check_offload_support,
+    init_distributed,
+    setup_logging,
+    teardown,
+)
 from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.results import RunWriter, git_sha, hardware, load_run, versions
 
@@ -47,6 +55,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         check_run_dir(cfg.run_dir, resume=bool(cfg.resume_from), overwrite=cfg.overwrite)
     except FileExistsError as err:
         raise ConfigError(str(err)) from err
+    check_offload_support(cfg.fsdp_version, cfg.cpu_offload)  # FSDP1 offload on a CPU-only machine
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
@@ -122,7 +131,7 @@ def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
 
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Body of one launched process: join the group, train, write the run folder (rank 0), tear down."""
-    info = init_distributed()
+    info = init_distributed(cpu_offload=cfg.cpu_offload)
     setup_logging(info.rank)
     torch.manual_seed(cfg.seed)
     writer = RunWriter(
@@ -340,13 +349,12 @@ def keep_fp32_buffers_and_reduce(args, cfg: TrainConfig) -> None:
     """
     if cfg.mixed_precision != "bf16" or not args.fsdp_plugin_args:
         return
-    last = "buffer_dtype" if cfg.fsdp_version == 1 else "output_dtype"
-    last_dtype = torch.float32 if cfg.fsdp_version == 1 else torch.bfloat16
-    args.fsdp_plugin_args["mixed_precision_policy"] = {
-        "param_dtype": torch.bfloat16,
-        "reduce_dtype": torch.float32,
-        last: last_dtype,
-    }
+    # the native engine's policies: one definition of "bf16" for both engines
+    args.fsdp_plugin_args["mixed_precision_policy"] = (
+        fsdp1.mixed_precision_policy(torch.bfloat16)
+        if cfg.fsdp_version == 1
+        else fsdp2.default_mp_policy("bf16")
+    )
 
 
 def lift_gate_if_asked(cfg: TrainConfig, info: DistInfo) -> bool:
@@ -365,8 +373,6 @@ def _local_numel(wrapped) -> int:
     """Parameter elements this rank holds: FlatParameter shards (FSDP1), DTensor shards (FSDP2), or
     every parameter (DDP and no wrapper)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
-
-    from smolfsdp import fsdp1, fsdp2
 
     if any(isinstance(m, FullyShardedDataParallel) for m in wrapped.modules()):
         return fsdp1.local_numel(wrapped)
