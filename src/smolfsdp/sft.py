@@ -326,15 +326,28 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
     )
     if multi:
         keep_fp32_buffers_and_reduce(args, cfg)
-        if cfg.gradient_accumulation_steps > 1 and not cfg.cpu_offload:
-            # Without this the Trainer runs every micro-batch but the last under FSDP1 no_sync(): each rank
-            # then holds the whole unsharded gradient in the compute dtype (5.7 GiB per GPU for SmolLM3-3B
-            # in bf16), which smolfsdp.memory does not count. Syncing each micro-batch reduce-scatters
-            # it instead (more communication, sharded memory). FSDP1 with CPU offload does not support
-            # accumulation outside no_sync (wrong gradients), so offload keeps no_sync.
+        if cfg.gradient_accumulation_steps > 1 and not accumulates_under_no_sync(cfg):
             args.accelerator_config.gradient_accumulation_kwargs = {"sync_each_batch": True}
     # accelerate 1.15 would wrap with FULL_SHARD whatever fsdp_config asks (see the function)
     return pin_plugin_sharding_strategy(args)
+
+
+def accumulates_under_no_sync(cfg: TrainConfig) -> bool:
+    """Whether the TRL engine runs accumulation micro-batches under FSDP1 ``no_sync()``.
+
+    By default the Trainer does (accelerate skips gradient sync until the last micro-batch), and each
+    rank then holds the whole unsharded gradient in the compute dtype (5.7 GiB per GPU for SmolLM3-3B
+    in bf16). smolfsdp asks for ``sync_each_batch`` instead (a reduce-scatter per micro-batch: more
+    communication, sharded memory), except with FSDP1 CPU offload, which supports accumulation only
+    inside ``no_sync()`` (outside it the gradients come out wrong). The memory estimate takes the same
+    answer (``smolfsdp.memory.estimate_memory(no_sync=...)``), so estimate and run agree.
+    """
+    return (
+        cfg.engine == "trl"
+        and cfg.fsdp_version == 1
+        and cfg.gradient_accumulation_steps > 1
+        and cfg.cpu_offload
+    )
 
 
 def keep_fp32_buffers_and_reduce(args, cfg: TrainConfig) -> None:
