@@ -164,13 +164,24 @@ def dcp_load(state: dict[str, Any], path: str | Path) -> None:
     """``dcp.load(state, checkpoint_id=path)`` through the allow-list reader and the weights-only planner.
 
     Collective when a process group is initialised; one process reads every shard otherwise.
+
+    Raises:
+        UnsafeCheckpointError: from :func:`read_dcp_metadata` or :class:`SafeLoadPlanner` (DCP gathers each
+            rank's exception into a ``CheckpointException``; ours is taken out of it so the message reads).
     """
-    dcp.load(
-        state,
-        checkpoint_id=str(path),
-        storage_reader=SafeFileSystemReader(str(path)),
-        planner=SafeLoadPlanner(path),
-    )
+    read_dcp_metadata(path)  # raise the clear error here, before DCP wraps it
+    try:
+        dcp.load(
+            state,
+            checkpoint_id=str(path),
+            storage_reader=SafeFileSystemReader(str(path)),
+            planner=SafeLoadPlanner(path),
+        )
+    except dcp.CheckpointException as err:
+        ours = [exc for exc, _ in err.failures.values() if isinstance(exc, ConfigError)]
+        if ours:
+            raise ours[0] from err
+        raise
 
 
 # ------------------------------------------------------------------------------- checksums
