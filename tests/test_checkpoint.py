@@ -117,8 +117,19 @@ def test_convert_refuses_bad_checkpoints(uninterrupted, runs, tmp_path):
     shutil.copytree(src, other)
     BASE.replace(lora=True, fsdp_version=2).save(other.parent.parent / "config.yaml")  # another model
     BASE.replace(lora=True, fsdp_version=2).save(other / "config.yaml")
+    # an edited config.yaml is a changed file of the checkpoint: refused by its checksum ...
+    with pytest.raises(checkpoint.CheckpointCorruptError, match="config.yaml does not match the sha256"):
+        checkpoint.convert_checkpoint(other, tmp_path / "z")
+    _rerecord(other, "config.yaml")  # ... and, recorded as if saved so, by the model check
     with pytest.raises(ConfigError, match=r"does not match the model.*missing: \['base_model"):
         checkpoint.convert_checkpoint(other, tmp_path / "z")
+
+
+def _rerecord(ckpt: Path, name: str) -> None:
+    """Record ``name``'s current size and SHA-256 in the COMPLETE marker, as a save would have."""
+    marker = json.loads((ckpt / checkpoint.MARKER).read_text())
+    marker["files"][name] = checkpoint.hash_files(ckpt, [name])[name]
+    (ckpt / checkpoint.MARKER).write_text(json.dumps(marker))
 
 
 def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
@@ -294,3 +305,15 @@ def test_resume_that_fits_is_not_refused(stopped, monkeypatch):
     monkeypatch.setattr(checkpoint_disk, "free_bytes", lambda path: one // 2 + final)
     with pytest.raises(checkpoint.DiskSpaceError, match=f"about {one + final:,} bytes"):
         sft.preflight(cfg)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"../../etc/passwd": {"bytes": 1, "sha256": "0"}}, {"x": {"bytes": "1"}}, "not a mapping"],
+)
+def test_a_damaged_or_escaping_marker_is_refused(tmp_path, files):
+    (tmp_path / checkpoint.MARKER).write_text(
+        json.dumps({"format": 1, "algorithm": "sha256", "files": files})
+    )
+    problem = checkpoint.find_problem(tmp_path)
+    assert problem == f"{tmp_path / checkpoint.MARKER} is damaged (not the JSON smolfsdp writes)."

@@ -47,6 +47,7 @@ from smolfsdp.checkpoint_verify import (  # noqa: F401
     UnsafeCheckpointError,
     complete_checkpoints,
     dcp_load,
+    find_problem,
     hash_files,
     is_complete,
     newest_good_checkpoint,

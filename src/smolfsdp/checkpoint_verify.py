@@ -216,6 +216,9 @@ def read_marker(folder: Path) -> dict[str, dict[str, Any]] | None:
         body = json.loads(text)
         files = body["files"]
         assert body["algorithm"] == HASH and isinstance(files, dict)
+        for name, rec in files.items():  # plain names in this folder, a size and a digest each
+            assert Path(name).name == name and name not in (".", "..")
+            assert isinstance(rec["bytes"], int) and isinstance(rec[HASH], str)
     except (ValueError, KeyError, TypeError, AssertionError) as err:
         raise CheckpointCorruptError(f"{folder / MARKER} is damaged (not the JSON smolfsdp writes).") from err
     return files
