@@ -335,6 +335,6 @@ def verify_checkpoint(path: str | Path, *, hashes: bool = True, action: str = "r
     else:
         offer = f"The newest checkpoint that verifies is {good}: convert it instead (smolfsdp convert {good} OUT)."
     raise CheckpointCorruptError(
-        f"{path} fails verification: {problem}. Its weights or optimizer state would load wrong or not at all. "
-        + offer
+        f"{path} fails verification: {problem}. Loading it would give wrong weights, optimizer state or "
+        "settings, or fail part-way. " + offer
     )
