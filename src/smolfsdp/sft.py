@@ -71,6 +71,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         from smolfsdp.lora_fsdp2 import apply_lora
 
         meta = apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
+    resume_path = None
     if cfg.resume_from:
         from smolfsdp.checkpoint import (
             check_engine,
@@ -79,11 +80,11 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
             resolve_resume,
         )
 
-        resume_path = resolve_resume(cfg.resume_from, cfg.run_dir)
+        resume_path = resolve_resume(cfg.resume_from, cfg.run_dir, hashes=True)  # every byte, before launch
         check_engine(resume_path, cfg.engine)
         check_matches_model(resume_path, meta, cfg.model)
         check_resume_settings(resume_path, cfg)
-    needed = bytes_to_write(cfg, meta)
+    needed = bytes_to_write(cfg, meta, resume_path)
     if needed:
         from smolfsdp.checkpoint import check_disk_space
 
@@ -91,19 +92,24 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     return {"data": data.stats(), "wrap_class": wrap_cls.__name__}
 
 
-def bytes_to_write(cfg: TrainConfig, meta_model) -> int:
-    """Disk bytes a run writes: ``save_total_limit + 1`` checkpoints at a time (the new one is complete
-    before the oldest goes) and the final model (or adapter). Estimated on the meta-device model."""
-    from smolfsdp.checkpoint import estimate_checkpoint_bytes
+def bytes_to_write(cfg: TrainConfig, meta_model, resume_path=None) -> int:
+    """Disk bytes a run adds at its peak: the checkpoints it will hold at once beyond those already there,
+    and the final model (or adapter). Estimated on the meta-device model.
+
+    ``save_total_limit + 1`` checkpoints at most are on disk at once (the new one is complete before the
+    oldest goes). A run resumed from ``resume_path`` (``step-N``) writes only the saves after step N, and
+    its run folder's complete checkpoints already take their space (keep-last-K removes them as new ones
+    complete): it adds ``min(kept + new, K + 1) - kept`` checkpoints.
+    """
+    from smolfsdp.checkpoint import checkpoint_dir, complete_checkpoints, estimate_checkpoint_bytes
 
     n_ckpt = 0
     if cfg.save_steps > 0:
+        start = int(resume_path.name.split("-")[-1]) if resume_path is not None else 0
+        kept = len(complete_checkpoints(checkpoint_dir(cfg.run_dir))) if resume_path is not None else 0
         total = cfg.max_steps if cfg.max_steps > 0 else None
-        n_ckpt = (
-            cfg.save_total_limit + 1
-            if total is None
-            else min(cfg.save_total_limit + 1, total // cfg.save_steps)
-        )
+        new = cfg.save_total_limit + 1 if total is None else total // cfg.save_steps - start // cfg.save_steps
+        n_ckpt = max(0, min(kept + new, cfg.save_total_limit + 1) - kept)
     ckpt = estimate_checkpoint_bytes(meta_model) if n_ckpt else 0
     final = 0
     if cfg.save_final_model:
