@@ -3,6 +3,8 @@
 #   make test   run the CPU test suite, notebooks included
 #   make render render the book with Quarto (PROFILE=smoke, the default, or PROFILE=full on 2 GPUs)
 # Each creates .venv with the pinned versions (constraints.txt) when it is not there.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs torch's CPU build first (a machine without
+# a GPU, the book workflow): PyPI's torch for Linux is the CUDA build, several GB.
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,6 +17,7 @@ PROFILE ?= smoke
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) "$$(grep '^torch==' constraints.txt)")
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $(STAMP)

@@ -22,6 +22,7 @@ from smolfsdp.book import (
     execute_chapter,
     inject_parameters,
     render_book,
+    select_chapters,
 )
 from smolfsdp.data import repo_root
 
@@ -46,7 +47,9 @@ def tracked_changes() -> str | None:
 def executed(tmp_path_factory):
     html_dir = tmp_path_factory.mktemp("html")
     before = tracked_changes()
-    notebooks = {nb.stem: execute_chapter(nb, "smoke", html_dir) for nb in chapters()}
+    # SMOLFSDP_CHAPTERS=00_memory,04_lora_fsdp2 runs a few chapters while working on them; CI runs all
+    names = [n for n in os.environ.get("SMOLFSDP_CHAPTERS", "").split(",") if n]
+    notebooks = {nb.stem: execute_chapter(nb, "smoke", html_dir) for nb in select_chapters(names)}
     return notebooks, html_dir, (before, tracked_changes())
 
 

@@ -1,12 +1,16 @@
-"""Execute the book's chapters (Jupyter notebooks) in a profile and export them to HTML.
+"""The book's chapters (Jupyter notebooks): execute them in a profile, and render the book with Quarto.
 
-Quarto renders the book where it is installed (the GitHub workflow, readers). Where it is not (CI
-here), this runs the same notebooks with nbclient, injecting the profile the way
-``quarto render -P PROFILE:smoke`` does (a cell after the one tagged ``parameters``), and writes
-HTML with nbconvert for the browser checks.
+Quarto renders the book where it is installed (the GitHub workflow, readers): :func:`render_book`,
+``make render [PROFILE=full]``, from a scratch copy per profile (see the comment above it for why).
+Where Quarto is not (CI here), :func:`execute_chapter` runs the same notebooks with nbclient,
+injecting the profile the way ``quarto render -P PROFILE:smoke`` does (:func:`inject_parameters`,
+through papermill), and writes plain nbconvert HTML for the browser checks. That HTML checks that the
+chapters run and their figures draw; it is not the book (no cross-references, captions, titles or
+navigation, which only Quarto makes).
 
     python scripts/execute_notebooks.py --profile smoke --html-dir _book_html
     python scripts/execute_notebooks.py --chapter 05_profiling --chapter notebooks/07_scaling.ipynb
+    python scripts/render_book.py --profile smoke     # needs Quarto; site in _book/smoke/
 """
 
 from __future__ import annotations
