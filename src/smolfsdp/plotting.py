@@ -9,6 +9,7 @@ per page, offline, no CDN), each figure as HTML sized to the text column.
 from __future__ import annotations
 
 import logging
+import textwrap
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 # whenever that block's width changes (a ResizeObserver, not only window resizes).
 MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
 TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
+TITLE_CHARS = 80  # a plain title line wraps beyond this: ~8.5 px a character fits a ~700 px column
 
 _FIT_SCRIPT = """
 var gd = document.getElementById('{plot_id}');
@@ -53,8 +55,9 @@ def fit_layout(layout: dict) -> dict:
     out["autosize"] = True
     title = out.get("title")
     title = {"text": title} if isinstance(title, str) else dict(title or {})
-    text = title.get("text") or ""
+    text = _wrap_title(title.get("text") or "")
     if text:
+        title["text"] = text
         lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text"))
         title.update(y=1, yref="container", yanchor="top", pad={**title.get("pad", {}), "t": MODEBAR_PX})
         out["title"] = title
@@ -62,6 +65,18 @@ def fit_layout(layout: dict) -> dict:
         margin["t"] = max(margin.get("t", 100), MODEBAR_PX + TITLE_LINE_PX * lines + 12)
         out["margin"] = margin
     return out
+
+
+def _wrap_title(text: str) -> str:
+    """Break plain title lines longer than ``TITLE_CHARS`` at spaces (plotly never wraps a title).
+
+    Lines holding markup (``<sup>`` subtitles, already wrapped by their plot function) are kept.
+    """
+    lines = []
+    for line in text.split("<br>"):
+        plain = "<" not in line and len(line) > TITLE_CHARS
+        lines += textwrap.wrap(line, TITLE_CHARS) if plain else [line]
+    return "<br>".join(lines)
 
 
 class _ColumnMixin:
