@@ -3,7 +3,7 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from smolfsdp.plotting import MODEBAR_PX, TITLE_CHARS, TITLE_LINE_PX, fit_layout
+from smolfsdp.plotting import MODEBAR_PX, TITLE_CHARS, TITLE_CLIMB_PX, TITLE_LINE_PX, fit_layout
 
 
 def test_fit_layout_drops_fixed_width_and_makes_room_for_the_title():
@@ -14,16 +14,24 @@ def test_fit_layout_drops_fixed_width_and_makes_room_for_the_title():
     lines = out["title"]["text"].split("<br>")
     assert len(lines) == 2 and all(len(line) <= TITLE_CHARS for line in lines)
     assert " ".join(lines) == long  # wrapped at a space, nothing lost
-    assert out["title"]["pad"]["t"] == MODEBAR_PX and out["title"]["yanchor"] == "top"
-    assert out["margin"] == {"l": 60, "t": MODEBAR_PX + 2 * TITLE_LINE_PX + 12}
+    pad = MODEBAR_PX + TITLE_CLIMB_PX
+    assert out["title"]["pad"]["t"] == pad and out["title"]["yanchor"] == "top"
+    assert out["margin"] == {"l": 60, "t": pad + 2 * TITLE_LINE_PX + 8}
     assert layout["width"] == 1200 and layout["title"] == long  # the input is left alone
 
 
 def test_fit_layout_keeps_a_larger_margin_and_marked_up_lines():
-    sub = "<sup>" + "assumption; " * 20 + "</sup>"
+    sub = "<sup>" + "<br>".join(["assumption; " * 9] * 3) + "</sup>"  # lines of 108 characters
     out = fit_layout({"title": {"text": f"Scaling<br>{sub}", "x": 0.5}, "margin": {"t": 200}})
     assert out["title"]["text"] == f"Scaling<br>{sub}" and out["title"]["x"] == 0.5
     assert out["margin"]["t"] == 200
+    # subplot titles (annotations on the plot area's top edge) get room under the title
+    sub_titles = [{"text": "a", "yref": "paper", "y": 1.0}]
+    low = fit_layout({"title": "t", "margin": {"t": 0}})["margin"]["t"]
+    assert low == MODEBAR_PX + TITLE_CLIMB_PX + TITLE_LINE_PX + 8
+    assert (
+        fit_layout({"title": "t", "margin": {"t": 0}, "annotations": sub_titles})["margin"]["t"] == low + 24
+    )
     assert fit_layout({"xaxis": {"title": "x"}}) == {"xaxis": {"title": "x"}, "autosize": True}
 
 

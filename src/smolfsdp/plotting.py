@@ -9,6 +9,7 @@ per page, offline, no CDN), each figure as HTML sized to the text column.
 from __future__ import annotations
 
 import logging
+import re
 import textwrap
 from pathlib import Path
 
@@ -22,11 +23,13 @@ log = logging.getLogger(__name__)
 # recognises by plotly.js's licence header and moves into the page head) and every figure after it as
 # a div sized `width: 100%`, measured once, at 525 px high. In a rendered book the column settles
 # after that measurement, so figures came out wider than the column; a long title sat under the
-# modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title pinned below
-# the modebar with a top margin that fits the title's lines, and (3) re-measures its output block
+# modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung below the
+# modebar with a top margin that fits its lines and any subplot titles, and (3) re-measures its output block
 # whenever that block's width changes (a ResizeObserver, not only window resizes).
 MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
 TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
+TITLE_CLIMB_PX = 16  # measured in Chromium: a 5-line title's block starts 15 px above its pad
+SUBPLOT_TITLE_PX = 24  # a subplot title's line (plotly's 16 px annotation font)
 TITLE_CHARS = 80  # a plain title line wraps beyond this: ~8.5 px a character fits a ~700 px column
 
 _FIT_SCRIPT = """
@@ -48,8 +51,10 @@ if (window.ResizeObserver) { new ResizeObserver(fit).observe(box); }
 def fit_layout(layout: dict) -> dict:
     """Return ``layout`` (a figure's layout as a dict) made to fit a text column; the input is not changed.
 
-    Drops ``width``, sets ``autosize``, pins the title ``MODEBAR_PX`` below the top edge and raises the
-    top margin to hold its lines (``<br>`` breaks counted). Pure: no plotly.js, no I/O.
+    Drops ``width`` and sets ``autosize``. A title is wrapped (:func:`_wrap_title`) and hung from the
+    top edge below the modebar (plotly anchors a multi-line title on its first line, so its block sits
+    up to ``TITLE_CLIMB_PX`` higher than the pad says), and the top margin is raised to hold the
+    modebar, every line and any subplot titles. Pure: no plotly.js, no I/O.
     """
     out = {k: v for k, v in layout.items() if k != "width"}
     out["autosize"] = True
@@ -57,12 +62,19 @@ def fit_layout(layout: dict) -> dict:
     title = {"text": title} if isinstance(title, str) else dict(title or {})
     text = _wrap_title(title.get("text") or "")
     if text:
-        title["text"] = text
         lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text"))
-        title.update(y=1, yref="container", yanchor="top", pad={**title.get("pad", {}), "t": MODEBAR_PX})
+        # make_subplots puts subplot titles as annotations standing on the plot area (paper y = 1)
+        above = any(
+            a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in out.get("annotations") or []
+        )
+        pad_b = 8 + SUBPLOT_TITLE_PX * above
+        pad_t = MODEBAR_PX + TITLE_CLIMB_PX
+        title.update(
+            text=text, y=1, yref="container", yanchor="top", pad={**title.get("pad", {}), "t": pad_t}
+        )
         out["title"] = title
         margin = dict(out.get("margin") or {})
-        margin["t"] = max(margin.get("t", 100), MODEBAR_PX + TITLE_LINE_PX * lines + 12)
+        margin["t"] = max(margin.get("t", 100), pad_t + TITLE_LINE_PX * lines + pad_b)
         out["margin"] = margin
     return out
 
@@ -70,12 +82,14 @@ def fit_layout(layout: dict) -> dict:
 def _wrap_title(text: str) -> str:
     """Break plain title lines longer than ``TITLE_CHARS`` at spaces (plotly never wraps a title).
 
-    Lines holding markup (``<sup>`` subtitles, already wrapped by their plot function) are kept.
+    Lines with markup, or inside a ``<sup>``/``<sub>`` span (subtitles, wrapped by their plot
+    function), are kept as they are.
     """
-    lines = []
+    lines, depth = [], 0
     for line in text.split("<br>"):
-        plain = "<" not in line and len(line) > TITLE_CHARS
+        plain = depth == 0 and "<" not in line and len(line) > TITLE_CHARS
         lines += textwrap.wrap(line, TITLE_CHARS) if plain else [line]
+        depth += len(re.findall(r"<su[bp]>", line)) - len(re.findall(r"</su[bp]>", line))
     return "<br>".join(lines)
 
 
