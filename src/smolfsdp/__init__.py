@@ -9,8 +9,6 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 # deprecates in favour of `is_activation_checkpointing` (same value; removal in v6). Every
 # `get_peft_model` call (smolfsdp.lora_fsdp2, smolfsdp.gotchas) hits it; nothing of ours uses the old
 # name, so the FutureWarning is peft's to fix and only noise in the LoRA chapter.
-warnings.filterwarnings(
-    "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
-)
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 __version__ = "0.1.0"
