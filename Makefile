@@ -1,18 +1,23 @@
 # smolfsdp: two commands on a fresh machine.
 #   make demo   run the main job (2 CPU processes, native FSDP, tiny SmolLM3, bundled medical Q&A)
 #   make test   run the CPU test suite, notebooks included
+#   make render render the book with Quarto (PROFILE=smoke, the default, or PROFILE=full on 2 GPUs)
 # Each creates .venv with the pinned versions (constraints.txt) when it is not there.
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs torch's CPU build first (a machine without
+# a GPU, the book workflow): PyPI's torch for Linux is the CUDA build, several GB.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv lint book tokenizer clean
+.PHONY: demo test venv lint book render tokenizer clean
+PROFILE ?= smoke
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) "$$(grep '^torch==' constraints.txt)")
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $(STAMP)
@@ -28,12 +33,19 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts && $(BIN)/ruff format --check src tests scripts
 
-# Execute every chapter in the smoke profile and write HTML next to it (what CI checks in Chromium).
+# The book, rendered by Quarto from a scratch copy (_render/$(PROFILE)/, its own _freeze/), never
+# over the committed notebooks; the site lands in _book/$(PROFILE)/. Needs Quarto on PATH.
+render: $(STAMP)
+	$(BIN)/python scripts/render_book.py --profile $(PROFILE)
+
+# Without Quarto: execute every chapter (parameters injected as `quarto render -P` does) and write
+# plain nbconvert HTML to _book_html/, what CI checks in Chromium. That HTML is not the book (no
+# cross-references, captions or navigation): read the rendered site, or run `make render`.
 book: $(STAMP)
-	$(BIN)/python scripts/execute_notebooks.py --html-dir _book_html
+	$(BIN)/python scripts/execute_notebooks.py --profile $(PROFILE) --html-dir _book_html
 
 tokenizer: $(STAMP)
 	$(BIN)/python scripts/build_tokenizer.py
 
 clean:
-	rm -rf runs _book_html .pytest_cache
+	rm -rf runs _book_html _book _render .pytest_cache

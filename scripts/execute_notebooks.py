@@ -1,5 +1,7 @@
 """Execute the chapters listed in _quarto.yml (all, or those named) in one profile and write HTML
-(no Quarto needed).
+(no Quarto needed; `make book`). The profile is injected through papermill as `quarto render -P` does;
+the notebooks on disk are never written. The HTML is an execution check, not the book: render that
+with `make render` (Quarto), or read the published site.
 
 python scripts/execute_notebooks.py --profile smoke --html-dir _book_html
 python scripts/execute_notebooks.py --chapter 05_profiling --chapter notebooks/07_scaling.ipynb

@@ -1,94 +1,53 @@
 #!/usr/bin/env bash
-# GPU check for the chapter "Reading the profiler" (issue 6), for a session that is lent one GPU.
-# SmolLM3-3B geometry (data/models/smollm3_3b/config.json) with random weights (no download), one
-# GPU, bf16 (FSDP2 MixedPrecisionPolicy), FULL_SHARD at world size 1, 20 benchmark steps at sequence
-# lengths 2048 and 4096 (synthetic full-length batches: every token is a non-padding token):
-# tokens/s, MFU, peak memory beside smolfsdp.memory's estimate, and a CUDA trace analysed.
-# Results: data/results/<gpu>/seq<T>/{bench.json,trace_summary.json} + provenance.json.
+# GPU check (issue 13): SmolLM3-3B geometry (data/models/smollm3_3b/config.json, random weights) on
+# one GPU, one process (world size 1, no torchrun), FSDP2 with bf16 compute, fused AdamW: seq 2048
+# and 4096 at micro-batch 1, and the real run's shape (micro-batch 2 x 2048, activation
+# checkpointing); 3 warm-up + 10 timed steps each (CUDA events), then a profiled window; a bf16
+# matmul timed in the same run as the measured ceiling. About 3 minutes on an H200.
 #
-#     bash scripts/gpu_check.sh            # about 5 minutes on an H200
+#     OUT=/path/to/empty/dir bash scripts/gpu_check.sh                 # on the lent GPU machine
+#     OUT=/tmp/sim bash scripts/gpu_check.sh --simulate-cpu            # the same path on CPU (tests)
+#
+# Writes flat into $OUT (at most 8 files, the device tool's limit): bench.json, trace_summary.json,
+# provenance.json, trace_<shape>.json.gz (< 16 MiB), gpu_check.log, nvidia_smi.txt and, on a GPU,
+# nvidia_smi_during.csv (clocks, power, memory every second while the check runs). Commit them to
+# data/results/h200/ (see its README). SMOLFSDP_GIT_SHA=<sha> records the commit where the copy of
+# the checkout has no .git. PY overrides the interpreter (default python3: the GPU machine's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-python}
-"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU visible')"
-STEPS=${STEPS:-20}
-WORKER=$(mktemp --suffix .py)
-trap 'rm -f "$WORKER"' EXIT
-cat > "$WORKER" <<'PYEOF'
-import json, sys, time, datetime, platform
-from pathlib import Path
-import torch
-from smolfsdp import benchmark, trace_analysis as ta
-from smolfsdp.distributed import init_distributed, teardown
-from smolfsdp.fsdp2 import apply_fsdp2, build_mesh, default_mp_policy
-from smolfsdp.modeling import resolve_wrap_class
-from smolfsdp.results import git_sha, versions
-from transformers import AutoConfig, AutoModelForCausalLM
+: "${OUT:?set OUT to the folder for the results (the device tool sets it)}"
+PY=${PY:-python3}
+command -v "$PY" >/dev/null || { echo "gpu_check: no $PY on PATH; set PY to a Python with torch" >&2; exit 2; }
+[ -d src/smolfsdp ] || { echo "gpu_check: src/smolfsdp not found under $PWD" >&2; exit 2; }
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+LOG="$OUT/gpu_check.log"
+SIM=0
+for a in "$@"; do [ "$a" = --simulate-cpu ] && SIM=1; done
 
-T, steps = int(sys.argv[1]), int(sys.argv[2])
-info = init_distributed()
-gpu = torch.cuda.get_device_name(0)
-out = Path("data/results") / gpu.split()[-1].lower() / f"seq{T}"
-out.mkdir(parents=True, exist_ok=True)
-config = AutoConfig.from_pretrained("data/models/smollm3_3b")
-torch.manual_seed(0)
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-model.train()
-n_params = benchmark.matmul_params(model)
-apply_fsdp2(model, build_mesh("cuda", 1), resolve_wrap_class(model), mp_policy=default_mp_policy("bf16"))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-ids = torch.randint(0, config.vocab_size, (1, T), device="cuda")
-peak, reason = benchmark.peak_tflops(gpu)
-fpt = benchmark.flops_per_token(n_params, seq_len=T, **benchmark.model_geometry(model))
-trace_dir = out / "trace"
-trace_dir.mkdir(exist_ok=True)
-prof = torch.profiler.profile(
-    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
-    schedule=torch.profiler.schedule(wait=1, warmup=1, active=3, repeat=1),
-    on_trace_ready=lambda p: p.export_chrome_trace(str(trace_dir / "rank0.json.gz")),
-)
-rows = []
-prof.start()
-for step in range(1, steps + 2):  # step 1 is warm-up
-    torch.cuda.reset_peak_memory_stats()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with torch.profiler.record_function("forward_backward"):
-        model(input_ids=ids, labels=ids).loss.backward()
-    with torch.profiler.record_function("clip"):
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    with torch.profiler.record_function("optimizer"):
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) * 1e3
-    prof.step()
-    rows.append({"step": step, "warmup": step == 1, "step_time_ms": ms, "tokens": T, "samples": 1,
-                 "seq_len": T, "flops_per_token": fpt, **benchmark.step_metrics(ms, T, 1, fpt, 1, peak),
-                 "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
-                 "max_memory_reserved_bytes": torch.cuda.max_memory_reserved()})
-prof.stop()
-try:
-    from smolfsdp.memory import estimate_memory
-    est = estimate_memory("smollm3-3b", world_size=1, strategy="FULL_SHARD", seq_len=T, micro_batch=1)
-    estimate = est.to_dict()
-except Exception as err:  # report, do not hide: the chapter shows the error beside the measurement
-    estimate = {"error": f"{type(err).__name__}: {err}"}
-bench = {"name": f"gpu_check_seq{T}", "engine": "bare FSDP2 loop (scripts/gpu_check.sh)", "fsdp_version": 2,
-         "world_size": 1, "device": "cuda", "device_name": gpu, "peak_tflops": peak, "mfu_reason": reason,
-         "tokens_counted": "all T tokens of one synthetic full-length sequence", "n_params": n_params,
-         "steps": rows, "summary": benchmark.summarise(rows), "memory_estimate": estimate}
-(out / "bench.json").write_text(json.dumps(bench, indent=2, default=str))
-(out / "trace_summary.json").write_text(json.dumps(ta.summarize_trace(trace_dir / "rank0.json.gz"), default=str))
-(out.parent / "provenance.json").write_text(json.dumps({
-    "gpu": gpu, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "git_sha": git_sha(),
-    "versions": versions(), "platform": platform.platform(), "script": "scripts/gpu_check.sh",
-    "cuda": torch.version.cuda, "weights": "random (SmolLM3-3B geometry from data/models/smollm3_3b/config.json)",
-}, indent=2))
-print(json.dumps(bench["summary"], indent=2))
-teardown()
-PYEOF
-for T in 2048 4096; do
-  timeout 240 "$PY" -m torch.distributed.run --standalone --nproc-per-node=1 "$WORKER" "$T" "$STEPS"
-done
+smi() {  # one nvidia-smi reading into nvidia_smi.txt, or a line saying why there is none
+  if [ "$SIM" = 1 ] || ! command -v nvidia-smi >/dev/null; then
+    echo "[$1] nvidia-smi not run ($([ "$SIM" = 1 ] && echo 'CPU simulation' || echo 'not on PATH'))" >>"$OUT/nvidia_smi.txt"
+    return 0
+  fi
+  { echo "[$1] $(date -u +%FT%TZ)"; nvidia-smi; nvidia-smi -q -d CLOCK,POWER,PERFORMANCE; } >>"$OUT/nvidia_smi.txt" 2>&1 || true
+}
+
+smi before
+SAMPLER=""
+if [ "$SIM" = 0 ] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,memory.used \
+    --format=csv -l 1 >"$OUT/nvidia_smi_during.csv" 2>&1 &
+  SAMPLER=$!
+fi
+set +e
+# the whole check stops after GPU_CHECK_TIMEOUT_S (7.5 min), inside the device tool's limit; the
+# files written after each shape, the log and the nvidia-smi readings still come back
+timeout "${GPU_CHECK_TIMEOUT_S:-450}" "$PY" scripts/gpu_check.py --out "$OUT" \
+  --command "bash scripts/gpu_check.sh $*" "$@" 2>&1 | tee "$LOG"
+rc=${PIPESTATUS[0]}
+set -e
+[ -n "$SAMPLER" ] && kill "$SAMPLER" 2>/dev/null || true
+smi after
+echo "gpu_check: exit $rc; files in $OUT: $(ls "$OUT" | tr '\n' ' ')" | tee -a "$LOG"
+exit "$rc"

@@ -1,7 +1,11 @@
-"""Sharded DCP checkpoints: atomic saves, keep-last-K, disk checks, kill + resume, convert."""
+"""Sharded DCP checkpoints: atomic saves, keep-last-K, disk checks, kill + resume, convert, verification."""
 
+import hashlib
+import json
+import logging
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -9,7 +13,7 @@ import torch
 from _dist import kill_run_when, run_distributed
 from safetensors.torch import load_file
 
-from smolfsdp import checkpoint, sft
+from smolfsdp import checkpoint, checkpoint_disk, launch, sft
 from smolfsdp.config import ConfigError, TrainConfig
 
 BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128)
@@ -46,7 +50,7 @@ def _failing_second_save(rank, world, run_dir):
     try:
         checkpoint.save_checkpoint(run_dir, 2, model, opt, sched, {"epoch": 0, "consumed": 2}, rank)
         failed = None
-    except OSError as err:
+    except checkpoint.DiskFullError as err:
         failed = str(err)
     finally:
         checkpoint.dcp.save = real_save
@@ -57,6 +61,15 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path):
     res = run_distributed(_failing_second_save, 2, str(tmp_path))
     assert all("injected" in r["failed"] for r in res)
     assert res[0]["latest"].endswith("step-000001")
+    # a full disk is named: the filesystem, the bytes needed and free, the last good checkpoint
+    good = tmp_path / "checkpoints" / "step-000001"
+    size = sum(f.stat().st_size for f in good.iterdir())
+    for r in res:
+        assert "ran out of disk space ([Errno 28] No space left on device (injected))" in r["failed"]
+        assert f"on the filesystem mounted at {checkpoint_disk._mount_point(tmp_path)}:" in r["failed"]
+        assert f"needs about {size:,} bytes (the size of step-000001)" in r["failed"]
+        assert " bytes are free with the partial save " in r["failed"]
+        assert f"The last good checkpoint is {good}; once there is room, resume from it" in r["failed"]
     torn = tmp_path / "checkpoints" / "step-000002.tmp"
     assert torn.is_dir() and not checkpoint.is_complete(torn)
     assert not (tmp_path / "checkpoints" / "step-000002").exists()
@@ -104,8 +117,22 @@ def test_convert_refuses_bad_checkpoints(uninterrupted, runs, tmp_path):
     shutil.copytree(src, other)
     BASE.replace(lora=True, fsdp_version=2).save(other.parent.parent / "config.yaml")  # another model
     BASE.replace(lora=True, fsdp_version=2).save(other / "config.yaml")
+    # an edited config.yaml is a changed file of the checkpoint: refused by its checksum ...
+    with pytest.raises(
+        checkpoint.CheckpointCorruptError,
+        match=r"config.yaml has 1,\d{3} bytes; 1,\d{3} were written at save",
+    ):
+        checkpoint.convert_checkpoint(other, tmp_path / "z")
+    _rerecord(other, "config.yaml")  # ... and, recorded as if saved so, by the model check
     with pytest.raises(ConfigError, match=r"does not match the model.*missing: \['base_model"):
         checkpoint.convert_checkpoint(other, tmp_path / "z")
+
+
+def _rerecord(ckpt: Path, name: str) -> None:
+    """Record ``name``'s current size and SHA-256 in the COMPLETE marker, as a save would have."""
+    marker = json.loads((ckpt / checkpoint.MARKER).read_text())
+    marker["files"][name] = checkpoint.hash_files(ckpt, [name])[name]
+    (ckpt / checkpoint.MARKER).write_text(json.dumps(marker))
 
 
 def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
@@ -170,3 +197,126 @@ def test_resume_into_another_model_is_refused_before_launch(runs):
     with pytest.raises(ConfigError, match=r"does not match.*missing: \['base_model"):
         sft.preflight(cfg)
     assert (runs / "kept" / "config.yaml").read_text() == before  # nothing launched, nothing rewritten
+
+
+# ------------------------------------------------------------------ verification (issue 16)
+@pytest.fixture(scope="module")
+def stopped(runs):
+    """A 6-step run stopped after step 4, checkpoints every 2 steps, 2 kept: step-000002 and step-000004."""
+    cfg = BASE.replace(name="stopped", output_dir=str(runs), save_steps=2, save_total_limit=2, stop_at_step=4)
+    sft.run(cfg, capture=True, timeout=600)
+    assert sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
+    return cfg.replace(stop_at_step=None)
+
+
+def _copy_run(cfg, tmp_path):
+    """A copy of ``cfg``'s run folder under ``tmp_path`` (the tests damage it) and the config pointing there."""
+    shutil.copytree(cfg.run_dir, tmp_path / cfg.name)
+    return cfg.replace(output_dir=str(tmp_path), resume_from="latest")
+
+
+def test_marker_records_size_and_sha256_of_every_file(stopped):
+    ckpt = stopped.run_dir / "checkpoints" / "step-000004"
+    marker = json.loads((ckpt / checkpoint.MARKER).read_text())
+    on_disk = sorted(p.name for p in ckpt.iterdir() if p.name != checkpoint.MARKER)
+    assert on_disk == sorted(marker["files"]) and marker["algorithm"] == "sha256"
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp", "rng_rank0.pt", "rng_rank1.pt"} <= set(on_disk)
+    for name, rec in marker["files"].items():
+        data = (ckpt / name).read_bytes()
+        assert rec == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+    t0 = time.perf_counter()
+    checkpoint.verify_checkpoint(ckpt)
+    took = time.perf_counter() - t0
+    mib = sum(r["bytes"] for r in marker["files"].values()) / 2**20
+    print(f"verified {mib:.1f} MiB in {took * 1e3:.0f} ms")  # ~11 MiB, ~20 ms here
+
+
+def _flip(path: Path, n: int = 64) -> None:
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + n] = bytes(b ^ 0xFF for b in data[mid : mid + n])
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bytes_are_refused_naming_the_file_and_offering_the_older_checkpoint(stopped, tmp_path):
+    """64 flipped bytes in a shard used to resume silently (and convert to weights of ~1e3)."""
+    cfg = _copy_run(stopped, tmp_path)
+    ckpts = cfg.run_dir / "checkpoints"
+    shard, older = ckpts / "step-000004" / "__0_0.distcp", ckpts / "step-000002"
+    _flip(shard)
+    with pytest.raises(checkpoint.CheckpointCorruptError) as err:
+        sft.preflight(cfg)
+    msg = str(err.value)
+    assert f"{shard} does not match the sha256 recorded at save" in msg
+    assert f"The newest checkpoint that verifies is {older}: resume from it with --resume_from {older}" in msg
+    sft.preflight(cfg.replace(resume_from=str(older)))  # the offered one passes
+    with pytest.raises(checkpoint.CheckpointCorruptError) as err:
+        checkpoint.convert_checkpoint(ckpts / "step-000004", tmp_path / "out")
+    assert f"{shard} does not match" in str(err.value)
+    assert f"convert it instead (smolfsdp convert {older} OUT)" in str(err.value)
+    assert not (tmp_path / "out").exists()
+    line = launch.explain_failure("", 1, cfg)
+    assert f"the newest checkpoint that verifies is {older} ({shard} does not match" in line
+    assert f"--resume {older}" in line
+
+
+def test_missing_shard_is_refused_before_launch(stopped, tmp_path):
+    cfg = _copy_run(stopped, tmp_path)
+    ckpts = cfg.run_dir / "checkpoints"
+    shard = ckpts / "step-000004" / "__1_0.distcp"
+    shard.unlink()
+    with pytest.raises(checkpoint.CheckpointCorruptError) as err:
+        sft.preflight(cfg)
+    assert f"{shard} is missing (the COMPLETE marker lists it" in str(err.value)
+    assert f"--resume_from {ckpts / 'step-000002'}" in str(err.value)
+    # the failure line of the run that wrote them recommends the good one, never the broken one
+    line = launch.explain_failure("", 1, cfg)
+    assert f"the newest checkpoint that verifies is {ckpts / 'step-000002'}" in line
+    assert "resume with: smolfsdp train <the same flags> --resume " + str(ckpts / "step-000002") in line
+    # the ranks' own check (sizes only, no hashing) refuses it too
+    with pytest.raises(checkpoint.CheckpointCorruptError, match="is missing"):
+        checkpoint.resolve_resume("latest", cfg.run_dir)
+
+
+def test_checkpoint_from_before_checksums_is_accepted_with_a_warning(stopped, tmp_path, caplog):
+    cfg = _copy_run(stopped, tmp_path)
+    ckpt = cfg.run_dir / "checkpoints" / "step-000004"
+    (ckpt / checkpoint.MARKER).write_text("ok\n")  # what smolfsdp wrote before checksums
+    with caplog.at_level(logging.WARNING, logger="smolfsdp.checkpoint_verify"):
+        assert checkpoint.resolve_resume("latest", cfg.run_dir, hashes=True) == ckpt
+    assert "saved before smolfsdp recorded checksums" in caplog.text
+    (ckpt / "__1_0.distcp").write_bytes(b"torn")  # what its .metadata points to is still checked
+    with pytest.raises(
+        checkpoint.CheckpointCorruptError, match=r"__1_0.distcp has 4 bytes; its .metadata reads"
+    ):
+        checkpoint.resolve_resume("latest", cfg.run_dir, hashes=True)
+
+
+def test_resume_that_fits_is_not_refused(stopped, monkeypatch):
+    """Resumed at step 4 of 6 with 2 checkpoints kept, the run adds one checkpoint, not three."""
+    from smolfsdp.modeling import build_meta_model, load_tokenizer
+
+    cfg = stopped.replace(resume_from="latest")
+    meta = build_meta_model("tiny", load_tokenizer("tiny"))
+    one = checkpoint.estimate_checkpoint_bytes(meta)
+    final = sft.bytes_to_write(cfg.replace(save_steps=0), meta)
+    assert sft.bytes_to_write(cfg, meta) == 3 * one + final  # a new run: K + 1 checkpoints at once
+    resume_at = cfg.run_dir / "checkpoints" / "step-000004"
+    assert sft.bytes_to_write(cfg, meta, resume_at) == one + final  # only step 6 is still to be written
+    monkeypatch.setattr(checkpoint_disk, "free_bytes", lambda path: 2 * one + final)
+    sft.preflight(cfg)  # fits: was refused while every checkpoint was counted again
+    monkeypatch.setattr(checkpoint_disk, "free_bytes", lambda path: one // 2 + final)
+    with pytest.raises(checkpoint.DiskSpaceError, match=f"about {one + final:,} bytes"):
+        sft.preflight(cfg)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"../../etc/passwd": {"bytes": 1, "sha256": "0"}}, {"x": {"bytes": "1"}}, "not a mapping"],
+)
+def test_a_damaged_or_escaping_marker_is_refused(tmp_path, files):
+    (tmp_path / checkpoint.MARKER).write_text(
+        json.dumps({"format": 1, "algorithm": "sha256", "files": files})
+    )
+    problem = checkpoint.find_problem(tmp_path)
+    assert problem == f"{tmp_path / checkpoint.MARKER} is damaged (not the JSON smolfsdp writes)."

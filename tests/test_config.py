@@ -53,3 +53,18 @@ def test_cli_overrides_parse():
     assert (cfg.max_steps, cfg.cpu_offload, cfg.name, cfg.learning_rate) == (20, True, "x", 1e-4)
     with pytest.raises(ConfigError, match="not a valid int"):
         load_config(None, max_steps="many")
+
+
+def test_the_3b_lora_recipe_trains_the_full_recipes_data_with_adapters():
+    full = load_config("configs/runs/smollm3_3b_medical.yaml")
+    lora = load_config("configs/runs/lora_smollm3_3b.yaml")
+    same = ("model", "dataset", "dataset_config", "columns", "max_length", "max_rows", "eval_size", "nproc")
+    assert {k: getattr(lora, k) for k in same} == {k: getattr(full, k) for k in same}
+    assert (lora.lora, lora.lora_r, lora.lora_alpha, lora.engine, lora.fsdp_version) == (
+        True,
+        8,
+        16,
+        "native",
+        2,
+    )
+    assert lora.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]

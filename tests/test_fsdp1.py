@@ -67,3 +67,44 @@ def test_unknown_key_suggests_nearest_and_leaves_caller_dict_alone():
         check_hf_fsdp_config({"backward_prefech": "BACKWARD_PRE"})
     with pytest.raises(ConfigError, match="did you mean 'state_dict_type'"):
         hf_fsdp_config(1, "X", extra={"state_dict_typ": "FULL_STATE_DICT"})
+
+
+def _rope_after_bf16_wrap(rank, world):
+    """Wrap the tiny SmolLM3 with FSDP1 in bf16, run one forward (FSDP1 casts buffers at the root's
+    first forward), then read ``inv_freq`` and the rotary cos/sin at the last position."""
+    from smolfsdp.fsdp1 import wrap_fsdp1
+    from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
+
+    tok = load_tokenizer("tiny")
+    model = build_model("tiny", tok, seed=0)
+    wrapped = wrap_fsdp1(model, resolve_wrap_class(model), param_dtype=torch.bfloat16)
+    with torch.no_grad():
+        wrapped(input_ids=torch.arange(3, 19).unsqueeze(0))
+        rotary = wrapped.module.model.rotary_emb
+        position = torch.tensor([[2047]])  # the last position of max_position_embeddings=2048
+        cos, sin = rotary(torch.zeros(1, 1, 8, dtype=torch.bfloat16), position)
+    return {"inv_freq": rotary.inv_freq.clone(), "cos": cos, "sin": sin}
+
+
+def test_bf16_fsdp1_keeps_rotary_buffers_fp32():
+    """MixedPrecision(buffer_dtype=bf16) used to cast RoPE's inv_freq to bf16: at position 2047 the
+    angles then differ from the fp32 model's. The policy keeps buffers fp32."""
+    from _dist import run_distributed
+
+    from smolfsdp.fsdp1 import mixed_precision_policy
+    from smolfsdp.modeling import build_model, load_tokenizer
+
+    policy = mixed_precision_policy(torch.bfloat16)
+    assert (policy.param_dtype, policy.reduce_dtype, policy.buffer_dtype) == (
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+    )
+    assert mixed_precision_policy(None) is None
+    ref = build_model("tiny", load_tokenizer("tiny"), seed=0).model.rotary_emb
+    with torch.no_grad():
+        cos, sin = ref(torch.zeros(1, 1, 8, dtype=torch.bfloat16), torch.tensor([[2047]]))
+    for got in run_distributed(_rope_after_bf16_wrap, 2):
+        assert got["inv_freq"].dtype == torch.float32
+        assert torch.equal(got["inv_freq"], ref.inv_freq)
+        assert torch.equal(got["cos"], cos) and torch.equal(got["sin"], sin)

@@ -79,8 +79,10 @@ def test_check_wrapping_accepts_a_model_without_layers():
 def test_trainer_fsdp_runs_as_ddp_on_cpu(results):
     r = results["trainer_fsdp_is_ddp"]
     assert r.failing["requested"] == "fsdp1" and r.failing["strategy"] == "ddp"
-    assert r.failing["wrapper"] == "DistributedDataParallel"
+    assert r.failing["wrapper"] == "DistributedDataParallel" and r.failing["held_per_rank"] == 1.0
     assert r.fixed["strategy"] == "fsdp1" and r.fixed["fsdp_units"] == 5
+    assert r.fixed["wrapper"] == "FullyShardedDataParallel" and r.fixed["held_per_rank"] == 0.5
+    assert "smolfsdp.accelerate_cpu_fsdp" in r.fixed["reason"]
 
 
 def test_gradient_checkpointing_recomputes_without_extra_all_gather(results):

@@ -1,4 +1,9 @@
-"""One step on 2 FSDP ranks gives the gradients of one process on the full batch (fp32)."""
+"""One step on 2 FSDP ranks gives the gradients of one process on the full batch (fp32).
+
+Rows keep their own lengths (``max_length`` above every row), so every micro-batch is right-padded
+as ``native.PadCollator`` pads it: padding is what broke activation checkpointing while the model's
+config kept ``use_cache=True`` (the recompute appended keys and values a second time).
+"""
 
 import pytest
 import torch
@@ -10,19 +15,22 @@ from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.native import PadCollator, forward_backward
 
 N_ROWS = 4
+MAX_LENGTH = 512  # above every bundled row of the first 4: lengths 180-234 tokens, all different
 
 
 def _rows(tok):
     # uneven lengths on purpose: each rank pads differently and holds a different number of label tokens
-    data = prepare_data(TrainConfig(eval_size=0, max_rows=N_ROWS, max_length=96), tok)
-    return [data.train[i] for i in range(N_ROWS)]
+    data = prepare_data(TrainConfig(eval_size=0, max_rows=N_ROWS, max_length=MAX_LENGTH), tok)
+    rows = [data.train[i] for i in range(N_ROWS)]
+    assert len({len(r["input_ids"]) for r in rows}) == N_ROWS  # no row truncated to a common length
+    return rows
 
 
 def _clean(name: str) -> str:
     return name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
 
 
-def _model(tok, lora: bool, ac: bool = False):
+def _model(tok, lora: bool):
     model = build_model("tiny", tok, seed=0)
     if lora:  # B initialised randomly (not peft's zero), so every adapter gradient is non-trivial
         from peft import LoraConfig, get_peft_model
@@ -37,26 +45,26 @@ def _model(tok, lora: bool, ac: bool = False):
                 target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
             ),
         )
-    if ac:
-        from smolfsdp.native import _apply_activation_checkpointing
-
-        _apply_activation_checkpointing(model, resolve_wrap_class(model))
     return model
 
 
 def _sharded_grads(rank, world, version, lora=False, ac=False, accum=False):
     import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     from smolfsdp.distributed import DistInfo
 
     tok = load_tokenizer("tiny")
     rows = _rows(tok)
-    model = _model(tok, lora, ac)
+    model = _model(tok, lora)
     wrap = resolve_wrap_class(model)
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
-    if version == 1:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    if ac:  # the native engine's own sharding: FSDP + activation checkpointing as a run applies them
+        from smolfsdp.native import shard_model
 
+        cfg = TrainConfig(fsdp_version=version, activation_checkpointing=True, lora=lora, nproc=world)
+        model, _ = shard_model(model, cfg, info)
+    elif version == 1:
         from smolfsdp.fsdp1 import wrap_fsdp1
 
         model = wrap_fsdp1(model, wrap, device=info.device)
@@ -104,7 +112,10 @@ def _reference(lora: bool):
         (2, False, False, False),
         (1, True, False, False),
         (2, True, False, False),
+        (1, False, True, False),
         (2, False, True, False),
+        (1, True, True, False),
+        (2, True, True, False),
         (1, False, False, True),
     ],
     ids=[
@@ -112,7 +123,10 @@ def _reference(lora: bool):
         "fsdp2",
         "fsdp1-lora",
         "fsdp2-lora",
+        "fsdp1-activation-checkpointing",
         "fsdp2-activation-checkpointing",
+        "fsdp1-lora-activation-checkpointing",
+        "fsdp2-lora-activation-checkpointing",
         "fsdp1-grad-accumulation",
     ],
 )

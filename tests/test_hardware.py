@@ -5,12 +5,12 @@ import math
 import pytest
 
 from smolfsdp.config import ConfigError
-from smolfsdp.hardware import GPUS, fit_table, fits, get_gpu, recommend
+from smolfsdp.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, recommend
 from smolfsdp.memory import estimate_memory
 
 
 def test_gpu_table_has_the_issue_gpus_with_sources():
-    assert set(GPUS) == {"A10G", "L4", "L40S", "A100 40GB", "A100 80GB", "H100 SXM", "H200"}
+    assert set(GPUS) == {"A10G", "L4", "L40S", "A100 40GB", "A100 80GB", "H100 SXM", "H200", "H200 NVL"}
     for g in GPUS.values():
         assert g.memory_bytes == int(g.memory_gb * 1e9) > 0
         assert g.bf16_dense_tflops > 0 and g.hbm_bandwidth_gbs > 0
@@ -56,3 +56,24 @@ def test_cli_custom_gpu_memory_is_labelled_as_custom(capsys):
     assert main(["memory", "--gpus", "2", "--gpu-memory-gib", "24"]) == 0
     out = capsys.readouterr().out
     assert "custom 24 GiB" in out and "H100" not in out.split("verdict:")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("device_name", "key", "tflops"),
+    [
+        ("NVIDIA H200", "H200", 989.0),  # SXM: datasheet 1,979 BF16 TFLOPS with sparsity
+        ("NVIDIA H200 NVL", "H200 NVL", 835.5),  # NVL: 1,671 with sparsity; was scored as the SXM part
+        ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.0),
+        ("NVIDIA H100 NVL", None, None),  # not in the table: unknown, not the SXM peak
+        ("NVIDIA H100 PCIe", None, None),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB", 312.0),
+        ("NVIDIA GeForce RTX 4090", None, None),
+        (None, None, None),
+    ],
+)
+def test_device_name_picks_the_right_variant(device_name, key, tflops):
+    from smolfsdp.benchmark import peak_tflops
+
+    g = gpu_from_device_name(device_name)
+    assert (g.name if g else None) == key
+    assert peak_tflops(device_name)[0] == tflops

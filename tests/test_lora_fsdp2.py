@@ -275,3 +275,52 @@ def _mesh_too_large(rank, world):
 def test_mesh_larger_than_world_is_refused():
     msg = run_distributed(_mesh_too_large, 2)[0]
     assert msg is not None and "larger than the world size 2" in msg
+
+
+PROMPTS = [list(range(3, 13)), list(range(40, 50))]  # one per rank: ranks generate different rows
+
+
+def _lora_model(tok):
+    """Tiny SmolLM3 with random LoRA B (peft's zero init would hide the adapters), in eval mode."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, init_lora_weights=False, target_modules=targets)
+    return get_peft_model(build_model("tiny", tok, seed=0), config).eval()
+
+
+def _sharded_generate(rank, world, version):
+    from smolfsdp.lora_fsdp2 import generate
+
+    tok = load_tokenizer("tiny")
+    model = _lora_model(tok)
+    wrap = resolve_wrap_class(model)
+    ids = torch.tensor([PROMPTS[rank]])
+    if version == 2:
+        from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
+
+        apply_fsdp2(model, build_mesh("cpu", world), wrap)
+        with torch.no_grad():  # the call a reader makes; it raised "mixed torch.Tensor and DTensor"
+            direct = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, synced_gpus=True)
+    else:
+        from smolfsdp.fsdp1 import wrap_fsdp1
+
+        model = wrap_fsdp1(model, wrap)
+        direct = None  # model.generate raises "'weight' must be 2-D": the root's hooks are bypassed
+    helper = generate(model, input_ids=ids, max_new_tokens=6, do_sample=False)
+    return {"direct": None if direct is None else direct.tolist(), "helper": helper.tolist()}
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_generate_on_sharded_lora_equals_unsharded(tokenizer, version):
+    reference = _lora_model(tokenizer)
+    with torch.no_grad():
+        expected = [
+            reference.generate(input_ids=torch.tensor([p]), max_new_tokens=6, do_sample=False).tolist()
+            for p in PROMPTS
+        ]
+    assert all(len(e[0]) == len(p) + 6 for e, p in zip(expected, PROMPTS, strict=True))
+    for rank, got in enumerate(run_distributed(_sharded_generate, 2, version)):
+        assert got["helper"] == expected[rank]
+        if version == 2:
+            assert got["direct"] == expected[rank]

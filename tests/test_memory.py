@@ -275,3 +275,24 @@ def test_cli_memory_json_and_table(capsys):
     assert "optimizer" in text and "verdict: fits on L4" in text
     assert main(["memory", "--gpu", "B300"]) == 2
     assert "Known: A10G" in capsys.readouterr().err
+
+
+def test_load_peak_is_one_full_fp32_model_per_process_on_the_node(tokenizer):
+    """Both engines build the full fp32 model in every process before wrapping (``build_model``), so
+    the host of a node holds processes-per-node full models at load; the estimate used to assume rank 0
+    only. Counted against the real tiny model's parameters (tied weights once)."""
+    from smolfsdp.modeling import build_model
+
+    model = build_model("tiny", tokenizer)
+    unique = {id(p): p for p in model.parameters()}.values()
+    fp32_bytes = sum(p.numel() * p.element_size() for p in unique)
+    assert all(p.dtype == torch.float32 for p in unique)
+    for world, per_node in ((2, 2), (16, 8)):
+        est = estimate_memory("tiny", world_size=world, gpus_per_node=8)
+        assert est.load_peak_host_bytes_per_node == per_node * fp32_bytes
+    assert estimate_memory("tiny", world_size=2, loading="rank0").load_peak_host_bytes_per_node == fp32_bytes
+    assert estimate_memory("tiny", world_size=2, loading="meta").load_peak_host_bytes_per_node == 0
+    # on the device: the largest FSDP unit in full (the root: embedding + norm, or a layer), not the model
+    root = model.model.embed_tokens.weight.numel() + model.model.norm.weight.numel()
+    layer = max(sum(p.numel() for p in m.parameters()) for m in model.model.layers)
+    assert estimate_memory("tiny", world_size=2).load_peak_device_bytes == 4 * max(root, layer) < fp32_bytes

@@ -1,21 +1,71 @@
-"""Every chapter executes in the smoke profile; its HTML renders in headless Chromium with live
-plotly figures and no script errors (what `quarto render` would publish, checked without Quarto)."""
+"""The book's chapters: parameters hidden the way Quarto hides them, every chapter executes in the smoke
+profile with the profile injected as `quarto render -P` injects it, without warning text and without
+changing a tracked file; the Quarto render runs from a scratch copy; the HTML draws in headless
+Chromium with figures that fit the column (what `quarto render` would publish, checked without Quarto).
+"""
 
+import hashlib
+import json
 import os
+import re
 import shutil
+import subprocess
+import sys
+import textwrap
 
+import nbformat
 import pytest
 
-from smolfsdp.book import chapters, execute_chapter
+from smolfsdp.book import (
+    PARAMETERS_OPTIONS,
+    RENDER_STATE,
+    chapters,
+    execute_chapter,
+    inject_parameters,
+    render_book,
+    select_chapters,
+)
+from smolfsdp.data import repo_root
 
 pytestmark = pytest.mark.notebooks
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+WARNING_TEXT = re.compile(r"\b\w*Warning\b")  # FutureWarning, UserWarning, "WARNING | ..." is not text
+
+
+def tracked_changes() -> dict[str, str] | None:
+    """A digest of every tracked file's bytes in the working tree (None outside a git checkout).
+
+    Compared before and after: unlike `git status`, it ignores commits made meanwhile.
+    """
+    try:
+        files = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=repo_root(), capture_output=True, text=True, check=True
+        ).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    root = repo_root()
+    return {
+        f: hashlib.sha256((root / f).read_bytes()).hexdigest() if (root / f).is_file() else "missing"
+        for f in files
+        if f
+    }
+
+
+def changed(before: dict | None, after: dict | None) -> list[str]:
+    """Tracked files whose bytes differ between two :func:`tracked_changes` (none outside git)."""
+    if before is None or after is None:
+        return []
+    return sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
 
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     html_dir = tmp_path_factory.mktemp("html")
-    return {nb.stem: execute_chapter(nb, "smoke", html_dir) for nb in chapters()}, html_dir
+    before = tracked_changes()
+    # SMOLFSDP_CHAPTERS=00_memory,04_lora_fsdp2 runs a few chapters while working on them; CI runs all
+    names = [n for n in os.environ.get("SMOLFSDP_CHAPTERS", "").split(",") if n]
+    notebooks = {nb.stem: execute_chapter(nb, "smoke", html_dir) for nb in select_chapters(names)}
+    return notebooks, html_dir, (before, tracked_changes())
 
 
 def test_book_lists_the_chapters():
@@ -25,8 +75,30 @@ def test_book_lists_the_chapters():
         assert p.is_file()
 
 
+def test_parameters_cell_and_injected_cell_are_hidden():
+    """Quarto copies the parameters cell's tags to the injected cell always, its `#|` options only when
+    they hold a `label`: both cells must leave the book (`remove-cell`), neither may print a warning."""
+    for p in chapters():
+        nb = nbformat.read(p, as_version=4)
+        params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(params) == 1, f"{p.name}: one cell tagged 'parameters'"
+        cell = params[0]
+        assert cell.source.splitlines()[: len(PARAMETERS_OPTIONS)] == list(PARAMETERS_OPTIONS), p.name
+        assert "remove-cell" in cell.metadata["tags"], p.name
+        assert 'PROFILE = "smoke"' in cell.source, p.name
+        inject_parameters(nb, PROFILE="full")
+        injected = nb.cells[nb.cells.index(cell) + 1]
+        # what Quarto's nb_parameterize writes (papermill's translator, options minus the label)
+        assert injected.source == '#| echo: false\n# Injected Parameters\nPROFILE = "full"\n', p.name
+        assert injected.metadata["tags"] == ["injected-parameters", "remove-cell"], p.name
+        inject_parameters(nb, PROFILE="smoke")  # a second injection replaces the first
+        tagged = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1 and tagged[0].source.endswith('PROFILE = "smoke"\n')
+        assert nb.metadata.papermill["parameters"] == {"PROFILE": "smoke"}
+
+
 def test_chapters_execute(executed):
-    notebooks, _ = executed
+    notebooks, _, _ = executed
     for name, nb in notebooks.items():
         errors = [
             o
@@ -37,17 +109,137 @@ def test_chapters_execute(executed):
         ]
         assert not errors, name
         assert nb.cells[0].source.startswith("# ") and "{#sec-" in nb.cells[0].source.splitlines()[0]
+        warned = [
+            o["text"]
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.get("outputs", [])
+            if o.get("output_type") == "stream" and WARNING_TEXT.search(o.get("text", ""))
+        ]
+        assert not warned, (
+            name,
+            "library warnings reach the book; filter them where they are emitted",
+            warned,
+        )
+
+
+def test_executing_chapters_changes_no_tracked_file(executed):
+    _, _, (before, after) = executed
+    if before is None:
+        pytest.skip("not a git checkout")
+    assert not changed(before, after), (
+        f"executing the chapters changed tracked files: {changed(before, after)}"
+    )
 
 
 def test_committed_notebooks_have_no_outputs():
-    import nbformat
-
     for p in chapters():
         nb = nbformat.read(p, as_version=4)
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), (
             f"{p.name}: strip outputs"
         )
         assert any("parameters" in c.metadata.get("tags", []) for c in nb.cells), p.name
+
+
+FAKE_QUARTO = """\
+#!{python}
+# Does to its project what a real `quarto render` was measured to do: runs the pre-render script
+# (stopping on its failure), writes each executed chapter back over its source, adds /.quarto/ to
+# .gitignore, freezes results in _freeze/ and writes the site to _book/.
+import json, subprocess, sys
+from pathlib import Path
+import nbformat, yaml
+from smolfsdp.book import inject_parameters
+
+args = sys.argv[1:]
+profile = args[args.index("--profile") + 1]
+param = args[args.index("-P") + 1]
+cfg = yaml.safe_load(Path("_quarto.yml").read_text())
+if subprocess.run([sys.executable, cfg["project"]["pre-render"]]).returncode:
+    sys.exit(1)
+for chapter in cfg["book"]["chapters"]:
+    if chapter.endswith(".ipynb"):
+        nb = nbformat.read(chapter, as_version=4)
+        inject_parameters(nb, PROFILE=param.split(":")[1])
+        nb.cells[-1].setdefault("outputs", []).append(nbformat.v4.new_output("stream", text="ran"))
+        nbformat.write(nb, chapter)
+        frozen = Path("_freeze") / chapter
+        frozen.mkdir(parents=True, exist_ok=True)
+        (frozen / "execute-results.json").write_text(json.dumps({{"profile": param}}))
+with open(".gitignore", "a") as f:
+    f.write("/.quarto/\\n")
+Path("_book").mkdir(exist_ok=True)
+Path("_book/index.html").write_text(f"<title>{{profile}} {{param}}</title>")
+"""
+
+
+def test_render_works_in_a_scratch_copy_per_profile(tmp_path, monkeypatch):
+    """`make render` never writes a tracked file, and smoke and full results never share a freezer."""
+    quarto = tmp_path / "bin" / "quarto"
+    quarto.parent.mkdir()
+    quarto.write_text(FAKE_QUARTO.format(python=sys.executable))
+    quarto.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(repo_root() / "src"))
+    before = tracked_changes()
+    scratch, out = tmp_path / "_render", tmp_path / "_book"
+
+    site = render_book("smoke", quarto=str(quarto), scratch_root=scratch, out_root=out)
+    assert (site / "index.html").read_text() == "<title>smoke PROFILE:smoke</title>"
+    assert site == out / "smoke"
+    first = nbformat.read(scratch / "smoke" / "notebooks" / "00_memory.ipynb", as_version=4)
+    assert first.cells[-1].outputs, "the fake wrote the executed notebook back (in the scratch copy)"
+    assert json.loads((scratch / "smoke" / RENDER_STATE).read_text())["profile"] == "smoke"
+    assert not changed(before, tracked_changes()), "rendering changed tracked files"
+    assert not (repo_root() / ".quarto").exists() and not (repo_root() / "_freeze").exists()
+
+    # a second render keeps Quarto's written-back copy (freeze stays valid) and adds no second cell
+    render_book("smoke", quarto=str(quarto), scratch_root=scratch, out_root=out)
+    again = nbformat.read(scratch / "smoke" / "notebooks" / "00_memory.ipynb", as_version=4)
+    assert sum("injected-parameters" in c.metadata.get("tags", []) for c in again.cells) == 1
+    assert len(again.cells[-1].outputs) == 2  # re-rendered in place, not re-copied
+
+    render_book("full", quarto=str(quarto), scratch_root=scratch, out_root=out)
+    assert (out / "full" / "index.html").read_text() == "<title>full PROFILE:full</title>"
+    frozen = {
+        p: (scratch / p / "_freeze/notebooks/00_memory.ipynb/execute-results.json") for p in ("smoke", "full")
+    }
+    assert {p: json.loads(f.read_text())["profile"] for p, f in frozen.items()} == {
+        "smoke": "PROFILE:smoke", "full": "PROFILE:full",
+    }  # fmt: skip
+    assert not changed(before, tracked_changes())
+
+
+def test_quarto_refuses_to_render_in_the_repository():
+    """The pre-render guard stops a plain `quarto render` at the repository root, saying what to run."""
+    guard = subprocess.run(
+        [sys.executable, "scripts/quarto_guard.py"], cwd=repo_root(), capture_output=True, text=True
+    )
+    assert guard.returncode == 1
+    assert "make render" in guard.stderr and "PROFILE=full" in guard.stderr
+
+
+def test_render_without_quarto_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make book"):
+        render_book("smoke", quarto=str(tmp_path / "no-quarto"), scratch_root=tmp_path)
+    with pytest.raises(ValueError, match="smoke, full"):
+        render_book("medium", quarto=sys.executable, scratch_root=tmp_path)
+
+
+# Each figure drew, fits its output block and the page (no horizontal scrollbar), and its title is
+# clear of the modebar. Run at a text-column-like width: the book's column is ~800 px.
+FIGURE_CHECK = textwrap.dedent("""
+    () => Array.from(document.querySelectorAll('.plotly-graph-div')).map(gd => {
+      const box = gd.closest('.jp-OutputArea-output') || gd.parentElement;
+      const g = gd.getBoundingClientRect(), b = box.getBoundingClientRect();
+      const t = gd.querySelector('.gtitle'), m = gd.querySelector('.modebar');
+      const tr = t && t.getBoundingClientRect(), mr = m && m.getBoundingClientRect();
+      const overlap = !!(tr && mr && mr.width && tr.left < mr.right && mr.left < tr.right
+                         && tr.top < mr.bottom && mr.top < tr.bottom);
+      return {traces: (gd.data || []).length, drawn: gd.querySelectorAll('.main-svg').length,
+              width: g.width, left: g.left - b.left, right: b.right - g.right, overlap: overlap,
+              title_inside: !tr || (tr.left >= g.left - 1 && tr.right <= g.right + 1)};
+    })
+""")
 
 
 def test_html_in_chromium(executed):
@@ -57,7 +249,7 @@ def test_html_in_chromium(executed):
         pytest.skip("no chromium on this machine (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
-    notebooks, html_dir = executed
+    notebooks, html_dir, _ = executed
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=CHROMIUM,
@@ -71,7 +263,7 @@ def test_html_in_chromium(executed):
             ],
         )
         for html in sorted(html_dir.glob("*.html")):
-            page = browser.new_page()
+            page = browser.new_page(viewport={"width": 820, "height": 900})
             errors = []
             page.on("pageerror", lambda e, errs=errors: errs.append(str(e)))
             page.goto(html.as_uri(), wait_until="load")
@@ -88,11 +280,21 @@ def test_html_in_chromium(executed):
                     f"document.querySelectorAll('.plotly-graph-div .main-svg').length >= {expected}",
                     timeout=180_000,
                 )
-            n_figs = page.locator(".plotly-graph-div").count()
-            traces = page.evaluate(
-                "Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => (d.data || []).length)"
+                page.wait_for_timeout(500)  # let the ResizeObserver settle each figure to its block
+            figures = page.evaluate(FIGURE_CHECK)
+            assert len(figures) >= expected, (html.name, expected, figures)
+            for f in figures:
+                assert f["traces"] >= 1 and f["drawn"] >= 1, (html.name, f)
+                assert f["left"] >= -1 and f["right"] >= -1, (html.name, "figure wider than its block", f)
+                assert f["width"] > 300, (html.name, "figure collapsed", f)
+                assert not f["overlap"], (html.name, "title under the modebar", f)
+                assert f["title_inside"], (html.name, "title cut at the figure's edge", f)
+            scroll = page.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
             )
-            assert n_figs >= expected and all(t >= 1 for t in traces), (html.name, expected, traces)
+            assert scroll[0] <= scroll[1] + 1, (html.name, "horizontal scrollbar", scroll)
+            text = page.inner_text("body")
+            assert 'PROFILE = "' not in text, (html.name, "the parameters cell is shown")
             assert errors == [], (html.name, errors)
             page.close()
         browser.close()

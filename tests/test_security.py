@@ -1,15 +1,22 @@
-"""Security: secrets never reach a file a run writes, our loads are weights_only, exports are safetensors,
-trust_remote_code is off unless asked for."""
+"""Security: secrets never reach a file a run writes, our loads are weights_only, a planted checkpoint runs
+nothing, exports are safetensors, trust_remote_code is off unless asked for."""
 
 import ast
+import hashlib
+import io
+import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 import yaml
 
-from smolfsdp import launch, sft
+from smolfsdp import checkpoint, launch, sft
+from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import bundled_data_path
 
@@ -222,3 +229,115 @@ def test_our_loads_are_weights_only():
             calls.append((path.name, node.lineno, ok))
     assert calls, "expected at least checkpoint.restore_rng's torch.load"
     assert all(ok for *_, ok in calls), [c for c in calls if not c[2]]
+
+
+def test_dcp_loads_go_through_the_allow_list():
+    """Every DCP read in src/ uses checkpoint_verify's reader (no bare dcp.load or FileSystemReader)."""
+    found = []
+    for path in sorted((ROOT / "src" / "smolfsdp").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in (
+                "load",
+                "FileSystemReader",
+                "read_metadata",
+            ):
+                name = ast.unparse(node.func)
+                if name.startswith("dcp.") or "FileSystemReader" in name or "read_metadata" in name:
+                    found.append((path.name, node.lineno, name))
+    # the one dcp.load left is checkpoint_verify.dcp_load's, which passes the allow-list reader and planner
+    assert [(f, n) for f, _, n in found] == [("checkpoint_verify.py", "dcp.load")], found
+
+
+# ------------------------------------------------------------------ planted checkpoints (issue 16)
+class _Payload:
+    """Unpickling this runs ``os.system(command)``: what a planted checkpoint does when read."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def _forge_marker(ckpt: Path, name: str) -> None:
+    """Rewrite the COMPLETE marker's record of ``name`` as whoever planted the file would."""
+    marker = json.loads((ckpt / "COMPLETE").read_text())
+    data = (ckpt / name).read_bytes()
+    marker["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "COMPLETE").write_text(json.dumps(marker))
+
+
+@pytest.fixture
+def planted(secret_run, tmp_path):
+    """A copy of the secret run whose step-2 ``.metadata`` is real DCP metadata with a payload inside
+    (``planner_data``) that creates ``pwned`` when unpickled; the marker is forged to match."""
+    shutil.copytree(secret_run.path, tmp_path / "runs" / "secret")
+    ckpt = tmp_path / "runs" / "secret" / "checkpoints" / "step-000002"
+    flag = tmp_path / "pwned"
+    meta = checkpoint.read_dcp_metadata(ckpt)
+    meta.planner_data = _Payload(f"touch {flag}")
+    with (ckpt / ".metadata").open("wb") as f:
+        pickle.dump(meta, f)
+    _forge_marker(ckpt, ".metadata")
+    # the payload is live: torch's own reader runs it (this is what a resume or convert used to do)
+    dcp.FileSystemReader(str(ckpt)).read_metadata()
+    assert flag.exists()
+    flag.unlink()
+    return ckpt, flag
+
+
+def test_planted_metadata_runs_nothing_through_any_entry_point(planted, tmp_path, capsys):
+    from smolfsdp.modeling import build_model, load_tokenizer
+
+    ckpt, flag = planted
+    why = f"{ckpt / '.metadata'} asks to load posix.system, which DCP checkpoint metadata never holds"
+    cfg = TrainConfig(
+        name="secret", output_dir=str(ckpt.parent.parent.parent), max_steps=2, resume_from="latest"
+    )
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system") as err:
+        sft.preflight(cfg)  # --resume_from, before launch
+    assert why in str(err.value)
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system"):
+        checkpoint.convert_checkpoint(ckpt, tmp_path / "out")
+    assert cli_main(["convert", str(ckpt), str(tmp_path / "out")]) == 2
+    assert why in capsys.readouterr().err
+    model = build_model("tiny", load_tokenizer("tiny"), seed=0)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system"):
+        checkpoint.load_checkpoint(ckpt, model, opt, sched)  # what the ranks call
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system"):
+        checkpoint.check_matches_model(ckpt, model)
+    line = launch.explain_failure("", 1, cfg)  # the failure line never recommends it
+    assert "no checkpoint of this run verifies" in line and "posix.system" in line
+    (ckpt / "COMPLETE").write_text("ok\n")  # a marker from before checksums: the allow-list still holds
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system"):
+        checkpoint.resolve_resume("latest", ckpt.parent.parent, hashes=True)
+    assert not flag.exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_non_tensor_entries_are_read_weights_only(tmp_path):
+    """DCP reads non-tensor entries (an optimizer's lr, betas) with torch.load(weights_only=False);
+    checkpoint.dcp_load first proves they are plain data."""
+    ckpt, flag = tmp_path / "ckpt", tmp_path / "pwned"
+    dcp.save({"lr": 0.5, "w": torch.ones(3)}, checkpoint_id=str(ckpt), no_dist=True)
+    state = {"lr": 0.0, "w": torch.zeros(3)}
+    checkpoint.dcp_load(state, ckpt)
+    assert state["lr"] == 0.5 and state["w"].tolist() == [1.0, 1.0, 1.0]
+    meta = checkpoint.read_dcp_metadata(ckpt)
+    info = next(v for k, v in meta.storage_data.items() if k.fqn == "lr")
+    buf = io.BytesIO()
+    torch.save(_Payload(f"touch {flag}"), buf)
+    shard = ckpt / info.relative_path
+    info.offset, info.length = shard.stat().st_size, len(buf.getvalue())
+    with shard.open("ab") as f:
+        f.write(buf.getvalue())
+    with (ckpt / ".metadata").open("wb") as f:
+        pickle.dump(meta, f)  # only allowed classes: the metadata itself passes the allow-list
+    dcp.load({"lr": 0.0, "w": torch.zeros(3)}, checkpoint_id=str(ckpt), no_dist=True)
+    assert flag.exists()  # the payload is live: torch's own load runs it
+    flag.unlink()
+    with pytest.raises(checkpoint.UnsafeCheckpointError, match="the entry 'lr' is not plain data"):
+        checkpoint.dcp_load({"lr": 0.0, "w": torch.zeros(3)}, ckpt)
+    assert not flag.exists()

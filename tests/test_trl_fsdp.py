@@ -205,7 +205,7 @@ def test_trainer_bf16_keeps_fp32_buffers_and_reduction(tmp_path, version, no_dev
     if version == 1:
         assert mp.buffer_dtype == torch.float32
     else:
-        assert mp.output_dtype == torch.bfloat16
+        assert mp.output_dtype is None  # FSDP2 returns outputs in the compute dtype (fsdp2.default_mp_policy)
 
 
 def test_gradient_accumulation_syncs_each_micro_batch_unless_offloading(tmp_path, no_device_setup):
@@ -225,3 +225,21 @@ def test_gradient_accumulation_syncs_each_micro_batch_unless_offloading(tmp_path
     assert kwargs(gradient_accumulation_steps=8) == {"sync_each_batch": True}
     assert not kwargs(gradient_accumulation_steps=1)
     assert not kwargs(gradient_accumulation_steps=8, cpu_offload=True)
+
+
+def test_the_memory_estimate_counts_what_no_sync_holds(tmp_path):
+    """Offload + accumulation keeps FSDP1 no_sync(): the estimate adds the whole unsharded gradient."""
+    from smolfsdp.config import TrainConfig
+    from smolfsdp.memory import count_parameters, estimate_memory, resolve_model_config
+
+    cfg = TrainConfig(engine="trl", gradient_accumulation_steps=8, output_dir=str(tmp_path))
+    assert not sft.accumulates_under_no_sync(cfg)
+    cfg.cpu_offload = True  # set after validation: offload is refused on a CPU-only machine
+    assert sft.accumulates_under_no_sync(cfg)
+    kw = dict(world_size=2, fsdp_version=1, offload=True, seq_len=2048, micro_batch=2)
+    synced, held = estimate_memory(**kw), estimate_memory(**kw, no_sync=True)
+    trainable = count_parameters(resolve_model_config("smollm3-3b")).trainable
+    assert synced.no_sync_grads_bytes == 0
+    assert held.no_sync_grads_bytes == trainable * 2 == 3_075_098_624 * 2  # bf16, every parameter
+    assert held.peak_bytes - synced.peak_bytes == held.no_sync_grads_bytes
+    assert held.components()["no_sync_grads"] == held.no_sync_grads_bytes

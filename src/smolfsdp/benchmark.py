@@ -86,37 +86,19 @@ def matmul_params(model: torch.nn.Module, trainable_only: bool = False) -> int:
 
 
 # ------------------------------------------------------------------------------- hardware
-# substring of torch.cuda.get_device_name -> key of smolfsdp.hardware.GPUS (first match wins)
-_GPU_ALIASES = (
-    ("H200", "H200"),
-    ("H100 PCIE", None),
-    ("H100", "H100 SXM"),
-    ("A100-SXM4-80GB", "A100 80GB"),
-    ("A100 80GB", "A100 80GB"),
-    ("A100", "A100 40GB"),
-    ("L40S", "L40S"),
-    ("L4", "L4"),
-    ("A10G", "A10G"),
-)
-
-
 def peak_tflops(device_name: str | None) -> tuple[float | None, str]:
     """bf16 dense peak TFLOP/s of a GPU named as ``torch.cuda.get_device_name`` names it.
 
     Returns ``(tflops, source)`` or ``(None, reason)`` for a CPU (``None``) or a GPU the table in
     ``smolfsdp.hardware`` does not know; never raises.
     """
-    from smolfsdp.hardware import GPUS
+    from smolfsdp.hardware import gpu_from_device_name
 
     if not device_name:
         return None, "CPU run: smolfsdp.hardware has no peak FLOP/s for CPUs, so MFU is not defined"
-    upper = device_name.upper()
-    for needle, key in _GPU_ALIASES:
-        if needle in upper:
-            if key is None:
-                break
-            g = GPUS[key]
-            return float(g.bf16_dense_tflops), f"bf16 dense peak of {g.name} ({g.source})"
+    g = gpu_from_device_name(device_name)
+    if g is not None:
+        return float(g.bf16_dense_tflops), f"bf16 dense peak of {g.name} ({g.source})"
     return None, f"GPU {device_name!r} is not in smolfsdp.hardware.GPUS, so its peak FLOP/s is unknown"
 
 

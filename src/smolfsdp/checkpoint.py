@@ -3,7 +3,9 @@
 Each rank writes its own shards of the model and optimizer state (no gather to rank 0). A save
 goes to ``step-N.tmp/``; only after every rank finished and rank 0 wrote the ``COMPLETE`` marker is
 it renamed to ``step-N/``. A directory without the marker is never resumed from, so a save that
-fails part-way leaves the previous checkpoint as the latest one.
+fails part-way leaves the previous checkpoint as the latest one. The marker records each file's size
+and SHA-256; a resume or a convert checks them first, and reads DCP's pickled ``.metadata`` only
+through an allow-list (``smolfsdp.checkpoint_verify``).
 
     smolfsdp train --lora --save_steps 2 --stop_at_step 2      # "killed" after step 2
     smolfsdp train --lora --resume_from latest                 # continues at step 3
@@ -11,6 +13,7 @@ fails part-way leaves the previous checkpoint as the latest one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -28,52 +31,32 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+# re-exported: callers import the checkpoint API from this module
+from smolfsdp.checkpoint_disk import (  # noqa: F401
+    ADAM_STATES,
+    DiskFullError,
+    DiskSpaceError,
+    check_disk_space,
+    disk_full_cause,
+    estimate_checkpoint_bytes,
+    explain_disk_full,
+    free_bytes,
+)
+from smolfsdp.checkpoint_verify import (  # noqa: F401
+    MARKER,
+    CheckpointCorruptError,
+    UnsafeCheckpointError,
+    complete_checkpoints,
+    dcp_load,
+    find_problem,
+    hash_files,
+    is_complete,
+    newest_good_checkpoint,
+    read_dcp_metadata,
+    verify_checkpoint,
+    write_marker,
+)
 from smolfsdp.config import ConfigError
-
-MARKER = "COMPLETE"
-ADAM_STATES = 2  # exp_avg and exp_avg_sq, each the size of its parameter (torch.optim.AdamW)
-
-
-class DiskSpaceError(ConfigError):
-    """The output directory's filesystem has less free space than the run will write."""
-
-
-def estimate_checkpoint_bytes(model, optimizer_trainable_params=None) -> int:
-    """Bytes one sharded checkpoint of ``model`` takes on disk, all ranks together.
-
-    Model state (every state-dict name, so tied weights count twice: DCP writes ``lm_head.weight``
-    and ``embed_tokens.weight`` both) + AdamW state (two tensors per trainable parameter, in the
-    parameter's dtype) + 5% for DCP's per-tensor serialisation and metadata (measured on the tiny
-    model's checkpoints, where it is largest relative to the data). Works on the meta device.
-    ``optimizer_trainable_params`` defaults to the parameters with ``requires_grad``.
-    """
-    model_bytes = sum(p.numel() * p.element_size() for _, p in model.named_parameters(remove_duplicate=False))
-    trainable = optimizer_trainable_params
-    if trainable is None:
-        trainable = [p for p in model.parameters() if p.requires_grad]
-    optim_bytes = sum(
-        ADAM_STATES * p.numel() * p.element_size() for p in {id(p): p for p in trainable}.values()
-    )
-    return int((model_bytes + optim_bytes) * 1.05)
-
-
-def free_bytes(path: str | Path) -> int:
-    """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent)."""
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
-
-
-def check_disk_space(output_dir: str | Path, needed_bytes: int) -> None:
-    """Raise DiskSpaceError (before training) when ``output_dir``'s filesystem cannot take ``needed_bytes``."""
-    free = free_bytes(output_dir)
-    if needed_bytes > free:
-        raise DiskSpaceError(
-            f"The run will write about {needed_bytes:,} bytes of checkpoints and models to {output_dir}, but its "
-            f"filesystem has {free:,} bytes free. Free space, choose another output_dir, save less often "
-            "(save_steps), keep fewer checkpoints (save_total_limit) or use LoRA (smaller optimizer state)."
-        )
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -92,10 +75,15 @@ def atomic_save(
     """Collective: write a checkpoint into ``step-N.tmp/``, mark it ``COMPLETE``, rename it ``step-N/``.
 
     ``write(tmp)`` runs on every rank and puts the state into ``tmp`` (a DCP save is itself a
-    collective). Rank 0 then writes ``config.yaml`` (the settings that produced these tensors) and
-    the marker, and renames. With ``keep``, only the newest ``keep`` complete checkpoints remain (the
-    new one is complete before any old one is removed). If ``write`` raises on any rank, no
-    ``step-N/`` appears and the previous checkpoint stays the latest. Returns ``step-N/``.
+    collective). Rank 0 then writes ``config.yaml`` (the settings that produced these tensors); the
+    ranks hash the files (size + SHA-256, each rank a share), rank 0 writes them into the marker and
+    renames. With ``keep``, only the newest ``keep`` complete checkpoints remain (the new one is
+    complete before any old one is removed). If ``write`` raises on any rank, no ``step-N/`` appears
+    and the previous checkpoint stays the latest. Returns ``step-N/``.
+
+    Raises:
+        DiskFullError: the disk filled up during the save (ENOSPC on any rank); the message names the
+            disk, the bytes needed and free, and the last good checkpoint.
     """
     final = checkpoint_dir(run_dir) / f"step-{step:06d}"
     tmp = final.with_name(final.name + ".tmp")
@@ -103,24 +91,38 @@ def atomic_save(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    write(tmp)
-    dist.barrier()
-    if rank == 0:
-        if config is not None:
+    try:
+        write(tmp)
+        if rank == 0 and config is not None:
             config.save(tmp / "config.yaml")
-        (tmp / MARKER).write_text("ok\n")
+        dist.barrier()
+        files = _hash_share(tmp, rank)
+        if rank == 0:
+            write_marker(tmp, files)
+    except (OSError, dcp.CheckpointException) as err:
+        full = disk_full_cause(err)
+        if full is not None:
+            raise DiskFullError(errno.ENOSPC, explain_disk_full(run_dir, step, tmp, full)) from err
+        raise
+    if rank == 0:
         if final.exists():
             shutil.rmtree(final)
         tmp.replace(final)
         if keep is not None:
-            done = sorted(
-                (p for p in checkpoint_dir(run_dir).glob("step-*") if p.is_dir() and is_complete(p)),
-                key=lambda p: int(p.name.split("-")[1]),
-            )
-            for old in done[:-keep]:
+            for old in complete_checkpoints(checkpoint_dir(run_dir))[keep:]:
                 shutil.rmtree(old)
     dist.barrier()
     return final
+
+
+def _hash_share(tmp: Path, rank: int) -> dict[str, dict[str, Any]]:
+    """Collective: each rank hashes every world_size-th file of ``tmp`` (rank 0 lists them); all get all."""
+    world = dist.get_world_size()
+    names: list[Any] = [sorted(p.name for p in tmp.iterdir() if p.is_file())] if rank == 0 else [None]
+    dist.broadcast_object_list(names, src=0)
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, hash_files(tmp, names[0][rank::world]))
+    return {name: rec for part in parts for name, rec in part.items()}
 
 
 def save_checkpoint(
@@ -158,18 +160,19 @@ def save_checkpoint(
     return atomic_save(run_dir, step, rank, write, keep=keep, config=config)
 
 
-def is_complete(path: str | Path) -> bool:
-    return (Path(path) / MARKER).is_file()
-
-
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run, or None."""
-    done = [p for p in checkpoint_dir(run_dir).glob("step-*") if p.is_dir() and is_complete(p)]
-    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+    """The newest complete checkpoint of a run (not verified: see :func:`newest_good_checkpoint`), or None."""
+    done = complete_checkpoints(checkpoint_dir(run_dir))
+    return done[0] if done else None
 
 
-def resolve_resume(resume_from: str, run_dir: str | Path) -> Path:
-    """``"latest"`` or a path -> a complete checkpoint directory; ConfigError otherwise."""
+def resolve_resume(resume_from: str, run_dir: str | Path, *, hashes: bool = False) -> Path:
+    """``"latest"`` or a path -> a complete checkpoint directory that verifies; ConfigError otherwise.
+
+    ``"latest"`` is the newest complete checkpoint; if it fails verification the error names the file and
+    offers the newest one that passes (explicit: nothing is skipped silently). The pre-launch check
+    (``sft.preflight``) passes ``hashes=True``; the ranks check presence and sizes only (cheap).
+    """
     path = latest_checkpoint(run_dir) if resume_from == "latest" else Path(resume_from)
     if path is None:
         raise ConfigError(f"resume_from=latest but {checkpoint_dir(run_dir)} holds no complete checkpoint.")
@@ -183,6 +186,7 @@ def resolve_resume(resume_from: str, run_dir: str | Path) -> Path:
             f"{path} is not a complete smolfsdp checkpoint (no {MARKER} marker); "
             "it may be a save that was interrupted."
         )
+    verify_checkpoint(path, hashes=hashes, action="resume")
     return path
 
 
@@ -194,7 +198,7 @@ def load_checkpoint(path: str | Path, model, optimizer, scheduler) -> dict[str, 
     """
     path = Path(path)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp_load(state, path)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
     trainer_state = json.loads((path / "trainer_state.json").read_text())
@@ -282,7 +286,7 @@ def check_resume_settings(path: str | Path, cfg) -> None:
 
 
 def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    meta = dcp.FileSystemReader(str(path)).read_metadata()
+    meta = read_dcp_metadata(path)
     return {
         k[len("model.") :]: tuple(v.size)
         for k, v in meta.state_dict_metadata.items()
@@ -356,6 +360,7 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
         raise ConfigError(
             f"{ckpt} is incomplete (no {MARKER} marker): its save was interrupted; use an older one."
         )
+    verify_checkpoint(ckpt, hashes=True, action="convert")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; choose a new folder or pass --overwrite.")
     run_config = config_of(ckpt)
@@ -371,7 +376,7 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
     check_matches_model(ckpt, model, f"the model {cfg.model!r} of {run_config}")
     state = model.state_dict()
     loaded = {"model": state}
-    dcp.load(loaded, checkpoint_id=str(ckpt))  # no process group: DCP reads every shard in this process
+    dcp_load(loaded, ckpt)  # no process group: DCP reads every shard in this process
     model.load_state_dict(loaded["model"])
     if cfg.lora:
         model = model.merge_and_unload()

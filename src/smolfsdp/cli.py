@@ -58,7 +58,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         from smolfsdp.sft import train
 
         cfg = resume_on_restart(cfg)  # after torchrun's elastic restart: continue from the latest checkpoint
-        init_distributed(cfg.collective_timeout_s)  # train() joins this group
+        init_distributed(cfg.collective_timeout_s, cpu_offload=cfg.cpu_offload)  # train() joins this group
         with name_collective_errors():
             train(cfg)
         return 0

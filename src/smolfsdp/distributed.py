@@ -1,7 +1,7 @@
 """Process-group set-up and rank-0 logging for runs started by torchrun or accelerate launch.
 
 Every training entry point calls :func:`init_distributed` first and :func:`teardown` last. On CPU
-the backend is gloo, on CUDA it is NCCL. Notebooks never call these: they start runs through
+the backend is gloo, on CUDA it is NCCL (with gloo beside it for CPU tensors when offloading). Notebooks never call these: they start runs through
 ``smolfsdp.launch`` (a subprocess).
 
 A collective that never completes (a rank stopped, skipped it, or hangs) fails after the process
@@ -27,6 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from smolfsdp.config import ConfigError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -46,12 +48,52 @@ def is_launched() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(timeout_s: float = 600.0) -> DistInfo:
+def choose_backend(device_type: str, cpu_offload: bool = False) -> str:
+    """The process-group backend for a device type: ``"gloo"`` on CPU, ``"nccl"`` on CUDA, and
+    ``"cuda:nccl,cpu:gloo"`` on CUDA with CPU offload.
+
+    Why the pair: with offload the parameter shards and their gradients live on the host, and
+    gradient clipping all-reduces the norm of those CPU shards (FSDP2: offloaded ``DTensor``\ s;
+    FSDP1: ``clip_grad_norm_``); NCCL cannot reduce CPU tensors, gloo can. accelerate 1.15 makes the
+    same choice for FSDP offload (``PartialState.__init__``, accelerate/state.py).
+
+    Raises ConfigError for a device type other than ``cpu`` or ``cuda``.
+    """
+    if device_type == "cpu":
+        return "gloo"
+    if device_type == "cuda":
+        return "cuda:nccl,cpu:gloo" if cpu_offload else "nccl"
+    raise ConfigError(f"device type {device_type!r}: smolfsdp runs on 'cpu' (gloo) or 'cuda' (NCCL).")
+
+
+def check_offload_support(fsdp_version: int, cpu_offload: bool, cuda_available: bool | None = None) -> None:
+    """Refuse, before any process starts, an offload that cannot run on this machine.
+
+    FSDP1's ``CPUOffload(offload_params=True)`` copies each unit to the accelerator for compute; on a
+    CPU-only machine torch 2.13 fails after launch ("Cannot access accelerator device when none is
+    available"). FSDP2's ``CPUOffloadPolicy(pin_memory=False)`` runs on CPU.
+
+    Raises ConfigError for ``cpu_offload`` with ``fsdp_version`` 1 and no CUDA.
+    """
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if cpu_offload and int(fsdp_version) == 1 and not cuda_available:
+        raise ConfigError(
+            "cpu_offload with fsdp_version 1 needs a GPU: FSDP1's CPUOffload moves each unit to the "
+            "accelerator for compute, and torch stops with 'Cannot access accelerator device when none is "
+            "available' on this CPU-only machine. Use fsdp_version: 2 (CPUOffloadPolicy runs on CPU), or "
+            "drop cpu_offload."
+        )
+
+
+def init_distributed(timeout_s: float = 600.0, cpu_offload: bool = False) -> DistInfo:
     """Join (or create, for a single process) the default process group.
 
     Returns a DistInfo with this rank's device: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
     ``timeout_s`` bounds every collective of the default group (torch's default is 600 s for NCCL,
     1800 s for gloo); the flight recorder is switched on so a timeout can name its collective.
+    ``cpu_offload``: on CUDA the group gets gloo for CPU tensors too (:func:`choose_backend`). A group
+    that already exists is joined as it is.
     """
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     if not is_launched():  # a plain `python` process: a group of one
@@ -61,14 +103,15 @@ def init_distributed(timeout_s: float = 600.0) -> DistInfo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        device, backend = torch.device("cuda", local_rank), "nccl"
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device, backend = torch.device("cpu"), "gloo"
+    backend = choose_backend(device.type, cpu_offload)
     if not dist.is_initialized():
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    else:
+        backend = dist.get_backend()  # joined as it was created (e.g. by the CLI, before train())
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 
 

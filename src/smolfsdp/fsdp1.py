@@ -79,13 +79,12 @@ def wrap_fsdp1(
             CPU (``torch.cpu.device_count()``): no sharding at all, so a mesh is required here.
         backward_prefetch: ``BACKWARD_PRE`` all-gathers the next unit's parameters before the current
             unit's gradient computation, ``BACKWARD_POST`` after it, ``NO_PREFETCH`` never early.
-        param_dtype: compute dtype (e.g. ``torch.bfloat16``); gradients are reduced in fp32.
+        param_dtype: compute dtype (e.g. ``torch.bfloat16``); gradients are reduced in fp32 and buffers
+            stay fp32 (:func:`mixed_precision_policy`).
         use_orig_params: keep the original ``nn.Parameter`` objects as views into the FlatParameter
             (needed to freeze single parameters, e.g. for LoRA, and for per-parameter optimizer groups).
     """
-    mp = None
-    if param_dtype is not None:
-        mp = MixedPrecision(param_dtype=param_dtype, reduce_dtype=torch.float32, buffer_dtype=param_dtype)
+    mp = mixed_precision_policy(param_dtype)
     on_cuda = device is not None and device.type == "cuda"
     if sharding_strategy not in ShardingStrategy.__members__:
         raise ConfigError(
@@ -109,6 +108,21 @@ def wrap_fsdp1(
         use_orig_params=use_orig_params,
         sync_module_states=sync_module_states and on_cuda,
     )
+
+
+def mixed_precision_policy(param_dtype: torch.dtype | None) -> MixedPrecision | None:
+    """FSDP1's ``MixedPrecision`` for a compute dtype: ``param_dtype`` parameters, fp32 gradient
+    reduction, fp32 buffers; ``None`` (plain fp32) when ``param_dtype`` is None.
+
+    Why fp32 buffers: ``MixedPrecision(buffer_dtype=...)`` casts every buffer, and SmolLM3's rotary
+    ``inv_freq`` is one. In bf16 (8-bit mantissa) ``inv_freq`` loses its low bits, and the angle
+    ``position x inv_freq`` carries that error times the position: the model would train on other
+    positions than the fp32 ones it is served with. Used by :func:`wrap_fsdp1` (native engine) and
+    reusable for the Trainer's FSDP1 (accelerate's ``FullyShardedDataParallelPlugin(mixed_precision_policy=...)``).
+    """
+    if param_dtype is None:
+        return None
+    return MixedPrecision(param_dtype=param_dtype, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
 
 
 def fsdp_units(model: nn.Module) -> list[FullyShardedDataParallel]:

@@ -16,7 +16,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 from torch.distributed.tensor import DTensor
 
 from smolfsdp.config import ConfigError, nearest
@@ -42,7 +48,8 @@ def apply_fsdp2(
         mp_policy: e.g. ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``.
         offload_policy: ``CPUOffloadPolicy(pin_memory=...)`` keeps shards and optimizer state on the host.
         reshard_after_forward: free gathered layers after forward (ZeRO-3) or keep them to backward (ZeRO-2).
-    Returns the same module, now an ``FSDPModule``.
+    Returns the same module, now an ``FSDPModule``; a peft model's ``generate`` is registered as an FSDP
+    forward method, so ``model.generate(...)`` works sharded (a collective: every rank calls it).
     """
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
@@ -52,6 +59,11 @@ def apply_fsdp2(
     for module in [m for m in model.modules() if isinstance(m, wrap_cls)]:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
+    if hasattr(model, "peft_config") and hasattr(model, "generate"):
+        # peft's PeftModel.generate calls the inner model directly, so the root's forward hooks never
+        # gather the root group (embedding, lm_head): "mixed torch.Tensor and DTensor". Registering
+        # generate runs those hooks around the whole call (torch.distributed.fsdp.register_fsdp_forward_method).
+        register_fsdp_forward_method(model, "generate")
     return model
 
 

@@ -127,8 +127,13 @@ def _full(p) -> torch.Tensor:
     "fsdp2_mixed_dtensor",
     "FSDP2: 'mixed torch.Tensor and DTensor' around evaluation",
     DIST,
-    """With torch 2.13 an eval forward through the root (no_grad or not), generate() and
-    unshard() all leave training working. What still fails is calling a submodule that FSDP2 did not
+    """With torch 2.13 an eval forward through the root (no_grad or not) and unshard() leave
+    training working, and so does generate() on a plain transformers model (it calls the root's
+    forward). generate() on a peft (LoRA) model is this gotcha: PeftModel.generate calls the inner model
+    past the root's hooks and fails with the same error; smolfsdp.fsdp2.apply_fsdp2 registers it with
+    torch.distributed.fsdp.register_fsdp_forward_method, so it works. Under FSDP1, model.generate fails
+    with or without LoRA ("'weight' must be 2-D"); smolfsdp.lora_fsdp2.generate gathers the full
+    parameters for the call (summon_full_params). What still fails is calling a submodule that FSDP2 did not
     shard on its own (here model.model, the inner SmolLM3Model, e.g. to get hidden states for an eval
     metric): the embedding's weight belongs to the root's group and is still a sharded DTensor, the
     input ids are a plain Tensor. Pinning FSDP1 (the seed's fix) does not help in this form: FSDP1
@@ -198,46 +203,49 @@ def wrap_class(rank: int, world: int) -> dict[str, Any]:
     "The Trainer's FSDP silently runs as DDP on CPU",
     DIST,
     """TrainingArguments(fsdp=..., use_cpu=True) on 2 processes trains without a word, but
-    accelerate enables FSDP only for accelerator devices: the model is wrapped in
+    accelerate 1.15 keeps an FSDP plugin only for accelerator devices: the model is wrapped in
     DistributedDataParallel and every rank holds all parameters. smolfsdp.sft.detect_effective reads
-    what the Trainer really built; the native engine shards on gloo (FSDP units, FlatParameter).""",
+    what the Trainer really built. The fix: smolfsdp.accelerate_cpu_fsdp lifts exactly that gate (and
+    gives FSDP a plain cpu device), and the same Trainer then wraps FullyShardedDataParallel units.""",
 )
 def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
+    from accelerate.state import AcceleratorState
+
     from smolfsdp.config import TrainConfig
     from smolfsdp.distributed import DistInfo
-    from smolfsdp.native import shard_model
     from smolfsdp.results import RunWriter
     from smolfsdp.sft import run_trl
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT", tempfile.mkdtemp()))
-    cfg = TrainConfig(
-        name="gotcha-trl",
-        output_dir=str(out),
-        engine="trl",
-        max_steps=1,
-        eval_steps=0,
-        save_final_model=False,
-        max_rows=32,
-    )
-    writer = RunWriter(cfg.run_dir, enabled=rank == 0)
-    try:
-        fields = run_trl(cfg, info, writer)
-    finally:
-        writer.close()
-    failing = {
-        "outcome": "measured",
-        "requested": fields["requested"]["strategy"],
-        **_effective(fields["effective"]),
-    }
-    _, evidence = shard_model(_tiny()[0], TrainConfig(), info)
-    fixed = {
-        "outcome": "measured",
-        "requested": "fsdp1",
-        "strategy": "fsdp1",
-        **{k: evidence[k] for k in ("fsdp_units", "parameter_type")},
-    }
-    return {"failing": failing, "fixed": fixed}
+    results = {}
+    for label, lifted in (("failing", False), ("fixed", True)):
+        cfg = TrainConfig(
+            name=f"gotcha-trl-{label}",
+            output_dir=str(out),
+            engine="trl",
+            max_steps=1,
+            eval_steps=0,
+            save_final_model=False,
+            max_rows=32,
+            accelerate_fsdp_on_cpu=lifted,
+        )
+        AcceleratorState._reset_state()  # each Trainer builds its accelerator state afresh (same group)
+        writer = RunWriter(cfg.run_dir, enabled=rank == 0)
+        try:
+            fields = run_trl(cfg, info, writer)
+        finally:
+            writer.close()
+        eff = fields["effective"]
+        results[label] = {
+            "outcome": "measured",
+            "requested": fields["requested"]["strategy"],
+            **_effective(eff),
+            "fsdp_units": eff["evidence"].get("fsdp_units", 0),
+            "parameter_type": eff["evidence"].get("parameter_type", "torch.nn.Parameter (full copy)"),
+            "held_per_rank": fields["params"]["fraction_per_rank"][rank],
+        }
+    return results
 
 
 def _effective(eff: dict[str, Any]) -> dict[str, Any]:

@@ -46,8 +46,42 @@ GPUS: dict[str, GPU] = {
         GPU("A100 80GB", 80, 312, 2039, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)", 300),
         GPU("H100 SXM", 80, 989, 3350, "NVLink 4 (900 GB/s)", "NVIDIA H100 Tensor Core GPU datasheet (SXM)", 450),
         GPU("H200", 141, 989, 4800, "NVLink 4 (900 GB/s)", "NVIDIA H200 Tensor Core GPU datasheet (SXM)", 450),
+        # The same datasheet's H200 NVL column (PCIe card, 600 W): BF16 1,671 TFLOPS with sparsity, so 835.5
+        # dense; 141 GB at 4.8 TB/s; 2- or 4-way NVLink bridge 900 GB/s per GPU, PCIe Gen5 128 GB/s.
+        GPU("H200 NVL", 141, 835.5, 4800, "NVLink bridge, 2- or 4-way (900 GB/s); PCIe Gen5 (128 GB/s)",
+            "NVIDIA H200 Tensor Core GPU datasheet (NVL)", 450),
     )
 }  # fmt: skip
+
+#: Substring of ``torch.cuda.get_device_name`` (upper case) -> key of ``GPUS``, first match wins; None: a
+#: variant the table does not hold, so its peak is unknown rather than another variant's. SXM parts
+#: report "NVIDIA H200" and "NVIDIA H100 80GB HBM3"; the PCIe cards "NVIDIA H200 NVL", "NVIDIA H100 NVL",
+#: "NVIDIA H100 PCIe" (NVL and PCIe run at lower clocks and power: H100 NVL 1,671 and H100 PCIe 1,513
+#: BF16 TFLOPS with sparsity, against 1,979 for SXM; NVIDIA H100 Tensor Core GPU datasheet).
+DEVICE_NAMES = (
+    ("H200 NVL", "H200 NVL"),
+    ("H200", "H200"),
+    ("H100 NVL", None),
+    ("H100 PCIE", None),
+    ("H100", "H100 SXM"),
+    ("A100-SXM4-80GB", "A100 80GB"),
+    ("A100 80GB", "A100 80GB"),
+    ("A100", "A100 40GB"),
+    ("L40S", "L40S"),
+    ("L4", "L4"),
+    ("A10G", "A10G"),
+)
+
+
+def gpu_from_device_name(device_name: str | None) -> GPU | None:
+    """The ``GPUS`` entry for a name as ``torch.cuda.get_device_name`` gives it ("NVIDIA H200 NVL"),
+    or None for a CPU (``None``), a GPU not in the table, or a variant of a listed GPU that the table
+    does not hold (an H100 NVL is not scored as an H100 SXM). Never raises."""
+    upper = str(device_name or "").upper()
+    for needle, key in DEVICE_NAMES if upper else ():
+        if needle in upper:
+            return GPUS[key] if key else None
+    return None
 
 
 @dataclass(frozen=True)

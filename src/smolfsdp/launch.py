@@ -356,7 +356,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT")
 
 
 def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
-    """One line for a failed run: which rank died and how, the last complete checkpoint, how to resume.
+    """One line for a failed run: which rank died and how, the newest checkpoint that verifies, how to resume.
 
     ``output`` is torchrun's combined output. A rank killed by a signal is named as the cause; the
     others usually failed because a peer vanished, or were stopped by torchrun (SIGTERM). A collective
@@ -364,7 +364,7 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     A rendezvous that timed out, was closed or lost its store (nodes that never all joined, a node that
     ended the run) is explained by :func:`explain_rendezvous`.
     """
-    from smolfsdp.checkpoint import latest_checkpoint
+    from smolfsdp.checkpoint import checkpoint_dir, newest_good_checkpoint
 
     failures = parse_failures(output)
     parts = []
@@ -391,11 +391,20 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     hung += re.findall(r"(\[Rank \d+\] Watchdog caught collective operation timeout: .*?\))", output)
     if hung:
         what += f"; {hung[0]}"
-    latest = latest_checkpoint(cfg.run_dir)
-    if latest is not None:
+    # recommend only a checkpoint that verifies (sizes and SHA-256 of every file), never a broken one
+    latest, bad = newest_good_checkpoint(checkpoint_dir(cfg.run_dir))
+    broken = f" ({bad[0][1]}; {len(bad)} newer checkpoint(s) fail verification)" if bad else ""
+    if latest is not None and not bad:
         then = (
             f"the last complete checkpoint is {latest}; resume with: smolfsdp train <the same flags> --resume"
         )
+    elif latest is not None:
+        then = (
+            f"the newest checkpoint that verifies is {latest}{broken}; resume with: smolfsdp train <the same "
+            f"flags> --resume {latest}"
+        )
+    elif bad:
+        then = f"no checkpoint of this run verifies{broken}; the run must start over (--overwrite true)"
     elif rdzv and not parts:  # the ranks never started (or a restarted group never did)
         then = "no checkpoint of this run is complete, so once fixed the same command starts it from step 0"
     elif cfg.save_steps > 0:

@@ -14,7 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from smolfsdp.checkpoint import umask_modes
 from smolfsdp.config import ConfigError, TrainConfig
@@ -89,7 +92,6 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
     process. With ``cfg.lora_merge`` the base model with the adapter merged in is saved too
     (``merged/``). Returns ``{"adapter": path, "merged": path | None, "tensors": n}``.
     """
-    import torch.distributed as dist
     from peft import get_peft_model
     from peft.utils.constants import EMBEDDING_LAYER_NAMES
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -140,6 +142,25 @@ def load_adapter_model(base_model: str, adapter_dir: str | Path, tokenizer, seed
 
     base = build_model(base_model, tokenizer, seed=seed)
     return PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+
+
+def generate(model: nn.Module, **kwargs):
+    """``generate`` on a sharded model (FSDP1 or FSDP2, LoRA or not); returns the token ids tensor
+    ``(batch, prompt + new tokens)``, as ``GenerationMixin.generate`` does. Collective: every rank calls it.
+
+    FSDP2: ``apply_fsdp2`` registers a peft model's ``generate`` with FSDP, so this is
+    ``model.generate(**kwargs)`` with ``synced_gpus=True`` (ranks keep stepping together even when one
+    rank's rows end early; each forward gathers layers on all ranks). FSDP1: ``model.generate`` reaches
+    the inner model past the root's hooks and fails on the sharded embedding ("'weight' must be 2-D"), so
+    the parameters are gathered whole on every rank (``FSDP.summon_full_params``, ``writeback=False``) and
+    each rank generates on its own: it needs the full model's memory on each rank for the call.
+    """
+    if isinstance(model, FSDP):
+        with torch.no_grad(), FSDP.summon_full_params(model, writeback=False):
+            return model.module.generate(**kwargs)
+    kwargs.setdefault("synced_gpus", dist.is_initialized() and dist.get_world_size() > 1)
+    with torch.no_grad():
+        return model.generate(**kwargs)
 
 
 def run(cfg: TrainConfig, **kwargs):

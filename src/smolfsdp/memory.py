@@ -363,6 +363,9 @@ class MemoryEstimate:
     load_peak_device_bytes: int
     load_peak_host_bytes_per_node: int
     notes: list[str] = field(default_factory=list)
+    # FSDP1 gradient accumulation under no_sync(): every rank holds the whole unsharded gradient of the
+    # trainable parameters (compute dtype) between micro-batches (0 when each micro-batch reduce-scatters)
+    no_sync_grads_bytes: int = 0
 
     @property
     def static_bytes(self) -> int:
@@ -373,13 +376,14 @@ class MemoryEstimate:
     def peak_bytes(self) -> int:
         """Upper bound of the device peak: every component alive at once (gradients included)."""
         return (
-            self.static_bytes + self.gathered_bytes + self.grad_buffer_bytes + self.activations_bytes
-            + self.logits_bytes + self.cuda_context_bytes + self.comm_buffer_bytes
+            self.static_bytes + self.gathered_bytes + self.grad_buffer_bytes + self.no_sync_grads_bytes
+            + self.activations_bytes + self.logits_bytes + self.cuda_context_bytes + self.comm_buffer_bytes
         )  # fmt: skip
 
     def components(self) -> dict[str, int]:
         """Device components in display order (what the stacked bars draw)."""
-        keys = ["params", "grads", "master", "optimizer", "gathered", "grad_buffer", "activations", "logits"]
+        keys = ["params", "grads", "master", "optimizer", "gathered", "grad_buffer", "no_sync_grads"]
+        keys += ["activations", "logits"]
         out = {k: getattr(self, f"{k}_bytes") for k in keys}
         out.update(cuda_context=self.cuda_context_bytes, comm_buffers=self.comm_buffer_bytes)
         return out
@@ -413,7 +417,8 @@ def estimate_memory(
     fsdp_version: int = 2,
     gpus_per_node: int = 8,
     rank: int = 0,
-    loading: str = "rank0",
+    loading: str = "every-rank",
+    no_sync: bool = False,
 ) -> MemoryEstimate:
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -422,9 +427,27 @@ def estimate_memory(
     replicate across nodes). ``rank`` 0 is the fullest (padding lands on the last ranks). Static
     terms follow ``sharded_state``; activations ``activation_breakdown``; offload moves the static
     terms to ``host_bytes`` (FSDP1 ``CPUOffload(offload_params=True)`` / FSDP2 ``CPUOffloadPolicy``
-    keep shards, gradients and optimizer state on the host). ``loading``: every-rank (each process
-    loads the full model, then moves it to its GPU), rank0 (``cpu_ram_efficient_loading`` /
-    ``sync_module_states``), meta (build on meta, load sharded).
+    keep shards, gradients and optimizer state on the host).
+
+    ``loading`` sets the load-time peaks (model bytes at the recipe's ``param_bytes``: fp32 for the
+    recipes smolfsdp runs, whose engines build fp32 parameters):
+
+    * ``every-rank`` (the default, what both smolfsdp engines do: ``modeling.build_model`` /
+      ``from_pretrained`` in every process, then wrap): the host of a node holds one full model per
+      process, ``min(world_size, gpus_per_node)`` of them at once.
+    * ``rank0``: only local rank 0 loads, the others build on meta (``cpu_ram_efficient_loading`` with
+      ``sync_module_states``, a Trainer option smolfsdp does not turn on): one full model per node.
+    * ``meta``: build on meta, load each shard where it lives: nothing full on the host.
+
+    ``no_sync``: gradient accumulation runs its micro-batches under FSDP1 ``no_sync()`` (the
+    Trainer does so with CPU offload, where FSDP1 accepts nothing else; see
+    ``smolfsdp.sft.accumulates_under_no_sync``): every rank then also holds the whole unsharded
+    gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
+    FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
+
+    On the device every loading peaks at the largest FSDP unit held in full (the root or a layer):
+    FSDP moves one unit at a time to the device and shards it there (FSDP1 ``device_id``, FSDP2
+    ``fully_shard``); the whole model never sits on one GPU.
 
     Raises ConfigError for an unknown strategy/recipe/loading, world size < 1, a sequence longer than
     the model's ``max_position_embeddings``, or an unresolvable model.
@@ -481,6 +504,7 @@ def estimate_memory(
         static = dict.fromkeys(static, 0)
     counts = count_parameters(config, spec)
     full_model = counts.total * rec.param_bytes
+    no_sync_grads = counts.trainable * c if no_sync and group > 1 else 0
     per_node = min(world_size, gpus_per_node)
     notes = []
     if fsdp_version == 1 and spec is not None:
@@ -500,9 +524,9 @@ def estimate_memory(
         activations_no_ac_bytes=no_ac, activations_ac_bytes=with_ac, logits_bytes=act["logits"],
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
         host_bytes=host, n_step_tensors=st["n_step_tensors"],
-        load_peak_device_bytes=full_model if loading == "every-rank" else layer_full * rec.param_bytes,
+        load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading] * full_model,
-        notes=notes,
+        notes=notes, no_sync_grads_bytes=no_sync_grads,
     )  # fmt: skip
 
 

@@ -101,7 +101,9 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
     else:
         mesh = fsdp2.build_mesh(info.device.type, shard, replicate if two_d else None)
         offload = fsdp2.make_offload_policy() if cfg.cpu_offload else None
-        model.to(info.device)
+        # No model.to(device) first: each fully_shard call moves only its own group's parameters to the
+        # mesh's device, shards them (and with offload puts the shards back on the host), so the device
+        # never holds the whole model (torch/distributed/fsdp/_fully_shard/_fsdp_init.py).
         fsdp2.apply_fsdp2(
             model,
             mesh,
@@ -129,6 +131,16 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
 
 
 def _apply_activation_checkpointing(model: nn.Module, wrap_cls: type[nn.Module]) -> None:
+    """Recompute each ``wrap_cls`` layer in backward (non-reentrant); turns the model's KV cache off.
+
+    Why ``use_cache=False``: SmolLM3's config keeps ``use_cache=True``, so a training forward builds a
+    ``DynamicCache`` and every layer appends its keys and values to it; the recompute in backward
+    appends them a second time, and with a padding mask the attention then sees twice the key length
+    ("The size of tensor a (2n) must match the size of tensor b (n)").
+    """
+    config = getattr(model, "config", None)  # the HF config, through FSDP1's and peft's wrappers
+    if config is not None:
+        config.use_cache = False
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
         apply_activation_checkpointing,

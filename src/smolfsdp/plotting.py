@@ -1,13 +1,16 @@
 """Figures for the book: pure ``plot_*`` functions that return plotly Figures, and ``save_figure``.
 
 Every value drawn comes from a run folder (``smolfsdp.results``) or a package formula; nothing is
-typed in. In a notebook kernel the renderer embeds plotly.js in the page (no CDN needed), so the
-executed chapters work offline and in Quarto.
+typed in. In a notebook kernel the ``smolfsdp`` renderer (below) shows each figure the way Quarto
+handles plotly natively: plotly.js inline once per notebook (Quarto hoists it into the page head: once
+per page, offline, no CDN), each figure as HTML sized to the text column.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import textwrap
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -15,8 +18,101 @@ import plotly.io as pio
 
 log = logging.getLogger(__name__)
 
-# JupyterLab gets the plotly mimetype; HTML export (nbconvert, Quarto) gets inline plotly.js.
-pio.renderers.default = "plotly_mimetype+notebook"
+# The one place where the book changes how plotly displays figures, and why. Plotly's `notebook`
+# renderer puts plotly.js inline in the first figure's cell (its "global init" output, which Quarto
+# recognises by plotly.js's licence header and moves into the page head) and every figure after it as
+# a div sized `width: 100%`, measured once, at 525 px high. In a rendered book the column settles
+# after that measurement, so figures came out wider than the column; a long title sat under the
+# modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung below the
+# modebar with a top margin that fits its lines and any subplot titles, and (3) re-measures its output block
+# whenever that block's width changes (a ResizeObserver, not only window resizes).
+MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
+TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
+TITLE_CLIMB_PX = 16  # measured in Chromium: a 5-line title's block starts 15 px above its pad
+SUBPLOT_TITLE_PX = 24  # a subplot title's line (plotly's 16 px annotation font)
+TITLE_CHARS = 80  # a plain title line wraps beyond this: ~8.5 px a character fits a ~700 px column
+
+_FIT_SCRIPT = """
+var gd = document.getElementById('{plot_id}');
+var box = gd.closest('.cell-output-display, .jp-OutputArea-output, .output_subarea') || gd.parentElement;
+gd.style.maxWidth = '100%';
+function fit() {
+  var w = box.clientWidth;
+  if (w > 0 && gd._fullLayout && Math.abs(gd._fullLayout.width - w) > 1) {
+    gd.style.width = w + 'px';
+    Plotly.Plots.resize(gd);
+  }
+}
+fit();
+if (window.ResizeObserver) { new ResizeObserver(fit).observe(box); }
+"""
+
+
+def fit_layout(layout: dict) -> dict:
+    """Return ``layout`` (a figure's layout as a dict) made to fit a text column; the input is not changed.
+
+    Drops ``width`` and sets ``autosize``. A title is wrapped (:func:`_wrap_title`) and hung from the
+    top edge below the modebar (plotly anchors a multi-line title on its first line, so its block sits
+    up to ``TITLE_CLIMB_PX`` higher than the pad says), and the top margin is raised to hold the
+    modebar, every line and any subplot titles. Pure: no plotly.js, no I/O.
+    """
+    out = {k: v for k, v in layout.items() if k != "width"}
+    out["autosize"] = True
+    title = out.get("title")
+    title = {"text": title} if isinstance(title, str) else dict(title or {})
+    text = _wrap_title(title.get("text") or "")
+    if text:
+        lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text"))
+        # make_subplots puts subplot titles as annotations standing on the plot area (paper y = 1)
+        above = any(
+            a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in out.get("annotations") or []
+        )
+        pad_b = 8 + SUBPLOT_TITLE_PX * above
+        pad_t = MODEBAR_PX + TITLE_CLIMB_PX
+        title.update(
+            text=text, y=1, yref="container", yanchor="top", pad={**title.get("pad", {}), "t": pad_t}
+        )
+        out["title"] = title
+        margin = dict(out.get("margin") or {})
+        margin["t"] = max(margin.get("t", 100), pad_t + TITLE_LINE_PX * lines + pad_b)
+        out["margin"] = margin
+    return out
+
+
+def _wrap_title(text: str) -> str:
+    """Break plain title lines longer than ``TITLE_CHARS`` at spaces (plotly never wraps a title).
+
+    Lines with markup, or inside a ``<sup>``/``<sub>`` span (subtitles, wrapped by their plot
+    function), are kept as they are.
+    """
+    lines, depth = [], 0
+    for line in text.split("<br>"):
+        plain = depth == 0 and "<" not in line and len(line) > TITLE_CHARS
+        lines += textwrap.wrap(line, TITLE_CHARS) if plain else [line]
+        depth += len(re.findall(r"<su[bp]>", line)) - len(re.findall(r"</su[bp]>", line))
+    return "<br>".join(lines)
+
+
+class _ColumnMixin:
+    """Applies :func:`fit_layout` to the figure before plotly's own renderer draws it."""
+
+    def to_mimebundle(self, fig_dict):
+        return super().to_mimebundle({**fig_dict, "layout": fit_layout(fig_dict.get("layout", {}))})
+
+
+class BookNotebookRenderer(_ColumnMixin, pio.base_renderers.NotebookRenderer):
+    pass
+
+
+class BookMimetypeRenderer(_ColumnMixin, pio.base_renderers.PlotlyRenderer):
+    pass
+
+
+_CONFIG = {"responsive": True, "displaylogo": False}
+pio.renderers["smolfsdp"] = BookNotebookRenderer(config=_CONFIG, post_script=_FIT_SCRIPT)
+pio.renderers["smolfsdp_mimetype"] = BookMimetypeRenderer(config=_CONFIG)
+# JupyterLab and VS Code show the plotly mimetype; HTML (Quarto, nbconvert) takes the text/html one.
+pio.renderers.default = "smolfsdp_mimetype+smolfsdp"
 
 COLORS = {"train": "#1f77b4", "eval": "#d62728"}
 
@@ -65,13 +161,16 @@ def plot_loss_curve(run, title: str | None = None) -> go.Figure:
 
 
 def save_figure(fig: go.Figure, name: str, out_dir: str | Path | None = None) -> list[Path]:
-    """Write ``figures/<name>.html`` and ``.json`` always, and ``.png`` when an exporter (kaleido) works."""
+    """Write ``figures/<name>.html`` and ``.json`` always, and ``.png`` when an exporter (kaleido) works.
+
+    The HTML loads ``plotly.min.js`` from the same folder (written once, beside it): offline, no CDN.
+    """
     from smolfsdp.data import repo_root
 
     out = Path(out_dir) if out_dir is not None else repo_root() / "figures"
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.html", out / f"{name}.json"]
-    fig.write_html(paths[0], include_plotlyjs="cdn", full_html=True)
+    fig.write_html(paths[0], include_plotlyjs="directory", full_html=True)
     fig.write_json(paths[1])
     try:
         fig.write_image(out / f"{name}.png")

@@ -20,6 +20,7 @@ COMPONENT_COLORS = {
     "optimizer": "#2ca02c",
     "gathered": "#9467bd",
     "grad_buffer": "#c5b0d5",
+    "no_sync_grads": "#ffbb78",
     "activations": "#d62728",
     "logits": "#e377c2",
     "cuda_context": "#7f7f7f",

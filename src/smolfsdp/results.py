@@ -1,17 +1,24 @@
 """One run folder format for every engine: ``runs/<name>/{config.yaml, metrics.jsonl, summary.json}``.
 
-Written by rank 0 of a run (:class:`RunWriter`), read by the chapters (:func:`load_run`).
+Written by rank 0 of a run (:class:`RunWriter`), read by the chapters (:func:`load_run`). Also the
+committed one-GPU measurement of ``scripts/gpu_check.sh`` (:func:`load_gpu_results`, shown by
+``smolfsdp.gpu_report``) and the provenance it records (:func:`provenance`).
 
     python -c "from smolfsdp.results import load_run; print(load_run('runs/smoke').summary)"
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import importlib.metadata as md
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,3 +205,113 @@ def load_run(path: str | Path) -> Run:
         pd.DataFrame(rows),
         json.loads((path / "summary.json").read_text()),
     )
+
+
+# ------------------------------------------------------------------------ committed GPU measurements
+#: Where ``scripts/gpu_check.sh``'s files are committed, relative to the repository root.
+GPU_RESULTS_DIR = "data/results/h200"
+GPU_RESULT_FILES = ("bench.json", "trace_summary.json", "provenance.json")
+
+
+@dataclass
+class GpuResults:
+    """One committed run of ``scripts/gpu_check.sh`` (see ``data/results/h200/README.md``)."""
+
+    path: Path
+    bench: dict[str, Any]
+    trace_summary: dict[str, Any]
+    provenance: dict[str, Any]
+
+
+def load_gpu_results(path: str | Path = GPU_RESULTS_DIR) -> GpuResults | None:
+    """The measurement committed in ``path`` (relative paths from the repository root), or None.
+
+    None when ``path`` holds no ``bench.json`` (nothing was measured yet). Raises FileNotFoundError
+    when ``bench.json`` is there without ``trace_summary.json`` or ``provenance.json`` (a number
+    without its provenance is not shown), and ValueError for a CPU simulation's files (they are
+    not a GPU measurement).
+    """
+    from smolfsdp.data import repo_root
+
+    path = Path(path)
+    path = path if path.is_absolute() else repo_root() / path
+    if not (path / "bench.json").is_file():
+        return None
+    missing = [n for n in GPU_RESULT_FILES if not (path / n).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} has bench.json but not {missing}: commit every file scripts/gpu_check.sh wrote."
+        )
+    bench, summary, prov = (json.loads((path / n).read_text()) for n in GPU_RESULT_FILES)
+    if bench.get("simulated_cpu"):
+        raise ValueError(f"{path}/bench.json comes from --simulate-cpu, not from a GPU: do not commit it.")
+    return GpuResults(path, bench, summary, prov)
+
+
+# ------------------------------------------------------------------------ provenance of a GPU check
+def source_sha256(root: Path) -> tuple[str, list[str]]:
+    """sha256 over the package, this check and the shipped config: identifies the code without git."""
+    files = sorted(root.glob("src/smolfsdp/*.py"))
+    files += [root / "scripts" / "gpu_check.py", root / "scripts" / "gpu_check.sh"]
+    files += [root / "data" / "models" / "smollm3_3b" / "config.json"]
+    files = [f for f in files if f.is_file()]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest(), [f.relative_to(root).as_posix() for f in files]
+
+
+def nvidia_smi() -> dict[str, str] | None:
+    """Driver, clocks and power limit as nvidia-smi reports them; None where it is missing or fails."""
+    fields = "name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit,pstate"
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    values = [v.strip() for v in proc.stdout.splitlines()[0].split(",")]
+    return dict(zip(fields.split(","), values, strict=False))
+
+
+def provenance(device, command: str | None) -> dict[str, Any]:
+    """GPU, driver, CUDA, every installed distribution's version, git SHA (and a source hash), date.
+
+    ``device``: the ``torch.device`` the check ran on; ``command``: the command line that started it.
+
+    The device machine gets a copy of the working tree that may hold no ``.git``: then the SHA comes
+    from ``SMOLFSDP_GIT_SHA`` when the launcher was given one, and ``source_sha256`` identifies the
+    code either way.
+    """
+    import torch  # deferred, as in hardware(): reading a run folder needs no torch
+
+    from smolfsdp.data import repo_root
+
+    root = repo_root()
+    sha = git_sha()
+    env_sha = os.environ.get("SMOLFSDP_GIT_SHA") or None
+    digest, files = source_sha256(root)
+    cuda = device.type == "cuda"
+    return {
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "python_command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "git_sha": sha or env_sha,
+        "git_sha_source": "git rev-parse HEAD" if sha else ("SMOLFSDP_GIT_SHA" if env_sha else None),
+        "source_sha256": digest,
+        "source_files": files,
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "gpu_memory_bytes": torch.cuda.get_device_properties(device).total_memory if cuda else None,
+        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(device))) if cuda else None,
+        "nvidia_smi": nvidia_smi() if cuda else None,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "versions": versions(),
+        "all_packages": dict(sorted({d.metadata["Name"]: d.version for d in md.distributions()}.items())),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+    }

@@ -25,10 +25,17 @@ from typing import Any
 
 import torch
 
-from smolfsdp import quiet
+from smolfsdp import fsdp1, fsdp2, quiet
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import prepare_data
-from smolfsdp.distributed import DistInfo, all_gather_object, init_distributed, setup_logging, teardown
+from smolfsdp.distributed import (
+    DistInfo,
+    all_gather_object,
+    check_offload_support,
+    init_distributed,
+    setup_logging,
+    teardown,
+)
 from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.results import RunWriter, git_sha, hardware, load_run, versions
 
@@ -49,6 +56,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         check_run_dir(cfg.run_dir, resume=bool(cfg.resume_from), overwrite=cfg.overwrite)
     except FileExistsError as err:
         raise ConfigError(str(err)) from err
+    check_offload_support(cfg.fsdp_version, cfg.cpu_offload)  # FSDP1 offload on a CPU-only machine
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
@@ -64,6 +72,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         from smolfsdp.lora_fsdp2 import apply_lora
 
         meta = apply_lora(meta, cfg)  # target modules exist, dtypes per FSDP group agree
+    resume_path = None
     if cfg.resume_from:
         from smolfsdp.checkpoint import (
             check_engine,
@@ -72,11 +81,11 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
             resolve_resume,
         )
 
-        resume_path = resolve_resume(cfg.resume_from, cfg.run_dir)
+        resume_path = resolve_resume(cfg.resume_from, cfg.run_dir, hashes=True)  # every byte, before launch
         check_engine(resume_path, cfg.engine)
         check_matches_model(resume_path, meta, cfg.model)
         check_resume_settings(resume_path, cfg)
-    needed = bytes_to_write(cfg, meta)
+    needed = bytes_to_write(cfg, meta, resume_path)
     if needed:
         from smolfsdp.checkpoint import check_disk_space
 
@@ -84,19 +93,24 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     return {"data": data.stats(), "wrap_class": wrap_cls.__name__}
 
 
-def bytes_to_write(cfg: TrainConfig, meta_model) -> int:
-    """Disk bytes a run writes: ``save_total_limit + 1`` checkpoints at a time (the new one is complete
-    before the oldest goes) and the final model (or adapter). Estimated on the meta-device model."""
-    from smolfsdp.checkpoint import estimate_checkpoint_bytes
+def bytes_to_write(cfg: TrainConfig, meta_model, resume_path=None) -> int:
+    """Disk bytes a run adds at its peak: the checkpoints it will hold at once beyond those already there,
+    and the final model (or adapter). Estimated on the meta-device model.
+
+    ``save_total_limit + 1`` checkpoints at most are on disk at once (the new one is complete before the
+    oldest goes). A run resumed from ``resume_path`` (``step-N``) writes only the saves after step N, and
+    its run folder's complete checkpoints already take their space (keep-last-K removes them as new ones
+    complete): it adds ``min(kept + new, K + 1) - kept`` checkpoints.
+    """
+    from smolfsdp.checkpoint import checkpoint_dir, complete_checkpoints, estimate_checkpoint_bytes
 
     n_ckpt = 0
     if cfg.save_steps > 0:
+        start = int(resume_path.name.split("-")[-1]) if resume_path is not None else 0
+        kept = len(complete_checkpoints(checkpoint_dir(cfg.run_dir))) if resume_path is not None else 0
         total = cfg.max_steps if cfg.max_steps > 0 else None
-        n_ckpt = (
-            cfg.save_total_limit + 1
-            if total is None
-            else min(cfg.save_total_limit + 1, total // cfg.save_steps)
-        )
+        new = cfg.save_total_limit + 1 if total is None else total // cfg.save_steps - start // cfg.save_steps
+        n_ckpt = max(0, min(kept + new, cfg.save_total_limit + 1) - kept)
     ckpt = estimate_checkpoint_bytes(meta_model) if n_ckpt else 0
     final = 0
     if cfg.save_final_model:
@@ -125,7 +139,7 @@ def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
 def train(cfg: TrainConfig) -> dict[str, Any]:
     """Body of one launched process: join the group, train, write the run folder (rank 0), tear down."""
     quiet.install()
-    info = init_distributed()
+    info = init_distributed(cpu_offload=cfg.cpu_offload)
     setup_logging(info.rank)
     torch.manual_seed(cfg.seed)
     writer = RunWriter(
@@ -349,15 +363,28 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
     )
     if multi:
         keep_fp32_buffers_and_reduce(args, cfg)
-        if cfg.gradient_accumulation_steps > 1 and not cfg.cpu_offload:
-            # Without this the Trainer runs every micro-batch but the last under FSDP1 no_sync(): each rank
-            # then holds the whole unsharded gradient in the compute dtype (5.7 GiB per GPU for SmolLM3-3B
-            # in bf16), which smolfsdp.memory does not count. Syncing each micro-batch reduce-scatters
-            # it instead (more communication, sharded memory). FSDP1 with CPU offload does not support
-            # accumulation outside no_sync (wrong gradients), so offload keeps no_sync.
+        if cfg.gradient_accumulation_steps > 1 and not accumulates_under_no_sync(cfg):
             args.accelerator_config.gradient_accumulation_kwargs = {"sync_each_batch": True}
     # accelerate 1.15 would wrap with FULL_SHARD whatever fsdp_config asks (see the function)
     return pin_plugin_sharding_strategy(args)
+
+
+def accumulates_under_no_sync(cfg: TrainConfig) -> bool:
+    """Whether the TRL engine runs accumulation micro-batches under FSDP1 ``no_sync()``.
+
+    By default the Trainer does (accelerate skips gradient sync until the last micro-batch), and each
+    rank then holds the whole unsharded gradient in the compute dtype (5.7 GiB per GPU for SmolLM3-3B
+    in bf16). smolfsdp asks for ``sync_each_batch`` instead (a reduce-scatter per micro-batch: more
+    communication, sharded memory), except with FSDP1 CPU offload, which supports accumulation only
+    inside ``no_sync()`` (outside it the gradients come out wrong). The memory estimate takes the same
+    answer (``smolfsdp.memory.estimate_memory(no_sync=...)``), so estimate and run agree.
+    """
+    return (
+        cfg.engine == "trl"
+        and cfg.fsdp_version == 1
+        and cfg.gradient_accumulation_steps > 1
+        and cfg.cpu_offload
+    )
 
 
 def keep_fp32_buffers_and_reduce(args, cfg: TrainConfig) -> None:
@@ -372,13 +399,12 @@ def keep_fp32_buffers_and_reduce(args, cfg: TrainConfig) -> None:
     """
     if cfg.mixed_precision != "bf16" or not args.fsdp_plugin_args:
         return
-    last = "buffer_dtype" if cfg.fsdp_version == 1 else "output_dtype"
-    last_dtype = torch.float32 if cfg.fsdp_version == 1 else torch.bfloat16
-    args.fsdp_plugin_args["mixed_precision_policy"] = {
-        "param_dtype": torch.bfloat16,
-        "reduce_dtype": torch.float32,
-        last: last_dtype,
-    }
+    # the native engine's policies: one definition of "bf16" for both engines
+    args.fsdp_plugin_args["mixed_precision_policy"] = (
+        fsdp1.mixed_precision_policy(torch.bfloat16)
+        if cfg.fsdp_version == 1
+        else fsdp2.default_mp_policy("bf16")
+    )
 
 
 def lift_gate_if_asked(cfg: TrainConfig, info: DistInfo) -> bool:
@@ -397,8 +423,6 @@ def _local_numel(wrapped) -> int:
     """Parameter elements this rank holds: FlatParameter shards (FSDP1), DTensor shards (FSDP2), or
     every parameter (DDP and no wrapper)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
-
-    from smolfsdp import fsdp1, fsdp2
 
     if any(isinstance(m, FullyShardedDataParallel) for m in wrapped.modules()):
         return fsdp1.local_numel(wrapped)

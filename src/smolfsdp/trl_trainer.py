@@ -96,7 +96,7 @@ class SmolSFTTrainer(SFTTrainer):
         """Model weights from a DCP checkpoint (the Trainer calls this before or after wrapping)."""
         model = model if model is not None else self.model
         state = {"model": get_model_state_dict(model)}
-        dcp.load(state, checkpoint_id=resume_from_checkpoint)
+        checkpoint.dcp_load(state, resume_from_checkpoint)  # allow-list unpickler
         set_model_state_dict(model, state["model"])
 
     def _load_optimizer_and_scheduler(self, checkpoint_path: str | None) -> None:
@@ -105,7 +105,7 @@ class SmolSFTTrainer(SFTTrainer):
             return
         optimizer = _inner_optimizer(self.optimizer)
         state = {"optim": get_optimizer_state_dict(self.model_wrapped, optimizer)}
-        dcp.load(state, checkpoint_id=checkpoint_path)
+        checkpoint.dcp_load(state, checkpoint_path)
         set_optimizer_state_dict(self.model_wrapped, optimizer, state["optim"])
         sched = json.loads((Path(checkpoint_path) / SCHEDULER_FILE).read_text())
         self.lr_scheduler.load_state_dict(sched)

@@ -1,0 +1,218 @@
+"""scripts/gpu_check.sh in its CPU simulation (the code path the lent GPU runs, tiny SmolLM3, trl and
+datasets hidden as on the GPU machine), its trace check on a real NCCL trace, and its refusals."""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SHARED
+
+from smolfsdp import trace_analysis as ta
+from smolfsdp.gpu_check import SIM_SHAPES, check_trace, make_plan
+from smolfsdp.memory import estimate_memory, resolve_model_config
+
+#: Hides trl and datasets the way the GPU machine lacks them: importlib.util.find_spec says None and
+#: `import trl` raises ImportError (a None entry in sys.modules), so nothing on the path may need them.
+HIDE = """import sys
+for _name in ("trl", "datasets"):
+    sys.modules[_name] = None
+print("test: trl and datasets hidden", file=sys.stderr)
+"""
+EXPECTED_FILES = {
+    "bench.json",
+    "trace_summary.json",
+    "provenance.json",
+    "gpu_check.log",
+    "nvidia_smi.txt",
+    f"trace_{SIM_SHAPES[-1].name}.json.gz",
+}
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    """One run of the launcher in simulation; returns (out folder, completed process)."""
+    hide = tmp_path_factory.mktemp("hide")
+    (hide / "sitecustomize.py").write_text(HIDE)
+    out = tmp_path_factory.mktemp("out")
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PY": sys.executable,
+        "PYTHONPATH": str(hide),  # the launcher puts src/ in front of it
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--simulate-cpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def _load(out: Path, name: str) -> dict:
+    return json.loads((out / name).read_text())
+
+
+def test_outputs_are_flat_and_fit_the_device_tool(sim):
+    out, proc = sim
+    entries = list(out.iterdir())
+    assert {p.name for p in entries} == EXPECTED_FILES
+    assert len(entries) <= 8 and all(p.is_file() for p in entries)
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", p.name) for p in entries)
+    assert all(p.stat().st_size < 16 * 2**20 for p in entries)
+    log = (out / "gpu_check.log").read_text()
+    assert "test: trl and datasets hidden" in log  # the run really went without them
+    assert "static/est" in log and "gpu_check: exit 0" in log
+    assert "CPU simulation" in (out / "nvidia_smi.txt").read_text()
+
+
+def test_bench_throughput_and_mfu_follow_their_formulas(sim):
+    out, _ = sim
+    bench = _load(out, "bench.json")
+    plan = make_plan(True)
+    assert bench["simulated_cpu"] is True and bench["world_size"] == 1 and bench["device"] == "cpu"
+    assert bench["model"]["attn_implementation"] == "sdpa"
+    cal = bench["calibration"]
+    ceiling = cal["matmul"]["tflops_median"]
+    assert ceiling > 0 and cal["datasheet_peak_tflops"] is None and "CPU" in cal["datasheet_source"]
+    assert [c["name"] for c in bench["configs"]] == [s.name for s in SIM_SHAPES]
+    for cfg, shape in zip(bench["configs"], SIM_SHAPES, strict=True):
+        assert cfg["activation_checkpointing"] == shape.activation_checkpointing
+        assert len(cfg["steps"]) == plan.timed_steps == cfg["summary"]["timed_steps"]
+        for row in cfg["steps"]:
+            s = row["step_time_ms"] / 1e3
+            assert row["tokens"] == shape.micro_batch * shape.seq_len
+            assert row["tokens_per_s"] == pytest.approx(row["tokens"] / s)
+            assert row["tflops"] == pytest.approx(row["flops_per_token"] * row["tokens"] / s / 1e12)
+            assert row["mfu"] is None and row["mfu_vs_matmul"] == pytest.approx(row["tflops"] / ceiling)
+            assert row["loss"] > 0
+        times = [r["step_time_ms"] for r in cfg["steps"]]
+        assert cfg["summary"]["step_time_ms_median"] == pytest.approx(statistics.median(times))
+
+
+def test_memory_ratios_are_measured_over_estimated(sim):
+    out, _ = sim
+    bench = _load(out, "bench.json")
+    config = resolve_model_config("tiny")
+    for cfg in bench["configs"]:
+        mem = cfg["memory"]
+        static = mem["static"]
+        n = cfg["n_params"]
+        # fp32 parameters, fp32 gradients, fp32 AdamW m and v: 4, 4 and 8 bytes per parameter
+        assert static["measured"]["params_bytes"] == 4 * n
+        assert static["measured"]["grads_bytes"] == 4 * n
+        assert static["measured"]["optimizer_bytes"] == 8 * n
+        est = estimate_memory(
+            config,
+            world_size=1,
+            recipe=mem["recipe"],
+            seq_len=cfg["seq_len"],
+            micro_batch=cfg["micro_batch"],
+            activation_checkpointing=cfg["activation_checkpointing"],
+        )
+        assert static["estimated"]["params"] == est.params_bytes
+        for k in ("params", "grads", "optimizer"):
+            assert static["ratio"][k] == static["measured"][f"{k}_bytes"] / static["estimated"][k]
+        assert static["ratio"]["params"] == 1.0 and static["ratio"]["optimizer"] == 1.0
+        assert mem["peak_estimate_bytes"] == est.peak_bytes - est.cuda_context_bytes
+        # the CPU allocator has no peak statistics: said, not invented
+        assert mem["peak_allocated_bytes"] is None and mem["peak_ratio"] is None and mem["peak_reason"]
+
+
+def test_trace_checks_and_analyze_trace(sim):
+    out, _ = sim
+    summary = _load(out, "trace_summary.json")
+    kept = out / summary["trace_file"]
+    assert summary["trace_shape"] == SIM_SHAPES[-1].name  # the real run's shape
+    assert summary["analyze_trace"]["returncode"] == 0
+    parsed = ta.summarize_trace(kept)
+    assert summary["analyze_trace"]["steps"] == len(parsed["steps"]) == make_plan(True).profile.profile_active
+    for shape in SIM_SHAPES:
+        check = summary["checks"][shape.name]
+        assert check["nccl_kernels"] == 0 and check["mode"] == "cpu"
+        assert check["fsdp_layers"] == list(range(check["fsdp_layers_expected"]))
+        assert check["fsdp_ranges"]["FSDP::pre_forward"] > 0
+        assert all(0 < f <= 1 for f in check["compute_busy_fraction"])
+
+
+def test_provenance_names_code_versions_and_command(sim):
+    out, _ = sim
+    prov = _load(out, "provenance.json")
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    assert prov["git_sha"] == head and prov["git_sha_source"] == "git rev-parse HEAD"
+    assert re.fullmatch(r"[0-9a-f]{64}", prov["source_sha256"])
+    assert "src/smolfsdp/gpu_check.py" in prov["source_files"]
+    import torch
+    import transformers
+
+    assert prov["versions"]["torch"] == torch.__version__
+    assert prov["all_packages"]["transformers"] == transformers.__version__
+    assert prov["command"] == "bash scripts/gpu_check.sh --simulate-cpu"
+    assert re.match(r"\d{4}-\d\d-\d\dT", prov["date_utc"])
+
+
+def test_nccl_kernels_are_counted_on_a_real_gpu_trace():
+    ddp = SHARED / "traces" / "ddp_2rank_a100_rank0.json.gz"
+    if not ddp.is_file():
+        pytest.skip(f"{ddp} is absent: the real GPU traces live in ../shared/traces/ (CI has them)")
+    check = check_trace(ddp, n_layers=1)
+    df = ta.load_trace(ddp)
+    kernels = df[df["cat"].eq("kernel")]
+    assert check["mode"] == "gpu"
+    assert check["nccl_kernels"] == kernels["name"].str.contains("nccl", case=False).sum() > 0
+    assert sum(check["nccl_ops"].values()) == check["nccl_kernels"]
+    assert check["compute_row"].startswith("GPU ") and check["fsdp_layers"] == []  # DDP: no FSDP range
+
+
+def test_refusals_come_before_any_work(tmp_path):
+    env = {**os.environ, "PYTHONPATH": "", "CUDA_VISIBLE_DEVICES": ""}
+    no_out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh")],
+        env={k: v for k, v in env.items() if k != "OUT"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert no_out.returncode != 0 and "set OUT" in no_out.stderr
+    # a missing module (transformers hidden, as a machine without it) is named with the fix
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text('import sys\nsys.modules["transformers"] = None\n')
+    out = tmp_path / "out"
+    bare = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out)],
+        env={**env, "PYTHONPATH": f"{hide}{os.pathsep}{ROOT / 'src'}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bare.returncode == 1 and "cannot import transformers" in bare.stderr
+    assert "install it" in bare.stderr and not out.exists()
+    # GPU mode on a machine without one
+    gpu = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path)],
+        env={**env, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert gpu.returncode == 1 and "no CUDA GPU is visible" in gpu.stderr
+
+
+def test_plan_sizes():
+    gpu, cpu = make_plan(False), make_plan(True)
+    assert (gpu.warmup_steps, gpu.timed_steps, gpu.matmul_n) == (3, 10, 8192)
+    assert [s.name for s in gpu.shapes] == ["mb1_seq2048", "mb1_seq4096", "mb2_seq2048_ac"]
+    assert gpu.shapes[-1].real_run and cpu.simulate_cpu and cpu.shapes[-1].activation_checkpointing
+    with pytest.raises(ValueError, match="timed_steps=0"):
+        make_plan(False, timed_steps=0)

@@ -1,0 +1,46 @@
+"""The book's figure defaults: every figure fits the text column and keeps its title below the modebar."""
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from smolfsdp.plotting import MODEBAR_PX, TITLE_CHARS, TITLE_CLIMB_PX, TITLE_LINE_PX, fit_layout
+
+
+def test_fit_layout_drops_fixed_width_and_makes_room_for_the_title():
+    long = "Per-GPU memory of every recipe, sharded over two ranks, with and without offload to the host"
+    layout = {"title": long, "width": 1200, "height": 400, "margin": {"l": 60, "t": 50}}
+    out = fit_layout(layout)
+    assert "width" not in out and out["autosize"] is True and out["height"] == 400
+    lines = out["title"]["text"].split("<br>")
+    assert len(lines) == 2 and all(len(line) <= TITLE_CHARS for line in lines)
+    assert " ".join(lines) == long  # wrapped at a space, nothing lost
+    pad = MODEBAR_PX + TITLE_CLIMB_PX
+    assert out["title"]["pad"]["t"] == pad and out["title"]["yanchor"] == "top"
+    assert out["margin"] == {"l": 60, "t": pad + 2 * TITLE_LINE_PX + 8}
+    assert layout["width"] == 1200 and layout["title"] == long  # the input is left alone
+
+
+def test_fit_layout_keeps_a_larger_margin_and_marked_up_lines():
+    sub = "<sup>" + "<br>".join(["assumption; " * 9] * 3) + "</sup>"  # lines of 108 characters
+    out = fit_layout({"title": {"text": f"Scaling<br>{sub}", "x": 0.5}, "margin": {"t": 200}})
+    assert out["title"]["text"] == f"Scaling<br>{sub}" and out["title"]["x"] == 0.5
+    assert out["margin"]["t"] == 200
+    # subplot titles (annotations on the plot area's top edge) get room under the title
+    sub_titles = [{"text": "a", "yref": "paper", "y": 1.0}]
+    low = fit_layout({"title": "t", "margin": {"t": 0}})["margin"]["t"]
+    assert low == MODEBAR_PX + TITLE_CLIMB_PX + TITLE_LINE_PX + 8
+    assert (
+        fit_layout({"title": "t", "margin": {"t": 0}, "annotations": sub_titles})["margin"]["t"] == low + 24
+    )
+    assert fit_layout({"xaxis": {"title": "x"}}) == {"xaxis": {"title": "x"}, "autosize": True}
+
+
+def test_notebook_output_is_fitted_and_carries_plotlyjs_once():
+    assert pio.renderers.default == "smolfsdp_mimetype+smolfsdp"
+    fig = go.Figure(go.Scatter(y=[1, 2]), layout={"title": "t", "width": 1500})
+    html = pio.renderers["smolfsdp"].to_mimebundle(fig.to_dict())["text/html"]
+    assert '"width":1500' not in html and '"autosize":true' in html
+    assert "ResizeObserver" in html and '"responsive": true' in html
+    assert "plotly.js v" not in html  # plotly.js comes once per page, from the renderer's global init
+    spec = pio.renderers["smolfsdp_mimetype"].to_mimebundle(fig.to_dict())["application/vnd.plotly.v1+json"]
+    assert "width" not in spec["layout"] and spec["config"]["displaylogo"] is False
