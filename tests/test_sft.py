@@ -55,7 +55,13 @@ def test_native_fsdp1_shards_and_learns(fsdp1_run):
     assert {"loss", "learning_rate", "grad_norm", "step_time_ms", "tokens", "samples"} <= set(train.columns)
     assert (train["samples"] == 8).all() and (train["tokens"] > 0).all()
     assert run.eval["step"].iloc[0] == 0 and len(run.eval) >= 3
-    assert s["versions"]["torch"].startswith("2.13.0") and s["data"]["truncated_rows"] > 0
+    assert s["versions"]["torch"].startswith("2.13.0") and s["data"]["dropped_too_long"] > 0
+    d = s["data"]  # every row of the sample accounted for, none cut mid-answer
+    assert (
+        d["kept"] + d["dropped_too_long"] + d["dropped_empty_question"] + d["dropped_empty_answer"]
+        == d["rows_in"]
+    )
+    assert d["truncated"] == 0 and d["train_rows"] + d["eval_rows"] == d["kept"]
 
 
 def test_final_model_loads_and_matches_the_run(fsdp1_run):
@@ -97,13 +103,13 @@ def test_medquad_real_text(tmp_path, medquad_path):
         name="medquad",
         output_dir=str(tmp_path),
         dataset=str(medquad_path),
-        max_length=256,
+        max_length=512,  # 152 of the 400 rows fit whole (longer ones are dropped, never cut mid-answer)
         num_train_epochs=2,
         eval_steps=20,
     )
     s = sft.run(cfg, capture=True, timeout=600).summary
-    assert s["data"]["mapping"] == "question_answer" and s["data"]["rows"] == 400
-    assert s["data"]["truncated_rows"] > 100
+    assert s["data"]["mapping"] == "question_answer" and s["data"]["rows_in"] == 400
+    assert s["data"]["dropped_too_long"] > 200 and s["data"]["kept"] + s["data"]["dropped_too_long"] == 400
     assert s["metrics"]["eval_loss_last"] < s["metrics"]["eval_loss_first"] - 0.5
 
 

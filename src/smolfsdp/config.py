@@ -62,7 +62,10 @@ class TrainConfig:
     columns: str = "auto"  # "auto" or a mapping name in smolfsdp.data.COLUMN_MAPPINGS
     include_reasoning: bool = False
     system_prompt: str | None = None
-    max_length: int = 256
+    max_length: int = 256  # tokens per row; at most the model's max_position_embeddings (checked before launch)
+    # rows longer than max_length: "drop" (counted; with include_reasoning the reasoning is cut first, never
+    # the answer) or "truncate" (cut at the end: the answer loses its end-of-turn token; drills only)
+    too_long: str = "drop"
     eval_size: float = 0.1  # fraction (<1) or number of rows (>=1) held out for eval
     max_rows: int | None = None
 
@@ -156,6 +159,11 @@ class TrainConfig:
             raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {MIXED_PRECISION}.")
         if self.nproc < 1:
             raise ConfigError(f"nproc={self.nproc}: need at least one process.")
+        if self.too_long not in ("drop", "truncate"):
+            raise ConfigError(
+                f"too_long={self.too_long!r}: use 'drop' (rows that do not fit are dropped, counted) or "
+                "'truncate' (cut at max_length; drills only)."
+            )
         if self.max_length < 8:
             raise ConfigError(
                 f"max_length={self.max_length} is too small; use at least 8 (256 for the smoke run)."
