@@ -233,3 +233,48 @@ def test_ctrl_c_on_the_launcher_stops_every_rank(tmp_path):
     assert not alive, [p.cmdline() for p in alive]
     assert not (tmp_path / "interrupted" / "summary.json").exists()
     assert not (tmp_path / "interrupted" / "final_model").exists()
+
+
+def test_preflight_refuses_max_length_beyond_the_models_positions(tmp_path):
+    """The tiny model has 2,048 positions; max_length 4096 was accepted before and failed (or silently
+    indexed past the table) inside the ranks."""
+    with pytest.raises(
+        ConfigError,
+        match=r"max_length=4096 is more than 'tiny' has positions \(max_position_embeddings=2048\)",
+    ):
+        sft.preflight(TrainConfig(output_dir=str(tmp_path), max_length=4096))
+
+
+def _saved_tiny(path, *, tie: bool, config_says: bool):
+    import json
+
+    from smolfsdp.modeling import build_model
+
+    model = build_model("tiny", load_tokenizer("tiny"), tie_word_embeddings=tie)
+    model.save_pretrained(path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["tie_word_embeddings"] = config_says
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_tie_mismatch_between_config_and_checkpoint_is_reported(tmp_path):
+    """config.json says tied, the checkpoint holds its own lm_head: transformers loads it untied (with only
+    its own warning) while the checks before launch built the tied model. Refused, naming the fix."""
+    from smolfsdp.launch_checks import check_tied_head
+    from smolfsdp.modeling import build_meta_model
+
+    untied = _saved_tiny(tmp_path / "untied_says_tied", tie=False, config_says=True)
+    with pytest.raises(
+        ConfigError, match="says tie_word_embeddings: true but the checkpoint holds a separate lm_head"
+    ):
+        check_tied_head(str(untied), build_meta_model(str(untied)))
+    headless = _saved_tiny(tmp_path / "tied_says_untied", tie=True, config_says=False)
+    with pytest.raises(ConfigError, match="holds no lm_head.weight"):
+        check_tied_head(str(headless), build_meta_model(str(headless)))
+    consistent = _saved_tiny(tmp_path / "tied", tie=True, config_says=True)
+    check_tied_head(str(consistent), build_meta_model(str(consistent)))
+    tok = str(tmp_path / "tok")
+    load_tokenizer("tiny").save_pretrained(tok)
+    with pytest.raises(ConfigError, match="separate lm_head"):  # and preflight runs it before launch
+        sft.preflight(TrainConfig(model=str(untied), tokenizer=tok, output_dir=str(tmp_path / "runs")))

@@ -28,6 +28,7 @@ import torch
 from smolfsdp.config import TrainConfig
 from smolfsdp.data import prepare_data
 from smolfsdp.distributed import DistInfo, init_distributed, setup_logging, teardown
+from smolfsdp.launch_checks import check_model_fits_data, check_output_dir, check_tied_head
 from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.results import RunWriter, git_sha, hardware, load_run, versions
 
@@ -43,6 +44,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     from smolfsdp.config import ConfigError
     from smolfsdp.results import check_run_dir
 
+    check_output_dir(cfg)  # a folder, writable, and this run not already going (its lock)
     try:
         check_run_dir(cfg.run_dir, resume=bool(cfg.resume_from), overwrite=cfg.overwrite)
     except FileExistsError as err:
@@ -57,6 +59,8 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
             f"{per_step} rows. Add rows, or lower per_device_train_batch_size, nproc or eval_size."
         )
     meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
+    check_model_fits_data(cfg, meta)  # max_length within the model's positions
+    check_tied_head(cfg.model, meta)  # config.json's tie_word_embeddings agrees with the checkpoint
     wrap_cls = resolve_wrap_class(meta, cfg.wrap_class)
     if cfg.lora:
         from smolfsdp.lora_fsdp2 import apply_lora
