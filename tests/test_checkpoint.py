@@ -12,7 +12,9 @@ from safetensors.torch import load_file
 from smolfsdp import checkpoint, sft
 from smolfsdp.config import ConfigError, TrainConfig
 
-BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128)
+BASE = TrainConfig(
+    max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
+)
 
 
 @pytest.fixture(scope="module")

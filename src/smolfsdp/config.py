@@ -254,7 +254,7 @@ class TrainConfig:
     def _check_types(self) -> None:
         """Each field holds its declared type: ``bool`` fields a real boolean (a YAML string such as
         ``"false"`` or ``"no"`` is refused, never read as true), ``int`` fields a whole number (``2.0`` becomes
-        ``2``, ``2.5`` is refused), ``float`` fields a number, ``str`` fields a string."""
+        ``2``, ``2.5`` is refused), ``float`` fields a number (int or float), ``str`` fields a string."""
         for f in fields(self):
             declared = str(f.type)
             base, value = declared.replace(" | None", ""), getattr(self, f.name)
@@ -273,10 +273,8 @@ class TrainConfig:
                         f"{f.name}={value!r} must be a whole number (an int), e.g. {f.name}: 20."
                     )
                 setattr(self, f.name, int(value))
-            elif base == "float":
-                if not number:
-                    raise ConfigError(f"{f.name}={value!r} must be a number, e.g. {f.name}: 0.1.")
-                setattr(self, f.name, float(value))
+            elif base == "float" and not number:  # an int stays an int: 0 prints as 0 in messages
+                raise ConfigError(f"{f.name}={value!r} must be a number, e.g. {f.name}: 0.1.")
             elif base == "str" and not isinstance(value, str):
                 raise ConfigError(f"{f.name}={value!r} must be text (a string).")
 
