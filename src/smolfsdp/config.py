@@ -2,7 +2,9 @@
 
 Every chapter and every CLI command resolves a run the same way:
 ``configs/runs/<name>.yaml`` (keys are the fields below) overridden by CLI flags
-(``--key value``), validated in ``__post_init__`` before any process is launched.
+(``--key value``), validated in ``__post_init__`` before any process is launched: each field holds its
+declared type (a YAML boolean is ``true``/``false`` unquoted; a quoted ``"false"`` is refused, never read
+as true; ``max_steps: 2.5`` is refused) and a value in its range.
 
     smolfsdp train --config configs/runs/smoke.yaml --max_steps 20
 """

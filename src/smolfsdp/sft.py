@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 
 def preflight(cfg: TrainConfig) -> dict[str, Any]:
-    """Every check that can fail before processes start: tokenizer and chat template, data file,
-    column mapping, rows left after filtering and truncation, model preset, wrap class.
+    """Every check that can fail before processes start: output folder (writable, run not already
+    going), tokenizer and chat template, data file, column mapping, rows left after filtering, model
+    preset, ``max_length`` within the model's positions, tied head vs checkpoint, wrap class.
 
     Raises ConfigError with the problem and the fix. Returns what it found (for logs).
     """
