@@ -278,3 +278,10 @@ def test_tie_mismatch_between_config_and_checkpoint_is_reported(tmp_path):
     load_tokenizer("tiny").save_pretrained(tok)
     with pytest.raises(ConfigError, match="separate lm_head"):  # and preflight runs it before launch
         sft.preflight(TrainConfig(model=str(untied), tokenizer=tok, output_dir=str(tmp_path / "runs")))
+
+
+def test_too_few_rows_after_dropping_long_ones_says_why(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"178 of the 180 rows read were dropped as longer than max_length=128"
+    ):
+        sft.preflight(TrainConfig(output_dir=str(tmp_path), max_length=128))

@@ -384,6 +384,17 @@ def log_counts(counts: dict[str, int], cfg) -> None:
             )
 
 
+def too_long_hint(counts: dict[str, int], cfg) -> str:
+    """A sentence for errors about too few rows: how many were dropped as too long, and the way out."""
+    n = counts.get("dropped_too_long", 0)
+    if not n or cfg.too_long != "drop":
+        return ""
+    return (
+        f" ({n} of the {counts['rows_in']} rows read were dropped as longer than max_length={cfg.max_length}: "
+        "raise max_length, or set too_long: truncate for a drill that only exercises the mechanics.)"
+    )
+
+
 def prepare_data(cfg, tokenizer) -> PreparedData:
     """Load, map, tokenise and split the data for run config ``cfg`` (a TrainConfig).
 
@@ -413,10 +424,15 @@ def prepare_data(cfg, tokenizer) -> PreparedData:
     counts["duplicate_questions"] = len(keys) - len(set(keys))
     log_counts(counts, cfg)
     if counts["kept"] == 0:
+        if counts["dropped_too_long"] and cfg.too_long == "truncate":
+            raise ConfigError(
+                f"max_length={cfg.max_length} is too small: in every row the prompt alone fills it, so no answer "
+                "token is left to learn from. Raise max_length."
+            )
         if counts["dropped_too_long"]:
             raise ConfigError(
                 f"max_length={cfg.max_length} is too small: all {counts['dropped_too_long']} rows with a question "
-                f"and an answer are longer, and an answer is never cut (too_long: {cfg.too_long}). Raise max_length."
+                "and an answer are longer, and an answer is never cut (too_long: drop). Raise max_length."
             )
         raise ConfigError(f"No rows with a non-empty question and answer are left in {cfg.dataset!r}.")
     data = datasets.Dataset.from_dict(kept)

@@ -147,7 +147,8 @@ def check_resources(cfg: TrainConfig, *, cpu_count: int | None = None, gpu_count
         if ranks > gpu_count:
             raise ConfigError(
                 f"nproc={cfg.nproc} starts {ranks} ranks on this node but it has {gpu_count} GPU(s); each rank "
-                f"needs its own. Use --nproc {gpu_count * cfg.nnodes} (or more nodes)."
+                f"needs its own (smolfsdp.distributed puts rank k on cuda:k). Use --nproc {gpu_count * cfg.nnodes} (or "
+                "more nodes), or CUDA_VISIBLE_DEVICES= to run the ranks on CPU."
             )
         return
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.data import prepare_data
+from smolfsdp.data import prepare_data, too_long_hint
 from smolfsdp.distributed import DistInfo, init_distributed, setup_logging, teardown
 from smolfsdp.launch_checks import check_model_fits_data, check_output_dir, check_tied_head
 from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
@@ -58,6 +58,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
             f"{len(data.train)} training rows cannot fill one optimizer step of {cfg.nproc} processes x "
             f"{cfg.per_device_train_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps = "
             f"{per_step} rows. Add rows, or lower per_device_train_batch_size, nproc or eval_size."
+            + too_long_hint(data.counts, cfg)
         )
     meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
     check_model_fits_data(cfg, meta)  # max_length within the model's positions
