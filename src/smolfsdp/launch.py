@@ -270,8 +270,8 @@ def launch(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
-        try:
+        try:  # from the moment torchrun exists: a signal in any later line must still stop it
+            out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
             proc.wait(timeout=timeout)
         except BaseException as err:
             # Ctrl-C, SIGTERM, a timeout or any error here: pass SIGINT on so torchrun stops its workers
