@@ -534,7 +534,9 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_removes_the_temp_config(tm
         assert not alive, [p.pid for p in alive]
         assert not config.parent.exists()  # the private folder with the unredacted config is removed
     finally:  # a failing test must not leave its sleepers behind
-        for p in [*family, psutil.Process(proc.pid)]:
+        for p in family:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
+        if proc.poll() is None:
+            proc.kill()
     assert not (tmp_path / "runs" / ".term.lock").exists()
