@@ -16,7 +16,9 @@ from safetensors.torch import load_file
 from smolfsdp import checkpoint, checkpoint_disk, launch, sft
 from smolfsdp.config import ConfigError, TrainConfig
 
-BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128)
+BASE = TrainConfig(
+    max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
+)
 
 
 @pytest.fixture(scope="module")

@@ -68,3 +68,61 @@ def test_the_3b_lora_recipe_trains_the_full_recipes_data_with_adapters():
         2,
     )
     assert lora.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+@pytest.mark.parametrize("text", ['lora: "false"', "save_final_model: 'no'", 'cpu_offload: "true"'])
+def test_quoted_yaml_booleans_are_refused(tmp_path, text):
+    """Before: a quoted "false" was a non-empty string, so it counted as true."""
+    path = tmp_path / "r.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match="not a boolean: write .* without quotes"):
+        load_config(path)
+
+
+def test_cli_booleans_follow_yaml():
+    over = parse_overrides(["--save_final_model", "no", "--cpu_offload=false", "--lora", "true"])
+    assert over == {"save_final_model": False, "cpu_offload": False, "lora": True}
+    assert load_config(None, **over).save_final_model is False
+    with pytest.raises(ConfigError, match="not a boolean"):
+        load_config(None, **parse_overrides(["--save_final_model", '"no"']))
+
+
+def test_whole_numbers_are_whole(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("max_steps: 2.5\n")
+    with pytest.raises(ConfigError, match="max_steps=2.5 must be a whole number"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="must be a whole number"):
+        load_config(None, **parse_overrides(["--max_steps", "2.5"]))
+    assert load_config(None, max_steps=20.0).max_steps == 20
+    with pytest.raises(ConfigError, match="must be a whole number"):
+        TrainConfig(per_device_train_batch_size=1.5)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"lr_scheduler_type": "cosin"}, "Did you mean 'cosine'"),
+        ({"lr_scheduler_type": "reduce_lr_on_plateau"}, "not a scheduler smolfsdp can build"),
+        ({"weight_decay": -0.1}, "weight_decay=-0.1 must be >= 0"),
+        ({"max_grad_norm": 0.0}, "0 freezes the model"),
+        ({"max_grad_norm": -1.0}, "-1 climbs"),
+        ({"warmup_ratio": 1.5}, r"\[0, 1\]"),
+        ({"save_steps": -5}, "save_steps=-5 must be >= 0"),
+        ({"too_long": "cut"}, "'drop'"),
+    ],
+)
+def test_ranges_are_checked_before_launch(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(**kw)
+
+
+def test_every_listed_scheduler_builds():
+    import torch
+    from transformers import get_scheduler
+
+    from smolfsdp.config import SCHEDULERS
+
+    for name in SCHEDULERS:
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        get_scheduler(name, opt, num_warmup_steps=1, num_training_steps=10).step()

@@ -112,16 +112,17 @@ def _cfg(path, **kw):
     return TrainConfig(dataset=str(path), eval_size=0, **kw)
 
 
-def test_truncation_is_counted(tmp_path, tokenizer):
+def test_truncate_policy_cuts_and_counts(tmp_path, tokenizer):
+    """too_long: truncate (drills only) keeps the old cut at max_length, counted as truncated."""
     path = tmp_path / "qa.jsonl"
     pd.DataFrame(ROWS).to_json(path, orient="records", lines=True)
-    data = prepare_data(_cfg(path, max_length=48), tokenizer)
+    data = prepare_data(_cfg(path, max_length=48, too_long="truncate"), tokenizer)
     lengths = [len(x) for x in data.train["input_ids"]]
     assert max(lengths) == 48
     full = prepare_data(_cfg(path, max_length=4096), tokenizer)
     expected = sum(len(x) > 48 for x in full.train["input_ids"])
     assert data.n_truncated == expected > 0
-    assert data.stats()["truncated_rows"] == expected
+    assert data.stats()["truncated"] == expected and data.stats()["kept"] == len(ROWS)
 
 
 def test_max_length_too_small_for_any_answer(tmp_path, tokenizer):
@@ -162,4 +163,4 @@ def test_medquad_question_answer_mapping(medquad_path, tokenizer):
     data = prepare_data(TrainConfig(dataset=str(medquad_path), max_length=256), tokenizer)
     assert data.mapping == "question_answer"
     assert data.n_rows == 400
-    assert data.n_truncated > 100  # MedQuAD answers run to ~28k characters
+    assert data.stats()["dropped_too_long"] > 100  # MedQuAD answers run to ~28k characters

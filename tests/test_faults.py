@@ -3,11 +3,14 @@
 The runs share one uninterrupted 6-step run (module fixture) whose final parameters the others must equal.
 """
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -349,3 +352,191 @@ def test_resume_on_restart_picks_latest(tmp_path):
     (done / checkpoint.MARKER).write_text("ok\n")
     assert launch.resume_on_restart(cfg, {"TORCHELASTIC_RESTART_COUNT": "1"}).resume_from == "latest"
     assert os.environ.get("TORCHELASTIC_RESTART_COUNT") is None
+
+
+# ------------------------------------------------------------------ launcher: causes named, one run per name, SIGTERM
+#: torchrun 2.13's output when rank 1 stopped itself (SIGSTOP) and rank 0's barrier timed out (captured from a
+#: real 2-rank gloo run, trimmed): torchrun SIGTERMs the stopped rank, waits 30 s, then SIGKILLs it.
+STOPPED_RANK_OUTPUT = """\
+[rank0]: RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete
+W1201 08:49:06.841000 18964 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 19036 closing signal SIGTERM
+W1201 08:49:36.841000 18964 torch/distributed/elastic/multiprocessing/api.py:1047] Unable to shutdown process 19036 via 15, forcefully exiting via 9
+E1201 08:49:36.958000 18964 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 19035) of binary: /work/main/.venv/bin/python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/tmp/stopme.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_08:49:36
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 19036)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 19036
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_08:49:06
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 19035)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_stopped_rank_is_not_reported_as_killed_by_oom(tmp_path):
+    """Before: 'rank 1 ... was killed by SIGKILL (the out-of-memory killer ...)' came first."""
+    cfg = BASE.replace(output_dir=str(tmp_path))
+    line = launch.explain_failure(STOPPED_RANK_OUTPUT, 1, cfg)
+    assert line.startswith(
+        f"run {cfg.name!r} failed: rank 0 (local rank 0 on localhost, pid 19035) exited with code 1"
+    )
+    assert "rank 1 (local rank 1 on localhost, pid 19036) did not answer the launcher's SIGTERM" in line
+    assert "stopped (SIGSTOP" in line and "out-of-memory" not in line
+    # a SIGKILL the launcher did not send is still named as the cause, with the OOM hint
+    killed = STOPPED_RANK_OUTPUT.replace("Unable to shutdown process 19036", "Unable to shutdown process 4")
+    assert (
+        "rank 1 (local rank 1 on localhost, pid 19036) was killed by SIGKILL (the out-of-memory killer"
+        in (launch.explain_failure(killed, 1, cfg))
+    )
+
+
+def test_rendezvous_port_in_use_is_named_not_a_lost_connection(tmp_path):
+    """A real torchrun whose rendezvous port is taken. Before: 'the connection to the rendezvous store ...
+    failed (node_rank 0 stopped, or the network between the nodes failed)'."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cfg = BASE.replace(
+            output_dir=str(tmp_path), nnodes=2, rdzv_endpoint=f"127.0.0.1:{port}", rdzv_timeout_s=5
+        )
+        cmd = launch.torchrun_command(
+            1, [], "json.tool", nnodes=2, rdzv_endpoint=cfg.rdzv_endpoint, is_host=True, rdzv_timeout_s=5
+        )
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    line = launch.explain_failure(proc.stdout + proc.stderr, proc.returncode, cfg)
+    assert f"port {port} is already in use on this machine (EADDRINUSE" in line
+    assert "network between the nodes failed" not in line
+
+
+def test_second_run_of_the_same_name_is_refused(tmp_path):
+    """While one launcher holds the run's lock, a second launch of that name and output_dir is refused
+    before it starts anything (before: both ran, and the folder kept only the second)."""
+    from smolfsdp.launch_checks import check_output_dir, lock_path, run_lock
+
+    cfg = BASE.replace(name="twice", output_dir=str(tmp_path))
+    with run_lock(cfg) as held:
+        assert held == lock_path(cfg) == tmp_path / ".twice.lock"
+        assert held.read_text().strip() == str(os.getpid())
+        with pytest.raises(
+            ConfigError, match=rf"Run 'twice' in .* is already running \(launcher pid {os.getpid()}"
+        ):
+            launch.launch(cfg)
+        with pytest.raises(ConfigError, match="already running"):
+            check_output_dir(cfg)
+        check_output_dir(cfg.replace(name="other"))  # another name is free
+    assert not lock_path(cfg).exists()
+    with run_lock(cfg):  # released: a later run of the name may start
+        pass
+
+
+def test_output_dir_must_be_a_writable_folder(tmp_path):
+    from smolfsdp.launch_checks import check_output_dir
+
+    afile = tmp_path / "runs"
+    afile.write_text("not a folder")
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        check_output_dir(BASE.replace(output_dir=str(afile)))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "smoke").write_text("")
+    with pytest.raises(ConfigError, match="out/smoke' is a file"):
+        check_output_dir(BASE.replace(output_dir=str(tmp_path / "out")))
+    readonly = Path("/sys/smolfsdp-runs")  # sysfs refuses new files even to root (chmod does not stop root)
+    try:
+        with tempfile.TemporaryFile(dir="/sys"):
+            pytest.skip("/sys is writable here")
+    except OSError:
+        pass
+    with pytest.raises(ConfigError, match="output_dir='/sys/smolfsdp-runs' is not writable"):
+        check_output_dir(BASE.replace(output_dir=str(readonly)))
+
+
+def test_nproc_is_checked_against_cores_memory_and_gpus(monkeypatch, capsys):
+    from smolfsdp import launch_checks
+
+    with pytest.raises(ConfigError, match="64 CPU ranks on 2 core.* more than 4 per core"):
+        launch_checks.check_resources(BASE.replace(nproc=64), cpu_count=2, gpu_count=0)
+    launch_checks.check_resources(BASE.replace(nproc=4), cpu_count=2, gpu_count=0)
+    assert "warning: 4 CPU ranks on 2 core(s)" in capsys.readouterr().err
+    monkeypatch.setattr(launch_checks, "available_memory_bytes", lambda: 2**30)
+    with pytest.raises(
+        ConfigError, match=r"4 CPU ranks need at least 2.0 GiB .* 1.0 GiB is available.*--nproc 2"
+    ):
+        launch_checks.check_resources(BASE.replace(nproc=4), cpu_count=8, gpu_count=0)
+    with pytest.raises(ConfigError, match="has 1 GPU"):
+        launch_checks.check_resources(BASE.replace(nproc=2), gpu_count=1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # launch() refuses before it starts torchrun
+    with pytest.raises(ConfigError, match="more than 4 per core"):
+        launch.launch(BASE.replace(nproc=64))
+
+
+SLEEPER = """\
+import os, sys, time
+out = os.environ["SLEEPER_DIR"]
+with open(os.path.join(out, f"rank{os.environ['RANK']}.pid"), "w") as f:
+    f.write(f"{os.getpid()} {sys.argv[-1]}")
+time.sleep(600)
+"""
+
+LAUNCHER = """\
+import sys
+import tempfile
+from smolfsdp import launch
+from smolfsdp.config import TrainConfig
+
+def sleeper_command(cfg, args, module="smolfsdp.cli"):
+    return launch.torchrun_command(2, args, "sleeper")  # torchrun and 2 real ranks, which just sleep
+
+launch.command_for = sleeper_command
+try:
+    launch.launch(TrainConfig(name="term", output_dir=sys.argv[1]))
+except launch.Terminated:
+    sys.exit(143)
+"""
+
+
+def test_sigterm_to_the_launcher_stops_every_rank_and_removes_the_temp_config(tmp_path):
+    """Before: SIGTERM killed the launcher alone; torchrun and both ranks kept running, and the unredacted
+    config stayed in its temporary folder."""
+    import psutil
+
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    env = dict(os.environ, SLEEPER_DIR=str(tmp_path), PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT / 'src'}")
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"), str(tmp_path / "runs")], env=env)
+    pids = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not all(p.is_file() and p.read_text() for p in pids):
+        assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.5)
+    family = psutil.Process(proc.pid).children(recursive=True)  # torchrun and its two ranks
+    try:
+        config = Path(pids[0].read_text().split()[1])
+        assert len(family) >= 3 and config.is_file() and (tmp_path / "runs" / ".term.lock").is_file()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 143
+        gone, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, [p.pid for p in alive]
+        assert not config.parent.exists()  # the private folder with the unredacted config is removed
+    finally:  # a failing test must not leave its sleepers behind
+        for p in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
+    assert not (tmp_path / "runs" / ".term.lock").exists()

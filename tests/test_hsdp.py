@@ -269,6 +269,7 @@ def test_torchrun_hsdp_run_reports_its_mesh(tmp_path):
         max_steps=3,
         eval_steps=0,
         max_length=96,
+        too_long="truncate",
         per_device_train_batch_size=2,
     )
     s = sft.run(cfg, capture=True, timeout=600).summary
@@ -320,6 +321,7 @@ def test_hsdp_checkpoint_stop_and_resume_equals_uninterrupted(tmp_path):
     cfg = TrainConfig(
         name="hsdp_drill", output_dir=str(tmp_path), nproc=4, fsdp_version=2, sharding_strategy="HYBRID_SHARD",
         replicate_size=2, max_steps=4, eval_steps=0, per_device_train_batch_size=2, max_length=128,
+        too_long="truncate",
     )  # fmt: skip
     out = resume_drill(cfg, stop_at=2)
     assert out["strategy"] == "fsdp2" and out["steps"] == 4

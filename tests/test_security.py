@@ -51,6 +51,7 @@ def secret_run(tmp_path_factory):
             eval_steps=0,
             per_device_train_batch_size=2,
             max_length=64,
+            too_long="truncate",
             dataset=str(dataset),
             extra={"note": f"pushed with {SECRETS['HF_TOKEN']}", "hub_token": SECRETS["HF_TOKEN"]},
         )

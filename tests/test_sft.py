@@ -55,7 +55,13 @@ def test_native_fsdp1_shards_and_learns(fsdp1_run):
     assert {"loss", "learning_rate", "grad_norm", "step_time_ms", "tokens", "samples"} <= set(train.columns)
     assert (train["samples"] == 8).all() and (train["tokens"] > 0).all()
     assert run.eval["step"].iloc[0] == 0 and len(run.eval) >= 3
-    assert s["versions"]["torch"].startswith("2.13.0") and s["data"]["truncated_rows"] > 0
+    assert s["versions"]["torch"].startswith("2.13.0") and s["data"]["dropped_too_long"] > 0
+    d = s["data"]  # every row of the sample accounted for, none cut mid-answer
+    assert (
+        d["kept"] + d["dropped_too_long"] + d["dropped_empty_question"] + d["dropped_empty_answer"]
+        == d["rows_in"]
+    )
+    assert d["truncated"] == 0 and d["train_rows"] + d["eval_rows"] == d["kept"]
 
 
 def test_final_model_loads_and_matches_the_run(fsdp1_run):
@@ -81,13 +87,13 @@ def test_medquad_real_text(tmp_path, medquad_path):
         name="medquad",
         output_dir=str(tmp_path),
         dataset=str(medquad_path),
-        max_length=256,
+        max_length=512,  # 152 of the 400 rows fit whole (longer ones are dropped, never cut mid-answer)
         num_train_epochs=2,
         eval_steps=20,
     )
     s = sft.run(cfg, capture=True, timeout=600).summary
-    assert s["data"]["mapping"] == "question_answer" and s["data"]["rows"] == 400
-    assert s["data"]["truncated_rows"] > 100
+    assert s["data"]["mapping"] == "question_answer" and s["data"]["rows_in"] == 400
+    assert s["data"]["dropped_too_long"] > 200 and s["data"]["kept"] + s["data"]["dropped_too_long"] == 400
     assert s["metrics"]["eval_loss_last"] < s["metrics"]["eval_loss_first"] - 0.5
 
 
@@ -211,3 +217,55 @@ def test_ctrl_c_on_the_launcher_stops_every_rank(tmp_path):
     assert not alive, [p.cmdline() for p in alive]
     assert not (tmp_path / "interrupted" / "summary.json").exists()
     assert not (tmp_path / "interrupted" / "final_model").exists()
+
+
+def test_preflight_refuses_max_length_beyond_the_models_positions(tmp_path):
+    """The tiny model has 2,048 positions; max_length 4096 was accepted before and failed (or silently
+    indexed past the table) inside the ranks."""
+    with pytest.raises(
+        ConfigError,
+        match=r"max_length=4096 is more than 'tiny' has positions \(max_position_embeddings=2048\)",
+    ):
+        sft.preflight(TrainConfig(output_dir=str(tmp_path), max_length=4096))
+
+
+def _saved_tiny(path, *, tie: bool, config_says: bool):
+    import json
+
+    from smolfsdp.modeling import build_model
+
+    model = build_model("tiny", load_tokenizer("tiny"), tie_word_embeddings=tie)
+    model.save_pretrained(path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["tie_word_embeddings"] = config_says
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_tie_mismatch_between_config_and_checkpoint_is_reported(tmp_path):
+    """config.json says tied, the checkpoint holds its own lm_head: transformers loads it untied (with only
+    its own warning) while the checks before launch built the tied model. Refused, naming the fix."""
+    from smolfsdp.launch_checks import check_tied_head
+    from smolfsdp.modeling import build_meta_model
+
+    untied = _saved_tiny(tmp_path / "untied_says_tied", tie=False, config_says=True)
+    with pytest.raises(
+        ConfigError, match="says tie_word_embeddings: true but the checkpoint holds a separate lm_head"
+    ):
+        check_tied_head(str(untied), build_meta_model(str(untied)))
+    headless = _saved_tiny(tmp_path / "tied_says_untied", tie=True, config_says=False)
+    with pytest.raises(ConfigError, match="holds no lm_head.weight"):
+        check_tied_head(str(headless), build_meta_model(str(headless)))
+    consistent = _saved_tiny(tmp_path / "tied", tie=True, config_says=True)
+    check_tied_head(str(consistent), build_meta_model(str(consistent)))
+    tok = str(tmp_path / "tok")
+    load_tokenizer("tiny").save_pretrained(tok)
+    with pytest.raises(ConfigError, match="separate lm_head"):  # and preflight runs it before launch
+        sft.preflight(TrainConfig(model=str(untied), tokenizer=tok, output_dir=str(tmp_path / "runs")))
+
+
+def test_too_few_rows_after_dropping_long_ones_says_why(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"178 of the 180 rows read were dropped as longer than max_length=128"
+    ):
+        sft.preflight(TrainConfig(output_dir=str(tmp_path), max_length=128))

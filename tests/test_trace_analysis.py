@@ -339,7 +339,7 @@ def test_ddp_cpu_trace_has_no_fsdp_all_gathers(tmp_path):
 
     cfg = load_config(
         recipe("smoke_trl"), name="ddp", output_dir=str(tmp_path), benchmark_steps=3, profile=True,
-        profile_wait=0, max_length=128,
+        profile_wait=0, max_length=128, too_long="truncate",
     )  # fmt: skip
     bench = run_benchmark(cfg, timeout=300)
     assert bench["strategy"] == "ddp"

@@ -14,7 +14,7 @@ from smolfsdp.config import ConfigError, load_config, recipe
 from smolfsdp.results import load_run
 from smolfsdp.trace_analysis import analyze, load_trace
 
-BASE = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128)
+BASE = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate")
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +117,7 @@ def test_trl_benchmark_mode_and_trace(tmp_path):
         benchmark_steps=4,
         profile=True,
         max_length=128,
+        too_long="truncate",
     )
     bench = benchmark.run_benchmark(cfg, timeout=600)
     run_dir = tmp_path / "tb"

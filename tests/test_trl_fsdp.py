@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from smolfsdp import accelerate_cpu_fsdp, checkpoint, sft
 from smolfsdp.config import load_config, recipe
 
-BASE = dict(max_steps=6, eval_steps=3, per_device_train_batch_size=2, max_length=128, save_total_limit=6)
+# max_length 256 with the default too_long=drop: real padded batches, the longest rows dropped and counted
+BASE = dict(max_steps=6, eval_steps=3, per_device_train_batch_size=2, max_length=256, save_total_limit=6)
 
 
 @pytest.fixture(scope="module")

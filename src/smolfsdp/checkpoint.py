@@ -239,7 +239,7 @@ def check_engine(path: str | Path, engine: str) -> None:
 #: is sharded, launched, logged, evaluated and saved may change (DCP reshards on load).
 TRAJECTORY_FIELDS = (
     "model", "tokenizer", "dataset", "dataset_config", "dataset_split", "columns", "include_reasoning",
-    "system_prompt", "max_length", "eval_size", "max_rows", "engine", "nproc", "seed", "lora", "lora_r",
+    "system_prompt", "max_length", "too_long", "eval_size", "max_rows", "engine", "nproc", "seed", "lora", "lora_r",
     "lora_alpha", "lora_dropout", "lora_target_modules", "num_train_epochs", "max_steps",
     "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
     "warmup_ratio", "lr_scheduler_type", "max_grad_norm", "mixed_precision", "benchmark_steps",

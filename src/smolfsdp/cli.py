@@ -348,12 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"smolfsdp: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (smolfsdp.launch.Terminated) to the launcher
+        how = str(err) or "interrupted"
         print(
-            "smolfsdp: interrupted; the ranks were asked to stop (checkpoints already complete are kept)",
+            f"smolfsdp: {how}; the ranks were asked to stop (checkpoints already complete are kept)",
             file=sys.stderr,
         )
-        return 130
+        return 143 if type(err).__name__ == "Terminated" else 130
     return 1
 
 

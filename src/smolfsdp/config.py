@@ -2,7 +2,9 @@
 
 Every chapter and every CLI command resolves a run the same way:
 ``configs/runs/<name>.yaml`` (keys are the fields below) overridden by CLI flags
-(``--key value``), validated in ``__post_init__`` before any process is launched.
+(``--key value``), validated in ``__post_init__`` before any process is launched: each field holds its
+declared type (a YAML boolean is ``true``/``false`` unquoted; a quoted ``"false"`` is refused, never read
+as true; ``max_steps: 2.5`` is refused) and a value in its range.
 
     smolfsdp train --config configs/runs/smoke.yaml --max_steps 20
 """
@@ -22,6 +24,18 @@ FSDP_VERSIONS = (1, 2)
 BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 MIXED_PRECISION = ("no", "bf16")
+#: transformers' SchedulerType names that get_scheduler builds from (warmup, total steps) alone: both engines
+#: pass nothing else (reduce_lr_on_plateau and greedy need an eval metric per step; cosine_with_min_lr,
+#: cosine_warmup_with_min_lr and warmup_stable_decay need lr_scheduler_kwargs).
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
 
 
 class ConfigError(ValueError):
@@ -62,7 +76,12 @@ class TrainConfig:
     columns: str = "auto"  # "auto" or a mapping name in smolfsdp.data.COLUMN_MAPPINGS
     include_reasoning: bool = False
     system_prompt: str | None = None
-    max_length: int = 256
+    max_length: int = (
+        256  # tokens per row; at most the model's max_position_embeddings (checked before launch)
+    )
+    # rows longer than max_length: "drop" (counted; with include_reasoning the reasoning is cut first, never
+    # the answer) or "truncate" (cut at the end: the answer loses its end-of-turn token; drills only)
+    too_long: str = "drop"
     eval_size: float = 0.1  # fraction (<1) or number of rows (>=1) held out for eval
     max_rows: int | None = None
 
@@ -102,9 +121,14 @@ class TrainConfig:
     per_device_eval_batch_size: int = 8
     gradient_accumulation_steps: int = 1
     learning_rate: float = 3e-3
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.05
-    lr_scheduler_type: str = "cosine"
+    weight_decay: float = 0.0  # >= 0 (AdamW's decoupled decay; negative would grow the weights)
+    warmup_ratio: float = 0.05  # in [0, 1]
+    lr_scheduler_type: str = (
+        "cosine"  # one of SCHEDULERS (transformers' SchedulerType that need no extra kwargs)
+    )
+    # > 0: clip the global gradient norm to this. HF's Trainer reads <= 0 as "no clipping" while
+    # torch's clip_grad_norm_ (the native engine) would scale gradients by it (0 freezes, -1 climbs), so
+    # <= 0 is refused for both engines; for no clipping in effect give a large value (1e6).
     max_grad_norm: float = 1.0
 
     # --- logging, eval, checkpoints
@@ -137,6 +161,7 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes copied into summary.json
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.engine not in ENGINES:
             raise ConfigError(
                 f"engine={self.engine!r} is not known; use one of {ENGINES}.{_did_you_mean(self.engine, ENGINES)}"
@@ -159,6 +184,11 @@ class TrainConfig:
             raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {MIXED_PRECISION}.")
         if self.nproc < 1:
             raise ConfigError(f"nproc={self.nproc}: need at least one process.")
+        if self.too_long not in ("drop", "truncate"):
+            raise ConfigError(
+                f"too_long={self.too_long!r}: use 'drop' (rows that do not fit are dropped, counted) or "
+                "'truncate' (cut at max_length; drills only)."
+            )
         if self.max_length < 8:
             raise ConfigError(
                 f"max_length={self.max_length} is too small; use at least 8 (256 for the smoke run)."
@@ -209,6 +239,7 @@ class TrainConfig:
             raise ConfigError(f"eval_size={self.eval_size} must be >= 0 (fraction < 1 or a row count).")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate={self.learning_rate} must be > 0.")
+        self._check_optimisation()
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
             raise ConfigError(
                 "Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing."
@@ -223,6 +254,62 @@ class TrainConfig:
         check_model_name(self.model)
         if self.wrap_class is not None:
             self.wrap_class = normalise_wrap_class_name(self.wrap_class)
+
+    # ------------------------------------------------------------------ types and ranges
+    def _check_types(self) -> None:
+        """Each field holds its declared type: ``bool`` fields a real boolean (a YAML string such as
+        ``"false"`` or ``"no"`` is refused, never read as true), ``int`` fields a whole number (``2.0`` becomes
+        ``2``, ``2.5`` is refused), ``float`` fields a number (int or float), ``str`` fields a string."""
+        for f in fields(self):
+            declared = str(f.type)
+            base, value = declared.replace(" | None", ""), getattr(self, f.name)
+            if value is None and "None" in declared:
+                continue
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if base == "bool" and not isinstance(value, bool):
+                raise ConfigError(
+                    f"{f.name}={value!r} is a {type(value).__name__}, not a boolean: write {f.name}: true or false "
+                    f"without quotes in YAML (--{f.name} true/false on the command line); quoted text such as "
+                    '"false" or "no" is never read as a boolean.'
+                )
+            if base == "int":
+                if not number or (isinstance(value, float) and not value.is_integer()):
+                    raise ConfigError(
+                        f"{f.name}={value!r} must be a whole number (an int), e.g. {f.name}: 20."
+                    )
+                setattr(self, f.name, int(value))
+            elif base == "float" and not number:  # an int stays an int: 0 prints as 0 in messages
+                raise ConfigError(f"{f.name}={value!r} must be a number, e.g. {f.name}: 0.1.")
+            elif base == "str" and not isinstance(value, str):
+                raise ConfigError(f"{f.name}={value!r} must be text (a string).")
+
+    def _check_optimisation(self) -> None:
+        if self.lr_scheduler_type not in SCHEDULERS:
+            raise ConfigError(
+                f"lr_scheduler_type={self.lr_scheduler_type!r} is not a scheduler smolfsdp can build; use one of "
+                f"{SCHEDULERS}.{_did_you_mean(self.lr_scheduler_type, SCHEDULERS)}"
+            )
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0 (0.0 or 0.01 are usual).")
+        if self.max_grad_norm <= 0:
+            raise ConfigError(
+                f"max_grad_norm={self.max_grad_norm}: must be > 0. HF's Trainer reads <= 0 as no clipping but the "
+                "native engine's clip_grad_norm_ would scale gradients by it (0 freezes the model, -1 climbs the "
+                "loss); give 1.0 (usual), or 1e6 to clip in effect never."
+            )
+        if not 0 <= self.warmup_ratio <= 1:
+            raise ConfigError(
+                f"warmup_ratio={self.warmup_ratio} must be in [0, 1] (a fraction of the steps)."
+            )
+        if self.num_train_epochs < 0:
+            raise ConfigError(f"num_train_epochs={self.num_train_epochs} must be >= 0.")
+        for name in ("eval_steps", "save_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0 (0: never).")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ConfigError(f"max_rows={self.max_rows} must be >= 1 (or unset for all rows).")
+        if self.lora and not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"lora_dropout={self.lora_dropout} must be in [0, 1).")
 
     # ------------------------------------------------------------------ sharding strategy and mesh (HSDP)
     def _check_sharding(self) -> None:

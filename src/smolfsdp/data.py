@@ -1,26 +1,73 @@
-"""Medical Q&A rows -> chat messages -> tokens with assistant-only labels.
+"""Medical Q&A rows -> chat messages -> tokens with assistant-only labels, every row accounted for.
 
 Used by the fine-tune chapter and by both engines (``smolfsdp.sft``). Rows come from the bundled
-sample (``data/medical_qa/``), a local file (.jsonl, .json, .csv, .parquet) or a hub data set; a
-column mapping turns them into ``[system?, user, assistant]`` messages; the tokenizer's chat template
-turns those into ``input_ids`` and ``labels`` where every non-assistant token is ``-100``.
+sample (``data/medical_qa/``), a local file (.jsonl, .json, .csv, .parquet; layouts and encoding in
+``smolfsdp.data_files``) or a hub data set; a column mapping turns them into ``[system?, user, assistant]``
+messages; the tokenizer's chat template turns those into ``input_ids`` and ``labels`` where every
+non-assistant token is ``-100``.
+
+Rules (also in the README's data paragraph):
+
+* **Field types.** A string is used as it is (stripped). A list of strings is joined with newlines, one
+  item per line (``["fever", "cough"]`` -> ``"fever\ncough"``). An int or float is its decimal text.
+  ``None``, NaN, an empty or blank string: the field is empty. Anything else (an object, a nested list, a
+  boolean) is refused with a ConfigError naming the row and the column.
+* **Row accounting.** Every row read is counted once: ``kept``, ``dropped_empty_question``,
+  ``dropped_empty_answer`` or ``dropped_too_long``; they sum to ``rows_in``. ``reasoning_cut``,
+  ``truncated`` and ``duplicate_questions`` count kept rows. :meth:`PreparedData.stats` holds them (the run's
+  ``summary.json`` ``data``) and rank 0 logs them by reason.
+* **Too long** (more than ``max_length`` tokens). ``too_long: drop`` (the default) never cuts an answer:
+  with ``include_reasoning`` the reasoning is shortened (its end is cut) until the whole conversation,
+  the answer and the template's end-of-turn token fit; a row that does not fit even so, or has no
+  reasoning to cut, is dropped and counted. ``too_long: truncate`` cuts the row at ``max_length`` tokens
+  (counted as ``truncated``): such a row loses the end of its answer and its end-of-turn token, so a
+  model trained on many learns not to stop; it is meant for throughput drills only.
+* **Long fields are cut by characters before tokenizing.** A field of more than
+  ``max_length x CHARS_PER_TOKEN_BOUND`` characters cannot fit in ``max_length`` tokens, so it is never
+  tokenized in full: a question or answer that long makes the row too long at once (dropped, or cut to
+  that many characters first under ``too_long: truncate``); a reasoning that long is cut to that many
+  characters before the token-level cut.
+* **Duplicates.** Rows whose question (case and whitespace ignored) repeats an earlier kept row's are
+  counted (``duplicate_questions``) and kept for training; the eval split takes whole questions, so no
+  question is in both splits.
+* **Dates.** Chat templates that call ``strftime_now`` (SmolLM3's writes ``Today Date: ...`` into every
+  system turn) render :data:`TEMPLATE_DATE` instead of today (:func:`pin_template_date`), so a row's
+  tokens do not depend on the day it is tokenized.
 
     python -c "from smolfsdp.data import load_rows; print(load_rows('bundled'))"
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
+import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from smolfsdp.config import ConfigError
+from smolfsdp.data_files import FILE_FORMATS, bundled_data_path, load_rows, repo_root
+
+__all__ = ["FILE_FORMATS", "bundled_data_path", "load_rows", "repo_root"]  # re-exported: data's public face
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100  # the label value torch.nn.CrossEntropyLoss (and HF's loss) skips
+
+#: No tokenizer's tokens average more characters than this on text (byte-level BPEs average ~4 on English;
+#: the bundled one's longest token is 13 characters), so a field longer than ``max_length`` times this
+#: cannot fit in ``max_length`` tokens and is never tokenized in full (a 50 MB answer costs nothing).
+CHARS_PER_TOKEN_BOUND = 32
+
+#: The date every chat template that calls ``strftime_now`` renders (SmolLM3's "Today Date: ..."; its
+#: "Knowledge Cutoff Date" is June 2025): pinned so the tokens of a row are the same on every day.
+TEMPLATE_DATE = datetime(2025, 6, 1)
+
+TOO_LONG_POLICIES = ("drop", "truncate")
 
 #: Column layouts of the usual medical Q&A sets. Keys: the role each column plays.
 COLUMN_MAPPINGS: dict[str, dict[str, str]] = {
@@ -32,72 +79,9 @@ COLUMN_MAPPINGS: dict[str, dict[str, str]] = {
     "instruction": {"question": "instruction", "context": "input", "answer": "output"},
 }
 
-FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-def repo_root() -> Path:
-    """The repository root (this package is installed in editable mode from ``src/``)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def bundled_data_path() -> Path:
-    return repo_root() / "data" / "medical_qa" / "medical_qa_sample.jsonl"
-
 
 def bundled_tokenizer_path() -> Path:
     return repo_root() / "data" / "tokenizer"
-
-
-# ---------------------------------------------------------------------------- loading
-def load_rows(
-    dataset: str = "bundled", *, config: str | None = None, split: str = "train", max_rows: int | None = None
-):
-    """Load raw rows as a ``datasets.Dataset``.
-
-    Args:
-        dataset: ``"bundled"``, a path to a .jsonl/.json/.csv/.parquet file, or a hub id.
-        config: hub config name (hub ids only).
-        split: hub split (hub ids only; local files are one split).
-        max_rows: keep the first N rows (None: all).
-
-    Raises:
-        ConfigError: the file does not exist, has an unsupported extension, or holds no rows.
-    """
-    import datasets
-
-    datasets.disable_progress_bars()  # row counts are logged instead; bars from every rank are noise
-    if dataset == "bundled":
-        dataset = str(bundled_data_path())
-    path = Path(dataset).expanduser()
-    looks_local = path.suffix.lower() in FILE_FORMATS or dataset.startswith((".", "/", "~")) or path.exists()
-    if looks_local:
-        if not path.is_file():
-            raise ConfigError(
-                f"Data file {str(path)!r} does not exist. Give an existing .jsonl/.json/.csv/.parquet file, "
-                "a hub id (e.g. FreedomIntelligence/medical-o1-reasoning-SFT), or 'bundled'."
-            )
-        fmt = FILE_FORMATS.get(path.suffix.lower())
-        if fmt is None:
-            raise ConfigError(
-                f"Unsupported data file type {path.suffix!r}; use one of {sorted(FILE_FORMATS)}."
-            )
-        if path.stat().st_size == 0:
-            raise ConfigError(
-                f"Data file {str(path)!r} is empty; it needs one question/answer row per line (jsonl)."
-            )
-        try:
-            ds = datasets.load_dataset(fmt, data_files=str(path), split="train")
-        except Exception as err:  # datasets' builders raise many types; name the file and the cause
-            raise ConfigError(
-                f"Could not read {str(path)!r} as {fmt}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            ) from err
-    else:
-        ds = datasets.load_dataset(dataset, config, split=split)
-    if len(ds) == 0:
-        raise ConfigError(f"{dataset!r} holds no rows.")
-    if max_rows is not None:
-        ds = ds.select(range(min(max_rows, len(ds))))
-    return ds
 
 
 def resolve_mapping(columns, name: str = "auto") -> tuple[str, dict[str, str]]:
@@ -126,6 +110,53 @@ def resolve_mapping(columns, name: str = "auto") -> tuple[str, dict[str, str]]:
     )
 
 
+def field_text(value: Any, column: str, row: int | None = None) -> str:
+    """One field as text by the module's rule (strings, lists of strings, numbers; empty -> ``""``).
+
+    Raises:
+        ConfigError: an object, a nested list, a boolean or another type, naming ``row`` and ``column``.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return "\n".join(v.strip() for v in value if v.strip())
+    where = f"row {row}" if row is not None else "a row"
+    raise ConfigError(
+        f"{where}, column {column!r}: a {type(value).__name__} ({str(value)[:60]!r}) is not text. Fields must be "
+        "strings, lists of strings (joined with newlines) or numbers; fix the row or drop it from the data."
+    )
+
+
+def row_fields(
+    row: dict[str, Any], mapping: dict[str, str], index: int | None = None
+) -> tuple[str, str, str]:
+    """``(question, answer, reasoning)`` of one row as text; the context column (if any) follows the question."""
+
+    def get(role: str) -> str:
+        column = mapping.get(role)
+        return field_text(row.get(column), column, index) if column else ""
+
+    question, context = get("question"), get("context")
+    if question and context:
+        question = f"{question}\n\n{context}"
+    return question, get("answer"), get("reasoning")
+
+
+def build_messages(
+    question: str, answer: str, reasoning: str = "", *, system_prompt: str | None = None
+) -> list[dict[str, str]]:
+    """``[system?, user, assistant]``; a non-empty ``reasoning`` goes first in the assistant turn as
+    ``<think>\n{reasoning}\n</think>\n{answer}`` (SmolLM3's thinking format)."""
+    if reasoning:
+        answer = f"<think>\n{reasoning}\n</think>\n{answer}"
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return messages + [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+
 def to_messages(
     row: dict[str, Any],
     mapping: dict[str, str],
@@ -133,22 +164,15 @@ def to_messages(
     include_reasoning: bool = False,
     system_prompt: str | None = None,
 ) -> list[dict[str, str]]:
-    """One row -> ``[system?, user, assistant]`` chat messages.
+    """One row -> ``[system?, user, assistant]`` chat messages (fields converted by :func:`field_text`).
 
     With ``include_reasoning`` and a reasoning column, the assistant turn is
-    ``<think>\\n{reasoning}\\n</think>\\n{answer}`` (SmolLM3's thinking format).
+    ``<think>\n{reasoning}\n</think>\n{answer}`` (SmolLM3's thinking format).
     """
-    question = str(row[mapping["question"]]).strip()
-    context = str(row.get(mapping.get("context", ""), "") or "").strip()
-    if context:
-        question = f"{question}\n\n{context}"
-    answer = str(row[mapping["answer"]]).strip()
-    reasoning = str(row.get(mapping.get("reasoning", ""), "") or "").strip()
-    if include_reasoning and reasoning:
-        answer = f"<think>\n{reasoning}\n</think>\n{answer}"
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-    return messages
+    question, answer, reasoning = row_fields(row, mapping)
+    return build_messages(
+        question, answer, reasoning if include_reasoning else "", system_prompt=system_prompt
+    )
 
 
 # ---------------------------------------------------------------------------- tokenising
@@ -166,112 +190,260 @@ def has_generation_markers(tokenizer) -> bool:
     return bool(re.search(r"\{%-?\s*generation\s*-?%\}", tokenizer.chat_template or ""))
 
 
-def tokenize_messages(messages: list[dict[str, str]], tokenizer, max_length: int) -> dict[str, Any]:
-    """Chat messages -> ``input_ids``, ``labels`` (non-assistant tokens = -100), truncation info.
+_STRFTIME_CALL = re.compile(r"""strftime_now\(\s*(['"])([^'"]*)\1\s*\)""")
+
+
+@functools.lru_cache(maxsize=8)
+def pin_template_date(template: str) -> str:
+    """``template`` with each ``strftime_now("<format>")`` call replaced by :data:`TEMPLATE_DATE` in that
+    format, as a string literal (SmolLM3: ``strftime_now("%d %B %Y")`` -> ``"01 June 2025"``).
+
+    The one place smolfsdp changes a chat template. transformers registers ``strftime_now`` (the wall
+    clock) as a Jinja global and turns every extra ``apply_chat_template`` argument into plain data, so a
+    function cannot be passed in its place; rewriting the call is what pins the date.
+
+    Raises:
+        ConfigError: a ``strftime_now`` call whose format is not a string literal (it cannot be pinned).
+    """
+    pinned = _STRFTIME_CALL.sub(lambda m: repr(TEMPLATE_DATE.strftime(m[2])), template)
+    if "strftime_now" in pinned.replace("strftime_now is defined", ""):
+        raise ConfigError(
+            "The chat template calls strftime_now with a format that is not a string literal, so the date it "
+            "writes into every example cannot be pinned; edit tokenizer.chat_template to use a literal format."
+        )
+    return pinned
+
+
+def render_ids(messages: list[dict[str, str]], tokenizer, **kwargs) -> dict[str, Any]:
+    """``tokenizer.apply_chat_template(..., tokenize=True, return_dict=True)`` with the date pinned
+    (:func:`pin_template_date`)."""
+    template = pin_template_date(tokenizer.get_chat_template())
+    return tokenizer.apply_chat_template(
+        messages, chat_template=template, tokenize=True, return_dict=True, **kwargs
+    )
+
+
+def encode_chat(messages: list[dict[str, str]], tokenizer) -> tuple[list[int], list[int]]:
+    """The whole conversation's token ids and its assistant mask (1 = an assistant token), uncut.
 
     Uses the template's ``{% generation %}`` markers (``return_assistant_tokens_mask``) when it has
     them; otherwise masks the prompt rendered with ``add_generation_prompt=True`` (it must be a prefix
     of the full conversation, which is checked).
-
-    Returns a dict with ``input_ids`` (list[int], len <= max_length), ``labels`` (same length),
-    ``truncated`` (bool) and ``n_assistant_tokens`` (int, after truncation).
     """
     check_chat_template(tokenizer)
     if has_generation_markers(tokenizer):
-        enc = tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        enc = render_ids(messages, tokenizer, return_assistant_tokens_mask=True)
+        return list(enc["input_ids"]), list(enc["assistant_masks"])
+    ids = list(render_ids(messages, tokenizer)["input_ids"])
+    prompt = list(render_ids(messages[:-1], tokenizer, add_generation_prompt=True)["input_ids"])
+    if ids[: len(prompt)] != prompt:
+        raise ConfigError(
+            "The chat template renders the prompt differently inside the full conversation, so the "
+            "assistant tokens cannot be located. Use a template with {% generation %} markers."
         )
-        ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
-    else:
-        ids = list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
-        prompt = list(
-            tokenizer.apply_chat_template(
-                messages[:-1], tokenize=True, return_dict=True, add_generation_prompt=True
-            )["input_ids"]
-        )
-        if ids[: len(prompt)] != prompt:
-            raise ConfigError(
-                "The chat template renders the prompt differently inside the full conversation, so the "
-                "assistant tokens cannot be located. Use a template with {% generation %} markers."
-            )
-        mask = [0] * len(prompt) + [1] * (len(ids) - len(prompt))
+    return ids, [0] * len(prompt) + [1] * (len(ids) - len(prompt))
+
+
+def tokenize_messages(messages: list[dict[str, str]], tokenizer, max_length: int) -> dict[str, Any]:
+    """Chat messages -> ``input_ids``, ``labels`` (non-assistant tokens = -100), cut at ``max_length``.
+
+    Returns a dict with ``input_ids`` (list[int], len <= max_length), ``labels`` (same length),
+    ``truncated`` (bool: tokens were cut off the end) and ``n_assistant_tokens`` (int, after the cut).
+    """
+    ids, mask = encode_chat(messages, tokenizer)
     truncated = len(ids) > max_length
     ids, mask = ids[:max_length], mask[:max_length]
     labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask, strict=True)]
     return {"input_ids": ids, "labels": labels, "truncated": truncated, "n_assistant_tokens": int(sum(mask))}
 
 
+def fit_reasoning(
+    question: str, answer: str, reasoning: str, tokenizer, max_length: int, system_prompt: str | None
+) -> dict[str, Any] | None:
+    """Cut the end of ``reasoning`` until the whole conversation fits in ``max_length`` tokens; None when
+    it cannot (the prompt and the answer alone are too long). Token counts of the pieces are not exactly
+    additive (merges at the cut), so the cut is retried a few times with the measured excess."""
+    r_ids = tokenizer(reasoning, add_special_tokens=False)["input_ids"]
+    full = len(
+        encode_chat(build_messages(question, answer, reasoning, system_prompt=system_prompt), tokenizer)[0]
+    )
+    keep = len(r_ids) - (full - max_length)
+    for _ in range(6):
+        if keep <= 0:
+            return None
+        cut = tokenizer.decode(r_ids[:keep]).replace("\ufffd", "").rstrip()  # no half character at the cut
+        msgs = build_messages(question, answer, cut, system_prompt=system_prompt)
+        out = tokenize_messages(msgs, tokenizer, max_length)
+        if not out["truncated"]:
+            return out
+        over = len(encode_chat(msgs, tokenizer)[0]) - max_length
+        keep -= max(1, over)
+    return None
+
+
+# ---------------------------------------------------------------------------- preparing a run's data
 @dataclass
 class PreparedData:
-    """Tokenised train/eval splits plus what happened on the way (for the run summary)."""
+    """Tokenised train/eval splits plus the fate of every row read (for the run summary).
+
+    ``counts`` holds ``rows_in`` and the four outcomes that sum to it (``kept``,
+    ``dropped_empty_question``, ``dropped_empty_answer``, ``dropped_too_long``) and, among kept rows,
+    ``reasoning_cut``, ``truncated``, ``duplicate_questions``.
+    """
 
     train: Any  # datasets.Dataset with input_ids, labels
     eval: Any | None
     mapping: str
-    n_rows: int
-    n_truncated: int
-    n_dropped_no_answer: int
+    counts: dict[str, int] = field(default_factory=dict)
+    too_long: str = "drop"
+
+    @property
+    def n_rows(self) -> int:
+        return self.counts["rows_in"]
+
+    @property
+    def n_truncated(self) -> int:
+        return self.counts["truncated"]
 
     def stats(self) -> dict[str, Any]:
         return {
             "mapping": self.mapping,
-            "rows": self.n_rows,
+            **self.counts,
+            "too_long": self.too_long,
             "train_rows": len(self.train),
             "eval_rows": 0 if self.eval is None else len(self.eval),
-            "truncated_rows": self.n_truncated,
-            "dropped_rows_no_answer_tokens": self.n_dropped_no_answer,
         }
+
+
+OUTCOMES = ("kept", "dropped_empty_question", "dropped_empty_answer", "dropped_too_long")
+
+
+def encode_row(question: str, answer: str, reasoning: str, tokenizer, cfg) -> tuple[str, dict | None, str]:
+    """One row's outcome under ``cfg`` (a TrainConfig): ``(outcome, tokens or None, note)`` where outcome is
+    one of :data:`OUTCOMES` and note is ``""``, ``"reasoning_cut"`` or ``"truncated"``."""
+    if not question:
+        return "dropped_empty_question", None, ""
+    if not answer:
+        return "dropped_empty_answer", None, ""
+    bound = cfg.max_length * CHARS_PER_TOKEN_BOUND
+    truncate = cfg.too_long == "truncate"
+    if max(len(question), len(answer)) > bound and not truncate:
+        return "dropped_too_long", None, ""  # cannot fit: never tokenized in full
+    question, answer = question[:bound], answer[:bound]
+    reasoning = reasoning[:bound] if cfg.include_reasoning else ""
+    msgs = build_messages(question, answer, reasoning, system_prompt=cfg.system_prompt)
+    out = tokenize_messages(msgs, tokenizer, cfg.max_length)
+    if not out["truncated"]:
+        return "kept", out, ""
+    if truncate:
+        return ("kept", out, "truncated") if out["n_assistant_tokens"] else ("dropped_too_long", None, "")
+    if reasoning:
+        fitted = fit_reasoning(question, answer, reasoning, tokenizer, cfg.max_length, cfg.system_prompt)
+        if fitted is not None:
+            return "kept", fitted, "reasoning_cut"
+    return "dropped_too_long", None, ""
+
+
+def question_key(question: str) -> str:
+    """Questions equal up to case and whitespace share a key (duplicates)."""
+    return " ".join(question.lower().split())
+
+
+def split_by_question(keys: list[str], n_eval: int, seed: int) -> tuple[list[int], list[int]]:
+    """Row indices ``(train, eval)``: whole questions (all rows sharing a key) go to eval, in a
+    seeded random order, until it holds at least ``n_eval`` rows."""
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    order = list(groups)
+    random.Random(seed).shuffle(order)
+    eval_idx: list[int] = []
+    for k in order:
+        if len(eval_idx) >= n_eval:
+            break
+        eval_idx += groups[k]
+    held = set(eval_idx)
+    return [i for i in range(len(keys)) if i not in held], sorted(eval_idx)
+
+
+def log_counts(counts: dict[str, int], cfg) -> None:
+    """One line per reason (rank 0 logs INFO; the other ranks log WARNING and up only)."""
+    log.info(
+        "data %s: %d rows read, %d kept (%d with their reasoning cut, %d truncated), %d duplicate questions",
+        cfg.dataset,
+        counts["rows_in"],
+        counts["kept"],
+        counts["reasoning_cut"],
+        counts["truncated"],
+        counts["duplicate_questions"],
+    )
+    for reason in OUTCOMES[1:]:
+        if counts[reason]:
+            log.info(
+                "data: %d rows dropped: %s", counts[reason], reason.removeprefix("dropped_").replace("_", " ")
+            )
+
+
+def too_long_hint(counts: dict[str, int], cfg) -> str:
+    """A sentence for errors about too few rows: how many were dropped as too long, and the way out."""
+    n = counts.get("dropped_too_long", 0)
+    if not n or cfg.too_long != "drop":
+        return ""
+    return (
+        f" ({n} of the {counts['rows_in']} rows read were dropped as longer than max_length={cfg.max_length}: "
+        "raise max_length, or set too_long: truncate for a drill that only exercises the mechanics.)"
+    )
 
 
 def prepare_data(cfg, tokenizer) -> PreparedData:
     """Load, map, tokenise and split the data for run config ``cfg`` (a TrainConfig).
 
     Raises:
-        ConfigError: missing file, no matching columns, empty data after filtering, no chat
-            template, or ``max_length`` too small for any answer token.
+        ConfigError: missing file, no matching columns, a field that is not text, no rows left, no chat
+            template, or ``max_length`` too small for any row.
     """
+    import datasets
+
     check_chat_template(tokenizer)
     rows = load_rows(cfg.dataset, config=cfg.dataset_config, split=cfg.dataset_split, max_rows=cfg.max_rows)
     mname, mapping = resolve_mapping(rows.column_names, cfg.columns)
-    rows = rows.filter(
-        lambda r: (
-            bool(str(r[mapping["question"]] or "").strip()) and bool(str(r[mapping["answer"]] or "").strip())
-        ),
-        keep_in_memory=True,
-    )
-    if len(rows) == 0:
+    counts = dict.fromkeys(("rows_in", *OUTCOMES, "reasoning_cut", "truncated", "duplicate_questions"), 0)
+    counts["rows_in"] = len(rows)
+    kept: dict[str, list] = {"input_ids": [], "labels": []}
+    keys: list[str] = []
+    for i, row in enumerate(rows):
+        question, answer, reasoning = row_fields(row, mapping, i)
+        outcome, out, note = encode_row(question, answer, reasoning, tokenizer, cfg)
+        counts[outcome] += 1
+        if note:
+            counts[note] += 1
+        if out is not None:
+            kept["input_ids"].append(out["input_ids"])
+            kept["labels"].append(out["labels"])
+            keys.append(question_key(question))
+    counts["duplicate_questions"] = len(keys) - len(set(keys))
+    log_counts(counts, cfg)
+    if counts["kept"] == 0:
+        if counts["dropped_too_long"] and cfg.too_long == "truncate":
+            raise ConfigError(
+                f"max_length={cfg.max_length} is too small: in every row the prompt alone fills it, so no answer "
+                "token is left to learn from. Raise max_length."
+            )
+        if counts["dropped_too_long"]:
+            raise ConfigError(
+                f"max_length={cfg.max_length} is too small: all {counts['dropped_too_long']} rows with a question "
+                "and an answer are longer, and an answer is never cut (too_long: drop). Raise max_length."
+            )
         raise ConfigError(f"No rows with a non-empty question and answer are left in {cfg.dataset!r}.")
-
-    def encode(row):
-        msgs = to_messages(
-            row, mapping, include_reasoning=cfg.include_reasoning, system_prompt=cfg.system_prompt
-        )
-        return tokenize_messages(msgs, tokenizer, cfg.max_length)
-
-    tokenised = rows.map(encode, remove_columns=rows.column_names, desc="tokenising", keep_in_memory=True)
-    n_truncated = int(sum(tokenised["truncated"]))
-    keep = tokenised.filter(lambda r: r["n_assistant_tokens"] > 0, keep_in_memory=True)
-    n_dropped = len(tokenised) - len(keep)
-    if len(keep) == 0:
-        raise ConfigError(
-            f"max_length={cfg.max_length} is too small: in every row the prompt alone fills it, so no answer "
-            "token is left to learn from. Raise max_length."
-        )
-    if n_truncated:
-        log.info(
-            "%d of %d rows were longer than max_length=%d and were truncated",
-            n_truncated,
-            len(rows),
-            cfg.max_length,
-        )
-    if n_dropped:
-        log.info("%d rows kept no answer token after truncation and were dropped", n_dropped)
-    keep = keep.remove_columns(["truncated", "n_assistant_tokens"])
+    data = datasets.Dataset.from_dict(kept)
+    n_eval = int(cfg.eval_size) if cfg.eval_size >= 1 else round(cfg.eval_size * len(data))
     eval_ds = None
-    n_eval = int(cfg.eval_size) if cfg.eval_size >= 1 else round(cfg.eval_size * len(keep))
     if n_eval > 0:
-        if n_eval >= len(keep):
-            raise ConfigError(f"eval_size={cfg.eval_size} leaves no training rows out of {len(keep)}.")
-        split = keep.train_test_split(test_size=n_eval, seed=cfg.seed, shuffle=True)
-        keep, eval_ds = split["train"], split["test"]
-    return PreparedData(keep, eval_ds, mname, len(rows), n_truncated, n_dropped)
+        train_idx, eval_idx = split_by_question(keys, n_eval, cfg.seed)
+        if not train_idx:
+            raise ConfigError(
+                f"eval_size={cfg.eval_size} leaves no training rows out of {len(data)} ({len(set(keys))} "
+                "distinct questions)."
+            )
+        data, eval_ds = data.select(train_idx), data.select(eval_idx)
+    return PreparedData(data, eval_ds, mname, counts, cfg.too_long)

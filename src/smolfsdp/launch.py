@@ -27,6 +27,7 @@ read the unredacted config from a private temporary file that is removed when th
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
 import signal
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.launch_checks import check_resources, run_lock
 
 #: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
 #: names the collective in a timeout error (smolfsdp.distributed.name_collective_errors).
@@ -246,11 +248,17 @@ def launch(
     :func:`explain_failure` (on stderr, and at the end of ``.stdout`` when capturing).
 
     Raises:
-        ConfigError: on a node other than node_rank 0, the rendezvous endpoint did not answer.
+        ConfigError: on a node other than node_rank 0, the rendezvous endpoint did not answer; more ranks
+            than this node's GPUs, cores or memory allow (:func:`smolfsdp.launch_checks.check_resources`);
+            the same run (name and output_dir) is already running (:func:`smolfsdp.launch_checks.run_lock`).
+        Terminated: SIGTERM reached the launcher (a ``KeyboardInterrupt``, like Ctrl-C): the ranks were
+            stopped and the temporary config removed first.
     """
     if cfg.nnodes > 1 and cfg.node_rank > 0:
         wait_for_endpoint(cfg.rdzv_endpoint, cfg.rdzv_timeout_s)
-    with tempfile.TemporaryDirectory(prefix="smolfsdp-") as tmp:
+    check_resources(cfg)
+    # held for the run's life: a second launch of this name and output_dir is refused, not interleaved
+    with run_lock(cfg), sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="smolfsdp-") as tmp:
         cfg_path = Path(tmp) / "config.yaml"
         # the ranks train with the config as resolved; redaction is for the files people read (the
         # run folder's and each checkpoint's config.yaml); this private folder is removed afterwards
@@ -262,11 +270,11 @@ def launch(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
-        try:
+        try:  # from the moment torchrun exists: a signal in any later line must still stop it
+            out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
             proc.wait(timeout=timeout)
         except BaseException as err:
-            # Ctrl-C, a timeout or any error here: pass SIGINT on so torchrun stops its workers
+            # Ctrl-C, SIGTERM, a timeout or any error here: pass SIGINT on so torchrun stops its workers
             # (subprocess.run would SIGKILL torchrun and leave the ranks training as orphans).
             stop(proc)
             if isinstance(err, subprocess.TimeoutExpired):
@@ -278,6 +286,30 @@ def launch(
         print(line, file=sys.stderr, flush=True)
         text += "\n" + line + "\n"
     return subprocess.CompletedProcess(cmd, proc.returncode, text if capture else None, None)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the launcher; raised like Ctrl-C's KeyboardInterrupt so it is handled the same way."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While the block runs (in the main thread), SIGTERM raises :class:`Terminated`, so :func:`launch`
+    stops torchrun and its ranks and removes its temporary config as it does for Ctrl-C. A second SIGTERM
+    during that stop is ignored: cutting the stop short would leave ranks running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set in the main thread
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated(f"the launcher received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Tee:
@@ -323,10 +355,18 @@ _FAILURE = re.compile(
 )
 
 
+#: torchrun's line when a rank ignored its closing signal for 30 s and it sent SIGKILL itself
+#: (``torch/distributed/elastic/multiprocessing/api.py``, ``_close``).
+_LAUNCHER_KILL = re.compile(r"Unable to shutdown process (\d+) via \S+, forcefully exiting via")
+
+
 def parse_failures(output: str) -> list[dict[str, Any]]:
     """The failed ranks in torchrun's last ``ChildFailedError`` report, as dicts (rank, local_rank, host,
-    exitcode, pid, signal). The report's format: ``torch/distributed/elastic/multiprocessing/errors``."""
+    exitcode, pid, signal, killed_by_launcher). The report's format:
+    ``torch/distributed/elastic/multiprocessing/errors``. ``killed_by_launcher``: torchrun sent the SIGKILL
+    itself because the rank did not answer its SIGTERM (the rank was stopped or hung; not the OOM killer)."""
     start = output.rfind("Failures:")
+    launcher_killed = {int(p) for p in _LAUNCHER_KILL.findall(output)}
     seen, out = set(), []
     for m in _FAILURE.finditer(output, max(start, 0)):
         rank = int(m["rank"])
@@ -345,11 +385,16 @@ def parse_failures(output: str) -> list[dict[str, Any]]:
                 "exitcode": code,
                 "pid": int(m["pid"]),
                 "signal": sig,
+                "killed_by_launcher": sig == "SIGKILL" and int(m["pid"]) in launcher_killed,
             }
         )
     # the cause first: a rank killed by a signal, then one that exited with an error; last the ranks
-    # torchrun itself stopped (SIGTERM/SIGINT) because another one had failed
-    return sorted(out, key=lambda f: (f["signal"] in STOP_SIGNALS, f["exitcode"] >= 0, f["rank"]))
+    # torchrun itself stopped (SIGTERM/SIGINT, or SIGKILL when they did not answer) because another had failed
+    return sorted(out, key=lambda f: (_stopped_by_launcher(f), f["exitcode"] >= 0, f["rank"]))
+
+
+def _stopped_by_launcher(f: dict[str, Any]) -> bool:
+    return f["signal"] in STOP_SIGNALS or f["killed_by_launcher"]
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT")
@@ -370,7 +415,12 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     parts = []
     for i, f in enumerate(failures):
         where = f"local rank {f['local_rank']} on {f['host']}, pid {f['pid']}"
-        if f["signal"] in STOP_SIGNALS and i > 0:
+        if f["killed_by_launcher"]:
+            parts.append(
+                f"rank {f['rank']} ({where}) did not answer the launcher's SIGTERM within 30 s and was killed by "
+                "it (SIGKILL): that rank was stopped (SIGSTOP, Ctrl-Z, a debugger) or hung, not out of memory"
+            )
+        elif f["signal"] in STOP_SIGNALS and i > 0:
             parts.append(f"rank {f['rank']} was stopped by the launcher ({f['signal']})")
         elif f["signal"]:
             hint = (
@@ -414,6 +464,10 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     return f"run {cfg.name!r} failed: {what}. {then}"
 
 
+#: c10d's TCPStore when its port is taken: "... failed to listen on any local network address. port: 29400,
+#: useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use" (a DistNetworkError that
+#: torchrun wraps in a RendezvousConnectionError).
+_PORT_IN_USE = re.compile(r"(?:port: (?P<port>\d+)\b[^\n]*)?\bEADDRINUSE\b|address already in use", re.I)
 _RDZV_ERROR = re.compile(r"\b(Rendezvous(?:Timeout|Closed|Connection)Error)\b")
 
 
@@ -425,10 +479,18 @@ def explain_rendezvous(output: str, cfg: TrainConfig) -> str | None:
     (``torch/distributed/elastic/rendezvous/api.py``). The last one in ``output`` is the one that ended
     the launcher (a chained traceback prints its cause first).
     """
+    where = f"at {cfg.rdzv_endpoint}" if cfg.rdzv_endpoint else "(local, --standalone)"
+    in_use = _PORT_IN_USE.search(output)
+    if in_use:
+        port = in_use["port"] or (cfg.rdzv_endpoint or "?").rpartition(":")[2]
+        return (
+            f"the rendezvous store {where} could not listen: port {port} is already in use on this machine "
+            "(EADDRINUSE: another run's rendezvous or another program holds it), not a lost connection; choose a "
+            "free port in rdzv_endpoint, or end what holds it (ss -ltnp | grep :PORT names it)"
+        )
     found = _RDZV_ERROR.findall(output)
     if not found:
         return None
-    where = f"at {cfg.rdzv_endpoint}" if cfg.rdzv_endpoint else "(local, --standalone)"
     n = cfg.nnodes
     if found[-1] == "RendezvousTimeoutError":
         return (

@@ -27,7 +27,7 @@ import torch
 
 from smolfsdp import fsdp1, fsdp2, quiet
 from smolfsdp.config import TrainConfig
-from smolfsdp.data import prepare_data
+from smolfsdp.data import prepare_data, too_long_hint
 from smolfsdp.distributed import (
     DistInfo,
     all_gather_object,
@@ -36,6 +36,7 @@ from smolfsdp.distributed import (
     setup_logging,
     teardown,
 )
+from smolfsdp.launch_checks import check_model_fits_data, check_output_dir, check_tied_head
 from smolfsdp.modeling import build_meta_model, build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.results import RunWriter, git_sha, hardware, load_run, versions
 
@@ -43,8 +44,9 @@ log = logging.getLogger(__name__)
 
 
 def preflight(cfg: TrainConfig) -> dict[str, Any]:
-    """Every check that can fail before processes start: tokenizer and chat template, data file,
-    column mapping, rows left after filtering and truncation, model preset, wrap class.
+    """Every check that can fail before processes start: output folder (writable, run not already
+    going), tokenizer and chat template, data file, column mapping, rows left after filtering, model
+    preset, ``max_length`` within the model's positions, tied head vs checkpoint, wrap class.
 
     Raises ConfigError with the problem and the fix. Returns what it found (for logs).
     """
@@ -52,6 +54,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     from smolfsdp.results import check_run_dir
 
     quiet.install()  # apply_lora below builds a PeftModel in this process (transformers FutureWarning)
+    check_output_dir(cfg)  # a folder, writable, and this run not already going (its lock)
     try:
         check_run_dir(cfg.run_dir, resume=bool(cfg.resume_from), overwrite=cfg.overwrite)
     except FileExistsError as err:
@@ -65,8 +68,11 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
             f"{len(data.train)} training rows cannot fill one optimizer step of {cfg.nproc} processes x "
             f"{cfg.per_device_train_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps = "
             f"{per_step} rows. Add rows, or lower per_device_train_batch_size, nproc or eval_size."
+            + too_long_hint(data.counts, cfg)
         )
     meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
+    check_model_fits_data(cfg, meta)  # max_length within the model's positions
+    check_tied_head(cfg.model, meta)  # config.json's tie_word_embeddings agrees with the checkpoint
     wrap_cls = resolve_wrap_class(meta, cfg.wrap_class)
     if cfg.lora:
         from smolfsdp.lora_fsdp2 import apply_lora
