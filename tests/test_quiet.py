@@ -44,9 +44,9 @@ def test_counter_sees_the_warnings_issue_17_lists():
 
 @pytest.fixture(scope="module")
 def quiet_runs(tmp_path_factory):
-    """The demo, a LoRA and a TRL run, 3 steps each on short sequences, output captured."""
+    """The demo, a LoRA and a TRL run as configured, 3 steps each on 60 rows, no evaluation, output captured."""
     out = tmp_path_factory.mktemp("quiet")
-    short = {"output_dir": str(out), "max_steps": 3, "eval_steps": 0, "max_length": 128, "max_rows": 60}
+    short = {"output_dir": str(out), "max_steps": 3, "eval_steps": 0, "max_rows": 60}
     runs = {}
     for name in ("smoke", "lora_smoke", "smoke_trl"):
         cfg = load_config(ROOT / "configs" / "runs" / f"{name}.yaml", **short)
