@@ -20,7 +20,7 @@ def test_seed_settings():
 
 def _trainer_args(rank, world):
     """SFTConfig for three settings, built inside a 2-rank group as the Trainer would be."""
-    from smolfsdp.sft import trl_args
+    from smolfsdp.trl_engine import trl_args
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     out = {}

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from smolfsdp import accelerate_cpu_fsdp, checkpoint, sft
+from smolfsdp import accelerate_cpu_fsdp, checkpoint, sft, trl_engine
 from smolfsdp.config import load_config, recipe
 
 # max_length 256 with the default too_long=drop: real padded batches, the longest rows dropped and counted
@@ -136,7 +136,7 @@ def test_the_full_recipe_runs_with_only_model_data_and_steps_swapped(runs, token
     ev = s["effective"]["evidence"]
     assert s["effective"]["strategy"] == "fsdp1" and ev["fsdp_units"] == 5
     assert ev["activation_checkpoint_wrappers"] == 4  # one per decoder layer, applied by accelerate
-    # bf16 compute, fp32 gradient reduction, fp32 buffers (RoPE inv_freq): smolfsdp.sft.keep_fp32_buffers_and_reduce
+    # bf16 compute, fp32 gradient reduction, fp32 buffers (RoPE inv_freq): smolfsdp.trl_engine.keep_fp32_buffers_and_reduce
     assert ev["mixed_precision"] == {
         "param_dtype": "bfloat16",
         "reduce_dtype": "float32",
@@ -195,12 +195,12 @@ def test_trainer_bf16_keeps_fp32_buffers_and_reduction(tmp_path, version, no_dev
     # the arguments of a 2-GPU run (building them reads no device for fp32), then bf16 as the recipe asks
     gpu = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cuda", 0), backend="nccl")
     cfg = TrainConfig(engine="trl", fsdp_version=version, output_dir=str(tmp_path))
-    args = sft.trl_args(cfg, gpu, str(tmp_path / "t"), "SmolLM3DecoderLayer")
+    args = trl_engine.trl_args(cfg, gpu, str(tmp_path / "t"), "SmolLM3DecoderLayer")
     stock = _plugin_as_accelerate_builds_it(args, "bf16")
     assert stock.param_dtype == stock.reduce_dtype == torch.bfloat16  # accelerate as shipped
     if version == 1:
         assert stock.buffer_dtype == torch.bfloat16  # inv_freq in bf16: the defect
-    sft.keep_fp32_buffers_and_reduce(args, cfg.replace(mixed_precision="bf16"))
+    trl_engine.keep_fp32_buffers_and_reduce(args, cfg.replace(mixed_precision="bf16"))
     mp = _plugin_as_accelerate_builds_it(args, "bf16")
     assert mp.param_dtype == torch.bfloat16 and mp.reduce_dtype == torch.float32
     if version == 1:
@@ -220,7 +220,7 @@ def test_gradient_accumulation_syncs_each_micro_batch_unless_offloading(tmp_path
         cfg = TrainConfig(engine="trl", output_dir=str(tmp_path))
         for key, value in over.items():  # set after validation: offload is refused on a CPU-only machine
             setattr(cfg, key, value)
-        args = sft.trl_args(cfg, gpu, str(tmp_path / "t"), "SmolLM3DecoderLayer")
+        args = trl_engine.trl_args(cfg, gpu, str(tmp_path / "t"), "SmolLM3DecoderLayer")
         return args.accelerator_config.gradient_accumulation_kwargs
 
     assert kwargs(gradient_accumulation_steps=8) == {"sync_each_batch": True}
@@ -234,9 +234,9 @@ def test_the_memory_estimate_counts_what_no_sync_holds(tmp_path):
     from smolfsdp.memory import count_parameters, estimate_memory, resolve_model_config
 
     cfg = TrainConfig(engine="trl", gradient_accumulation_steps=8, output_dir=str(tmp_path))
-    assert not sft.accumulates_under_no_sync(cfg)
+    assert not trl_engine.accumulates_under_no_sync(cfg)
     cfg.cpu_offload = True  # set after validation: offload is refused on a CPU-only machine
-    assert sft.accumulates_under_no_sync(cfg)
+    assert trl_engine.accumulates_under_no_sync(cfg)
     kw = dict(world_size=2, fsdp_version=1, offload=True, seq_len=2048, micro_batch=2)
     synced, held = estimate_memory(**kw), estimate_memory(**kw, no_sync=True)
     trainable = count_parameters(resolve_model_config("smollm3-3b")).trainable

@@ -44,7 +44,7 @@ import torch
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType
 
-#: What the summary says when the gate was lifted (``smolfsdp.sft.detect_effective``).
+#: What the summary says when the gate was lifted (``smolfsdp.trl_engine.detect_effective``).
 REASON = (
     "accelerate applies FSDP only on accelerators; smolfsdp.accelerate_cpu_fsdp lifted that gate for "
     "this CPU (gloo) run, so accelerate wrapped the model in FullyShardedDataParallel"

@@ -204,7 +204,7 @@ def wrap_class(rank: int, world: int) -> dict[str, Any]:
     DIST,
     """TrainingArguments(fsdp=..., use_cpu=True) on 2 processes trains without a word, but
     accelerate 1.15 keeps an FSDP plugin only for accelerator devices: the model is wrapped in
-    DistributedDataParallel and every rank holds all parameters. smolfsdp.sft.detect_effective reads
+    DistributedDataParallel and every rank holds all parameters. smolfsdp.trl_engine.detect_effective reads
     what the Trainer really built. The fix: smolfsdp.accelerate_cpu_fsdp lifts exactly that gate (and
     gives FSDP a plain cpu device), and the same Trainer then wraps FullyShardedDataParallel units.""",
 )
@@ -214,7 +214,7 @@ def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
     from smolfsdp.config import TrainConfig
     from smolfsdp.distributed import DistInfo
     from smolfsdp.results import RunWriter
-    from smolfsdp.sft import run_trl
+    from smolfsdp.trl_engine import run_trl
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT", tempfile.mkdtemp()))

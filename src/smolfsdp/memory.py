@@ -441,7 +441,7 @@ def estimate_memory(
 
     ``no_sync``: gradient accumulation runs its micro-batches under FSDP1 ``no_sync()`` (the
     Trainer does so with CPU offload, where FSDP1 accepts nothing else; see
-    ``smolfsdp.sft.accumulates_under_no_sync``): every rank then also holds the whole unsharded
+    ``smolfsdp.trl_engine.accumulates_under_no_sync``): every rank then also holds the whole unsharded
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
 

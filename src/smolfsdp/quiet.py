@@ -16,7 +16,7 @@ Warnings fixed at their cause instead (nothing filtered):
 * accelerate ``The used dataset had no length`` (INFO, once per eval batch): ``distributed.setup_logging``
   shows INFO from ``smolfsdp`` loggers only; third-party loggers print from WARNING up.
 * torch DDP ``find_unused_parameters=True was specified ... but did not find any unused parameters``
-  (TRL with ``accelerate_fsdp_on_cpu: false``): ``sft.trl_args`` sets ``ddp_find_unused_parameters=False``
+  (TRL with ``accelerate_fsdp_on_cpu: false``): ``trl_engine.trl_args`` sets ``ddp_find_unused_parameters=False``
   (every parameter of the causal LM gets a gradient).
 * The Trainer's raw log dict per logging step: ``trl_callbacks.OneLineProgressCallback`` prints one
   readable line on rank 0 instead.
@@ -56,7 +56,7 @@ KNOWN: tuple[Known, ...] = (
     Known(
         message=r"FSDP1 \(`fsdp_config\['version'\] = 1`\) is deprecated",
         library="transformers 5.24 (training_args.TrainingArguments._process_fsdp_args), once per rank",
-        why="a real fact that the book keeps: sft.run_trl says it once, on rank 0, in its own words "
+        why="a real fact that the book keeps: trl_engine.run_trl says it once, on rank 0, in its own words "
         "(transformers' text names v5.20 as the removal while 5.24, which still runs it, is pinned)",
         logger="transformers.training_args",
     ),
