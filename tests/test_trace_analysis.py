@@ -331,15 +331,15 @@ def test_fsdp2_gpu_kernels_attributed_per_layer(tmp_path):
 
 # ----------------------------------------------------------- all-gathers that are not FSDP's
 def test_ddp_cpu_trace_has_no_fsdp_all_gathers(tmp_path):
-    """The TRL engine on CPU runs DDP (accelerate enables FSDP only on accelerators): its trace holds
-    all-gathers (the Trainer gathering metrics) but no ``FSDP::``/``FullyShardedDataParallel.`` range,
-    so none of them is an FSDP unit's. Measured here: 8 ``c10d::allgather_`` per step."""
+    """The TRL engine with accelerate as shipped runs DDP on CPU (``accelerate_fsdp_on_cpu: false``): its
+    trace holds all-gathers (the Trainer gathering metrics) but no ``FSDP::``/``FullyShardedDataParallel.``
+    range, so none of them is an FSDP unit's. Measured here: 8 ``c10d::allgather_`` per step."""
     from smolfsdp.benchmark import run_benchmark
     from smolfsdp.config import load_config, recipe
 
     cfg = load_config(
         recipe("smoke_trl"), name="ddp", output_dir=str(tmp_path), benchmark_steps=3, profile=True,
-        profile_wait=0, max_length=128, too_long="truncate",
+        profile_wait=0, max_length=128, too_long="truncate", accelerate_fsdp_on_cpu=False,
     )  # fmt: skip
     bench = run_benchmark(cfg, timeout=300)
     assert bench["strategy"] == "ddp"
