@@ -14,6 +14,7 @@ Trainer shards on gloo too. Checkpoints and benchmark mode: ``smolfsdp.trl_train
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -227,7 +228,38 @@ def _local_numel(wrapped) -> int:
     return fsdp2.local_numel(wrapped)  # plain tensors count in full; tied ones once
 
 
+def export_final_model(trainer, tokenizer, final_dir: Path, info: DistInfo) -> Path:
+    """The final model through the native engine's export, the same for both engines: the full state dict
+    gathered with torch.distributed.checkpoint (offloaded to the host only on CUDA; accelerate's FSDP1
+    gather always offloads, which crashes a CPU rank), the tied lm_head saved once, safetensors only
+    (no pickled TrainingArguments). Returns ``final_dir``."""
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    unwrapped.config.use_cache = True  # the Trainer turns the KV cache off for training
+    native.save_final_model(trainer.model_wrapped, tokenizer, final_dir, info)
+    return final_dir
+
+
+def _run_metrics(trainer, out, callback) -> dict[str, Any]:
+    """Headline losses, runtime and this launch's tokens (as the native engine counts: a resumed run's
+    earlier tokens are not in its runtime)."""
+    evals = [r["eval_loss"] for r in callback.records if r.get("split") == "eval"]
+    trains = [r["loss"] for r in callback.records if r.get("split") == "train"]
+    runtime = out.metrics.get("train_runtime", 0.0)
+    tokens = int(trainer.state.num_input_tokens_seen) - callback.tokens_at_start
+    return {
+        "train_loss_first": trains[0] if trains else None,
+        "train_loss_last": trains[-1] if trains else None,
+        "eval_loss_first": evals[0] if evals else None,
+        "eval_loss_last": evals[-1] if evals else None,
+        "train_runtime_s": round(runtime, 2),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / max(runtime, 1e-9), 1),
+    }
+
+
 def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
+    """Train ``cfg`` with the TRL ``SFTTrainer`` on the current process group; return summary fields
+    (requested vs effective strategy with evidence, parameters held per rank, data, metrics)."""
 
     gate_lifted = lift_gate_if_asked(cfg, info)
     if cfg.fsdp_version == 1 and info.world_size > 1:  # transformers' own line is filtered (smolfsdp.quiet)
@@ -284,23 +316,13 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     stopped_early = out.global_step < total_steps
     final_dir = None
     if cfg.save_final_model and not stopped_early:
-        final_dir = writer.run_dir / "final_model"
-        # One export for both engines: the full state dict gathered with torch.distributed.checkpoint
-        # (offloaded to the host only on CUDA; accelerate's FSDP1 gather offloads always and crashes a
-        # CPU rank), tied lm_head saved once, safetensors only (no pickled TrainingArguments).
-        unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-        unwrapped.config.use_cache = True  # the Trainer turns the KV cache off for training
-        native.save_final_model(trainer.model_wrapped, tokenizer, final_dir, info)
+        final_dir = export_final_model(trainer, tokenizer, writer.run_dir / "final_model", info)
     requested = {
         "engine": "trl",
         "strategy": f"fsdp{cfg.fsdp_version}" if info.world_size > 1 else "none",
         "sharding_strategy": cfg.sharding_strategy,
         "fsdp_config": args.fsdp_config,
     }
-    evals = [r["eval_loss"] for r in callback.records if r.get("split") == "eval"]
-    trains = [r["loss"] for r in callback.records if r.get("split") == "train"]
-    runtime = out.metrics.get("train_runtime", 0.0)
-    tokens = int(trainer.state.num_input_tokens_seen) - callback.tokens_at_start
     return {
         "requested": requested,
         "effective": effective,
@@ -315,14 +337,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
             "steps": out.global_step,
             "resumed_from": resumed_from,
             "stopped_early": stopped_early,
-            "train_loss_first": trains[0] if trains else None,
-            "train_loss_last": trains[-1] if trains else None,
-            "eval_loss_first": evals[0] if evals else None,
-            "eval_loss_last": evals[-1] if evals else None,
-            "train_runtime_s": round(runtime, 2),
-            # this launch's tokens (as the native engine counts): a resumed run's earlier ones are not in runtime
-            "tokens": tokens,
-            "tokens_per_s": round(tokens / max(runtime, 1e-9), 1),
+            **_run_metrics(trainer, out, callback),
         },
         "final_model": str(final_dir) if final_dir else None,
     }
