@@ -27,11 +27,11 @@ def bare_worker(out: Path, steps: int, warmup: int) -> None:
     from torch.utils.data import DataLoader, DistributedSampler
 
     from smolfsdp.config import load_config, recipe
-    from smolfsdp.data import prepare_data
-    from smolfsdp.distributed import init_distributed, teardown
-    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
-    from smolfsdp.native import PadCollator
+    from smolfsdp.data.prepare import prepare_data
+    from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+    from smolfsdp.sharding.distributed import init_distributed, teardown
+    from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
+    from smolfsdp.train.native import PadCollator
 
     info = init_distributed()
     cfg = load_config(recipe("smoke"), fsdp_version=2)
@@ -75,9 +75,9 @@ def main() -> None:
     if args.worker:
         return bare_worker(Path(args.worker), args.steps, args.warmup)
 
-    from smolfsdp.benchmark import run_benchmark
     from smolfsdp.config import load_config, recipe
-    from smolfsdp.launch import launch_env
+    from smolfsdp.launch.torchrun import launch_env
+    from smolfsdp.measure.benchmark import run_benchmark
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"

@@ -1,4 +1,4 @@
-"""Speed and peak memory of ``smolfsdp.trace_analysis`` beside HolisticTraceAnalysis, on one NCCL-heavy trace.
+"""Speed and peak memory of ``smolfsdp.traces.analysis`` beside HolisticTraceAnalysis, on one NCCL-heavy trace.
 
 Chapter "Reading the profiler". The trace is built at run time in a temporary folder (never in the
 repo) from the real 2-rank DDP trace of ../shared/traces (or --source): its steps repeated
@@ -120,7 +120,7 @@ def _reset_peak() -> None:
 def worker(tool: str, path: Path) -> dict:
     """One measured run in this (fresh) process; prints nothing but its result."""
     if tool == "smolfsdp":
-        from smolfsdp import trace_analysis as ta
+        from smolfsdp.traces import analysis as ta
 
         base = _rss_mb("VmRSS")
         _reset_peak()

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from smolfsdp.book import execute_chapter, select_chapters
+from smolfsdp.book.chapters import execute_chapter, select_chapters
 from smolfsdp.config import ConfigError
 
 

@@ -1,7 +1,7 @@
 """GPU check (issue 13): the SmolLM3-3B geometry on one GPU, measured beside smolfsdp's estimates.
 
 Started by ``scripts/gpu_check.sh`` (which sets PYTHONPATH=src and HF_HUB_OFFLINE=1, keeps a log and
-nvidia-smi readings); the measuring code is ``smolfsdp.gpu_check``. Writes flat files into --out:
+nvidia-smi readings); the measuring code is ``smolfsdp.book.gpu_check``. Writes flat files into --out:
 bench.json, trace_summary.json, provenance.json and one trace_<shape>.json.gz.
 
     OUT=/tmp/h200 bash scripts/gpu_check.sh                  # on the lent GPU machine
@@ -30,8 +30,8 @@ REQUIRED = {
     "numpy": "trace analysis",
     "pandas": "trace analysis",
     "yaml": "smolfsdp.config",
-    "psutil": "smolfsdp.benchmark",
-    "smolfsdp.gpu_check": "the measurement (src/ on PYTHONPATH)",
+    "psutil": "smolfsdp.measure.benchmark",
+    "smolfsdp.book.gpu_check": "the measurement (src/ on PYTHONPATH)",
 }
 
 
@@ -88,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from smolfsdp import benchmark
-    from smolfsdp.distributed import init_distributed, teardown
-    from smolfsdp.gpu_check import (
+    from smolfsdp.book.gpu_check import (
         BENCH,
         PROVENANCE,
         RECIPE,
@@ -102,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         run_analyze_trace,
         run_shape,
     )
-    from smolfsdp.memory import resolve_model_config
-    from smolfsdp.results import provenance
+    from smolfsdp.measure import benchmark
+    from smolfsdp.measure.memory import resolve_model_config
+    from smolfsdp.measure.results import provenance
+    from smolfsdp.sharding.distributed import init_distributed, teardown
 
     args = parse_args(argv)
     plan = make_plan(args.simulate_cpu, args.warmup_steps, args.timed_steps)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": prov["gpu"],
         "world_size": 1,
         "model": {
-            "config": "tiny preset (smolfsdp.modeling.tiny_config)" if plan.simulate_cpu
+            "config": "tiny preset (smolfsdp.models.modeling.tiny_config)" if plan.simulate_cpu
             else "data/models/smollm3_3b/config.json",
             "weights": "random (seed 0); token ids random (seed 1), every position a real token",
             "attn_implementation": "sdpa",

@@ -1,6 +1,6 @@
 """Count the bytes of parameter shards, gradient shards and AdamW state on each rank after one step.
 
-Runs every case of ``smolfsdp.memory_measure.CASES`` (FSDP1/FSDP2 x full/LoRA x fp32/bf16/mixed) on
+Runs every case of ``smolfsdp.measure.memory_measure.CASES`` (FSDP1/FSDP2 x full/LoRA x fp32/bf16/mixed) on
 the tiny SmolLM3 and writes one JSON list (all ranks) for the chapter "Where the memory goes".
 
     torchrun --standalone --nproc-per-node 2 scripts/measure_memory.py --out /tmp/measured_memory.json
@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from smolfsdp.memory_measure import measure_all
+from smolfsdp.measure.memory_measure import measure_all
 
 
 def main() -> None:

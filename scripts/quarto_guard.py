@@ -2,7 +2,7 @@
 
 Quarto writes each executed .ipynb chapter back over its source and keeps one `_freeze/` whatever -P
 says, so rendering in the repository would dirty the committed notebooks and could publish smoke
-results as the full profile. `make render PROFILE=smoke|full` (smolfsdp.book.render_book) renders from
+results as the full profile. `make render PROFILE=smoke|full` (smolfsdp.book.chapters.render_book) renders from
 a scratch copy, `_render/<profile>/`, marked by `.smolfsdp-render.json`; this script lets only such a
 project render, and only in the Quarto profile it was made for. Standard library only: Quarto runs it
 with the first `python` on PATH.

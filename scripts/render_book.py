@@ -3,7 +3,7 @@
     python scripts/render_book.py --profile smoke    # `make render`: site in _book/smoke/
     python scripts/render_book.py --profile full     # `make render PROFILE=full`, on 2 GPUs: _book/full/
 
-What it does and why: smolfsdp.book.render_book (Quarto writes executed .ipynb chapters over their
+What it does and why: smolfsdp.book.chapters.render_book (Quarto writes executed .ipynb chapters over their
 sources and `freeze: auto` ignores -P, so each profile renders in its own _render/<profile>/).
 """
 
@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-from smolfsdp.book import PROFILES, render_book
+from smolfsdp.book.chapters import PROFILES, render_book
 
 
 def main(argv=None) -> int:

@@ -94,7 +94,7 @@ def kill_run_when(cfg, marker: Path, timeout: float = 300.0) -> int:
 
     import psutil
 
-    from smolfsdp.launch import launch_env, torchrun_command
+    from smolfsdp.launch.torchrun import launch_env, torchrun_command
 
     cfg_path = Path(cfg.output_dir) / f"{cfg.name}.yaml"
     cfg_path.parent.mkdir(parents=True, exist_ok=True)

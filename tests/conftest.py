@@ -14,7 +14,7 @@ MEDQUAD = SHARED / "data" / "medquad_cancergov_niddk.jsonl"
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from smolfsdp.modeling import load_tokenizer
+    from smolfsdp.models.modeling import load_tokenizer
 
     return load_tokenizer("tiny")
 

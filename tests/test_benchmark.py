@@ -1,4 +1,4 @@
-"""smolfsdp.benchmark: the FLOPs formula on a known model, MFU, the GPU table, config checks, and
+"""smolfsdp.measure.benchmark: the FLOPs formula on a known model, MFU, the GPU table, config checks, and
 one 2-rank benchmark run whose bench.json must be self-consistent."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from smolfsdp import benchmark
 from smolfsdp.config import ConfigError, load_config, recipe
+from smolfsdp.measure import benchmark
 
 
 def test_flops_per_token_palm_formula_on_smollm3_3b_geometry():
@@ -22,7 +22,7 @@ def test_flops_per_token_palm_formula_on_smollm3_3b_geometry():
 
 
 def test_tiny_model_geometry_and_tied_embedding_counted_once(tokenizer):
-    from smolfsdp.modeling import build_model, count_parameters
+    from smolfsdp.models.modeling import build_model, count_parameters
 
     model = build_model("tiny", tokenizer, seed=0)
     geo = benchmark.model_geometry(model)
@@ -63,7 +63,7 @@ def test_peak_tflops_from_hardware_table(device_name, tflops):
 def test_unknown_gpu_or_cpu_leaves_mfu_empty_with_reason(device_name):
     peak, reason = benchmark.peak_tflops(device_name)
     assert peak is None
-    assert ("not in smolfsdp.hardware" in reason) if device_name else ("CPU" in reason)
+    assert ("not in smolfsdp.measure.hardware" in reason) if device_name else ("CPU" in reason)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_benchmark_run_bench_json_is_consistent(tmp_path):
     assert s["step_time_ms_median"] == pytest.approx(steps[~steps["warmup"]]["step_time_ms"].median())
     assert len(bench["memory_per_rank"]) == 2
     # the same rows went to metrics.jsonl
-    from smolfsdp.results import load_run
+    from smolfsdp.measure.results import load_run
 
     train = load_run(run_dir).train
     assert list(train["tokens_per_s"].round(6)) == list(steps["tokens_per_s"].round(6))

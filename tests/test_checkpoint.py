@@ -13,8 +13,11 @@ import torch
 from _dist import kill_run_when, run_distributed
 from safetensors.torch import load_file
 
-from smolfsdp import checkpoint, checkpoint_disk, launch, sft
+from smolfsdp.checkpoint import dcp as checkpoint
+from smolfsdp.checkpoint import disk as checkpoint_disk
 from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.launch import torchrun as launch
+from smolfsdp.train import sft
 
 BASE = TrainConfig(
     max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
@@ -33,8 +36,8 @@ def uninterrupted(runs):
 
 def _failing_second_save(rank, world, run_dir):
     """Save at step 1, then a save that dies after writing part of its shards."""
-    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
+    from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+    from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
 
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0)
@@ -169,8 +172,8 @@ def test_disk_too_small_is_refused_before_training(tmp_path):
         msg = str(err.value)
         needed = sft.bytes_to_write(
             cfg,
-            __import__("smolfsdp.modeling").modeling.build_meta_model(
-                "tiny", __import__("smolfsdp.modeling").modeling.load_tokenizer("tiny")
+            __import__("smolfsdp.models.modeling").modeling.build_meta_model(
+                "tiny", __import__("smolfsdp.models.modeling").modeling.load_tokenizer("tiny")
             ),
         )
         assert f"{needed:,} bytes" in msg and "bytes free" in msg
@@ -181,7 +184,7 @@ def test_disk_too_small_is_refused_before_training(tmp_path):
 
 def test_checkpoint_size_estimate_matches_disk(runs):
     """The estimate used by the disk check against the bytes a real checkpoint took."""
-    from smolfsdp.modeling import build_meta_model, load_tokenizer
+    from smolfsdp.models.modeling import build_meta_model, load_tokenizer
 
     ckpt = runs / "kept" / "checkpoints" / "step-000006"
     if not ckpt.exists():
@@ -284,7 +287,7 @@ def test_checkpoint_from_before_checksums_is_accepted_with_a_warning(stopped, tm
     cfg = _copy_run(stopped, tmp_path)
     ckpt = cfg.run_dir / "checkpoints" / "step-000004"
     (ckpt / checkpoint.MARKER).write_text("ok\n")  # what smolfsdp wrote before checksums
-    with caplog.at_level(logging.WARNING, logger="smolfsdp.checkpoint_verify"):
+    with caplog.at_level(logging.WARNING, logger="smolfsdp.checkpoint.verify"):
         assert checkpoint.resolve_resume("latest", cfg.run_dir, hashes=True) == ckpt
     assert "saved before smolfsdp recorded checksums" in caplog.text
     (ckpt / "__1_0.distcp").write_bytes(b"torn")  # what its .metadata points to is still checked
@@ -296,7 +299,7 @@ def test_checkpoint_from_before_checksums_is_accepted_with_a_warning(stopped, tm
 
 def test_resume_that_fits_is_not_refused(stopped, monkeypatch):
     """Resumed at step 4 of 6 with 2 checkpoints kept, the run adds one checkpoint, not three."""
-    from smolfsdp.modeling import build_meta_model, load_tokenizer
+    from smolfsdp.models.modeling import build_meta_model, load_tokenizer
 
     cfg = stopped.replace(resume_from="latest")
     meta = build_meta_model("tiny", load_tokenizer("tiny"))

@@ -7,10 +7,12 @@ import stat
 import pytest
 import torch
 
-from smolfsdp import benchmark, cli, sft
-from smolfsdp.checkpoint import MARKER, umask_modes
+from smolfsdp import cli
+from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND
+from smolfsdp.checkpoint.dcp import MARKER, umask_modes
 from smolfsdp.config import TrainConfig
-from smolfsdp.gotchas import GOTCHAS, KIND_LEGEND
+from smolfsdp.measure import benchmark
+from smolfsdp.train import sft
 
 CPU_BENCH = {
     "name": "bench",
@@ -20,7 +22,7 @@ CPU_BENCH = {
     "device": "cpu",
     "device_name": None,
     "warmup_steps": 1,
-    "mfu_reason": "CPU run: smolfsdp.hardware has no peak FLOP/s for CPUs, so MFU is not defined",
+    "mfu_reason": "CPU run: smolfsdp.measure.hardware has no peak FLOP/s for CPUs, so MFU is not defined",
     "summary": {
         "timed_steps": 4,
         "step_time_ms_median": 1276.2641180001992,
@@ -46,7 +48,10 @@ def test_bench_table_has_units_and_says_why_no_mfu():
     assert rows["step time, median"] == "1276.3 ms (min 808.4, max 1315.2)"
     assert rows["tokens/s, all ranks"] == "2,055 (1,772 tokens/step)"
     assert rows["TFLOP/s per rank"] == "0.006945"
-    assert rows["MFU"] == "- (CPU run: smolfsdp.hardware has no peak FLOP/s for CPUs, so MFU is not defined)"
+    assert (
+        rows["MFU"]
+        == "- (CPU run: smolfsdp.measure.hardware has no peak FLOP/s for CPUs, so MFU is not defined)"
+    )
     assert rows["memory, rank 0"].startswith("601.9 MiB process RSS peak, 6.6 MiB in parameters")
 
 

@@ -1,4 +1,4 @@
-"""smolfsdp.comm: byte counts by hand, the ring factor, overlap, bad input, and real traces."""
+"""smolfsdp.measure.comm: byte counts by hand, the ring factor, overlap, bad input, and real traces."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from smolfsdp import comm, comm_trace
 from smolfsdp.config import ConfigError
-from smolfsdp.memory import resolve_model_config
+from smolfsdp.measure import comm, comm_trace
+from smolfsdp.measure.memory import resolve_model_config
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -141,8 +141,8 @@ def test_bad_input(call, match):
 @pytest.mark.parametrize("version, precision", [(1, "no"), (2, "bf16")])
 def test_model_equals_smoke_trace(tmp_path, version, precision):
     """A profiled 2-rank smoke step (gloo, record_shapes): the model's collectives per step equal the trace's."""
-    from smolfsdp import sft
     from smolfsdp.config import load_config, recipe
+    from smolfsdp.train import sft
 
     cfg = load_config(
         recipe("smoke"), name=f"comm{version}", output_dir=str(tmp_path), fsdp_version=version,

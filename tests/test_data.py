@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.data import (
+from smolfsdp.data.prepare import (
     COLUMN_MAPPINGS,
     IGNORE_INDEX,
     bundled_data_path,

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.data import (
+from smolfsdp.data.prepare import (
     CHARS_PER_TOKEN_BOUND,
     IGNORE_INDEX,
     load_rows,
@@ -79,7 +79,7 @@ def test_drop_policy_logs_each_reason(tmp_path, tokenizer, caplog):
             {"Question": "L?", "Answer": "x " * 300},
         ],
     )
-    with caplog.at_level("INFO", logger="smolfsdp.data"):
+    with caplog.at_level("INFO", logger="smolfsdp.data.prepare"):
         prepare_data(_cfg(path, max_length=64), tokenizer)
     text = caplog.text
     assert "3 rows read, 1 kept" in text

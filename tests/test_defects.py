@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.distributed import check_offload_support, choose_backend
+from smolfsdp.sharding.distributed import check_offload_support, choose_backend
 
 
 def test_backend_pairs_gloo_with_nccl_when_offloading():
@@ -21,7 +21,7 @@ def test_backend_pairs_gloo_with_nccl_when_offloading():
 
 
 def test_fsdp1_offload_without_cuda_is_refused_before_launch(monkeypatch):
-    from smolfsdp import sft
+    from smolfsdp.train import sft
 
     check_offload_support(1, True, cuda_available=True)  # a GPU machine: fine
     check_offload_support(2, True, cuda_available=False)  # FSDP2's CPUOffloadPolicy runs on CPU
@@ -32,7 +32,7 @@ def test_fsdp1_offload_without_cuda_is_refused_before_launch(monkeypatch):
     def no_launch(*a, **k):
         raise AssertionError("launched")
 
-    monkeypatch.setattr("smolfsdp.launch.launch", no_launch)
+    monkeypatch.setattr("smolfsdp.launch.torchrun.launch", no_launch)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = TrainConfig(name="fsdp1-offload-cpu", cpu_offload=True, fsdp_version=1, max_steps=1)
     with pytest.raises(ConfigError, match="Cannot access accelerator device"):
@@ -46,9 +46,9 @@ def _shard_with_offload(rank, world, offload):
     from torch.distributed.fsdp import CPUOffloadPolicy
     from torch.distributed.tensor import DTensor
 
-    from smolfsdp.distributed import DistInfo
-    from smolfsdp.modeling import build_model, load_tokenizer
-    from smolfsdp.native import PadCollator, forward_backward, shard_model
+    from smolfsdp.models.modeling import build_model, load_tokenizer
+    from smolfsdp.sharding.distributed import DistInfo
+    from smolfsdp.train.native import PadCollator, forward_backward, shard_model
 
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0)
@@ -79,7 +79,7 @@ def _shard_with_offload(rank, world, offload):
 
 
 def _groups(model):
-    from smolfsdp.fsdp2 import fsdp_units
+    from smolfsdp.sharding.fsdp2 import fsdp_units
 
     return [m._get_fsdp_state() for m in fsdp_units(model)]
 

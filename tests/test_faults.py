@@ -20,9 +20,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from smolfsdp import checkpoint, drills, launch, sft
+from smolfsdp.book import drills
+from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.launch import torchrun as launch
+from smolfsdp.train import sft
 
 # 4 rows x 256 tokens per rank: steps long enough (~0.3 s on 2 cores) for the killer to act between them
 BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=4, max_length=256)
@@ -276,7 +279,7 @@ def test_two_nodes_on_one_machine_equal_one_node(uninterrupted, runs):
 HANG = textwrap.dedent(
     """
     import time, torch, torch.distributed as dist
-    from smolfsdp.distributed import init_distributed, name_collective_errors
+    from smolfsdp.sharding.distributed import init_distributed, name_collective_errors
     info = init_distributed(timeout_s=3)
     dist.barrier()
     with name_collective_errors():
@@ -302,7 +305,7 @@ def test_hung_collective_times_out_naming_rank_and_collective(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert (
-        "smolfsdp.distributed.CollectiveError: rank 0 of 2: collective all_reduce (#2 on process group"
+        "smolfsdp.sharding.distributed.CollectiveError: rank 0 of 2: collective all_reduce (#2 on process group"
         in text
     )
     assert "input sizes [[4]], timeout 3 s) timed out: " in text
@@ -427,7 +430,7 @@ def test_rendezvous_port_in_use_is_named_not_a_lost_connection(tmp_path):
 def test_second_run_of_the_same_name_is_refused(tmp_path):
     """While one launcher holds the run's lock, a second launch of that name and output_dir is refused
     before it starts anything (before: both ran, and the folder kept only the second)."""
-    from smolfsdp.launch_checks import check_output_dir, lock_path, run_lock
+    from smolfsdp.launch.checks import check_output_dir, lock_path, run_lock
 
     cfg = BASE.replace(name="twice", output_dir=str(tmp_path))
     with run_lock(cfg) as held:
@@ -446,7 +449,7 @@ def test_second_run_of_the_same_name_is_refused(tmp_path):
 
 
 def test_output_dir_must_be_a_writable_folder(tmp_path):
-    from smolfsdp.launch_checks import check_output_dir
+    from smolfsdp.launch.checks import check_output_dir
 
     afile = tmp_path / "runs"
     afile.write_text("not a folder")
@@ -467,7 +470,7 @@ def test_output_dir_must_be_a_writable_folder(tmp_path):
 
 
 def test_nproc_is_checked_against_cores_memory_and_gpus(monkeypatch, capsys):
-    from smolfsdp import launch_checks
+    from smolfsdp.launch import checks as launch_checks
 
     with pytest.raises(ConfigError, match="64 CPU ranks on 2 core.* more than 4 per core"):
         launch_checks.check_resources(BASE.replace(nproc=64), cpu_count=2, gpu_count=0)
@@ -496,7 +499,7 @@ time.sleep(600)
 LAUNCHER = """\
 import sys
 import tempfile
-from smolfsdp import launch
+from smolfsdp.launch import torchrun as launch
 from smolfsdp.config import TrainConfig
 
 def sleeper_command(cfg, args, module="smolfsdp.cli"):

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.distributed import DistInfo
-from smolfsdp.fsdp1 import check_hf_fsdp_config, hf_fsdp_config
+from smolfsdp.sharding.distributed import DistInfo
+from smolfsdp.sharding.fsdp1 import check_hf_fsdp_config, hf_fsdp_config
 
 
 def test_seed_settings():
@@ -20,7 +20,7 @@ def test_seed_settings():
 
 def _trainer_args(rank, world):
     """SFTConfig for three settings, built inside a 2-rank group as the Trainer would be."""
-    from smolfsdp.trl_engine import trl_args
+    from smolfsdp.train.trl_engine import trl_args
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     out = {}
@@ -72,8 +72,8 @@ def test_unknown_key_suggests_nearest_and_leaves_caller_dict_alone():
 def _rope_after_bf16_wrap(rank, world):
     """Wrap the tiny SmolLM3 with FSDP1 in bf16, run one forward (FSDP1 casts buffers at the root's
     first forward), then read ``inv_freq`` and the rotary cos/sin at the last position."""
-    from smolfsdp.fsdp1 import wrap_fsdp1
-    from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
+    from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+    from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0)
@@ -91,8 +91,8 @@ def test_bf16_fsdp1_keeps_rotary_buffers_fp32():
     angles then differ from the fp32 model's. The policy keeps buffers fp32."""
     from _dist import run_distributed
 
-    from smolfsdp.fsdp1 import mixed_precision_policy
-    from smolfsdp.modeling import build_model, load_tokenizer
+    from smolfsdp.models.modeling import build_model, load_tokenizer
+    from smolfsdp.sharding.fsdp1 import mixed_precision_policy
 
     policy = mixed_precision_policy(torch.bfloat16)
     assert (policy.param_dtype, policy.reduce_dtype, policy.buffer_dtype) == (

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from smolfsdp import gotchas
+from smolfsdp.book import gotchas
 from smolfsdp.config import ConfigError
 
 
@@ -82,7 +82,7 @@ def test_trainer_fsdp_runs_as_ddp_on_cpu(results):
     assert r.failing["wrapper"] == "DistributedDataParallel" and r.failing["held_per_rank"] == 1.0
     assert r.fixed["strategy"] == "fsdp1" and r.fixed["fsdp_units"] == 5
     assert r.fixed["wrapper"] == "FullyShardedDataParallel" and r.fixed["held_per_rank"] == 0.5
-    assert "smolfsdp.accelerate_cpu_fsdp" in r.fixed["reason"]
+    assert "smolfsdp.train.accelerate_cpu_fsdp" in r.fixed["reason"]
 
 
 def test_gradient_checkpointing_recomputes_without_extra_all_gather(results):

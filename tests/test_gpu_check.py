@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SHARED
 
-from smolfsdp import trace_analysis as ta
-from smolfsdp.gpu_check import SIM_SHAPES, check_trace, make_plan
-from smolfsdp.memory import estimate_memory, resolve_model_config
+from smolfsdp.book.gpu_check import SIM_SHAPES, check_trace, make_plan
+from smolfsdp.measure.memory import estimate_memory, resolve_model_config
+from smolfsdp.traces import analysis as ta
 
 #: Hides trl and datasets the way the GPU machine lacks them: importlib.util.find_spec says None and
 #: `import trl` raises ImportError (a None entry in sys.modules), so nothing on the path may need them.
@@ -151,7 +151,7 @@ def test_provenance_names_code_versions_and_command(sim):
     ).stdout.strip()
     assert prov["git_sha"] == head and prov["git_sha_source"] == "git rev-parse HEAD"
     assert re.fullmatch(r"[0-9a-f]{64}", prov["source_sha256"])
-    assert "src/smolfsdp/gpu_check.py" in prov["source_files"]
+    assert "src/smolfsdp/book/gpu_check.py" in prov["source_files"]
     import torch
     import transformers
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from smolfsdp.gpu_report import error_pct, gpu_results_section, memory_table, throughput_table
-from smolfsdp.results import load_gpu_results
+from smolfsdp.book.gpu_report import error_pct, gpu_results_section, memory_table, throughput_table
+from smolfsdp.measure.results import load_gpu_results
 
 GIB = 2**30
 

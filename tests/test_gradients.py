@@ -10,9 +10,9 @@ import torch
 from _dist import run_distributed
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.data import prepare_data
-from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
-from smolfsdp.native import PadCollator, forward_backward
+from smolfsdp.data.prepare import prepare_data
+from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+from smolfsdp.train.native import PadCollator, forward_backward
 
 N_ROWS = 4
 MAX_LENGTH = 512  # above every bundled row of the first 4: lengths 180-234 tokens, all different
@@ -52,7 +52,7 @@ def _sharded_grads(rank, world, version, lora=False, ac=False, accum=False):
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    from smolfsdp.distributed import DistInfo
+    from smolfsdp.sharding.distributed import DistInfo
 
     tok = load_tokenizer("tiny")
     rows = _rows(tok)
@@ -60,18 +60,18 @@ def _sharded_grads(rank, world, version, lora=False, ac=False, accum=False):
     wrap = resolve_wrap_class(model)
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     if ac:  # the native engine's own sharding: FSDP + activation checkpointing as a run applies them
-        from smolfsdp.native import shard_model
+        from smolfsdp.train.native import shard_model
 
         cfg = TrainConfig(fsdp_version=version, activation_checkpointing=True, lora=lora, nproc=world)
         model, _ = shard_model(model, cfg, info)
     elif version == 1:
-        from smolfsdp.fsdp1 import wrap_fsdp1
+        from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 
         model = wrap_fsdp1(model, wrap, device=info.device)
     else:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from smolfsdp.fsdp2 import apply_fsdp2
+        from smolfsdp.sharding.fsdp2 import apply_fsdp2
 
         apply_fsdp2(model, init_device_mesh("cpu", (world,)), wrap)
     per_rank = N_ROWS // world

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from smolfsdp.config import ConfigError
-from smolfsdp.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, recommend
-from smolfsdp.memory import estimate_memory
+from smolfsdp.measure.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, recommend
+from smolfsdp.measure.memory import estimate_memory
 
 
 def test_gpu_table_has_the_issue_gpus_with_sources():
@@ -72,7 +72,7 @@ def test_cli_custom_gpu_memory_is_labelled_as_custom(capsys):
     ],
 )
 def test_device_name_picks_the_right_variant(device_name, key, tflops):
-    from smolfsdp.benchmark import peak_tflops
+    from smolfsdp.measure.benchmark import peak_tflops
 
     g = gpu_from_device_name(device_name)
     assert (g.name if g else None) == key

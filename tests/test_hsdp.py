@@ -14,8 +14,8 @@ from _dist import run_distributed
 from test_gradients import _clean, _reference, _rows
 
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.fsdp1 import hf_fsdp_config, pin_plugin_sharding_strategy
-from smolfsdp.fsdp2 import resolve_mesh_shape
+from smolfsdp.sharding.fsdp1 import hf_fsdp_config, pin_plugin_sharding_strategy
+from smolfsdp.sharding.fsdp2 import resolve_mesh_shape
 
 WORLD, REPLICATE, SHARD = 4, 2, 2
 COLLECTIVES = (
@@ -54,16 +54,16 @@ class _Recorder:
 
 
 def _hsdp_rank(rank, world, version):
-    from smolfsdp.distributed import DistInfo
-    from smolfsdp.fsdp2 import build_mesh
-    from smolfsdp.modeling import (
+    from smolfsdp.models.modeling import (
         build_model,
         count_parameters,
         decoder_layers,
         load_tokenizer,
         resolve_wrap_class,
     )
-    from smolfsdp.native import PadCollator, forward_backward, shard_model
+    from smolfsdp.sharding.distributed import DistInfo
+    from smolfsdp.sharding.fsdp2 import build_mesh
+    from smolfsdp.train.native import PadCollator, forward_backward, shard_model
 
     tok = load_tokenizer("tiny")
     rows = _rows(tok)  # 4 rows of different lengths: each rank gets a different one
@@ -87,7 +87,7 @@ def _hsdp_rank(rank, world, version):
             for n, p in model.named_parameters()
         ]
     else:
-        from smolfsdp.fsdp1 import fsdp_units
+        from smolfsdp.sharding.fsdp1 import fsdp_units
 
         units = [u for u in fsdp_units(model) if u._flat_param is not None]
         # unit order: the root (embedding, final norm, tied lm_head) first, then one unit per layer
@@ -257,7 +257,7 @@ def test_trainer_fsdp1_gets_hybrid_shard():
 
 def test_torchrun_hsdp_run_reports_its_mesh(tmp_path):
     """One real run: `smolfsdp train` on 4 processes, FSDP2 on a 2 x 2 mesh, to the end."""
-    from smolfsdp import sft
+    from smolfsdp.train import sft
 
     cfg = TrainConfig(
         name="hsdp",
@@ -282,9 +282,9 @@ def test_torchrun_hsdp_run_reports_its_mesh(tmp_path):
 
 
 def _other_strategies(rank, world):
-    from smolfsdp.distributed import DistInfo
-    from smolfsdp.modeling import build_model, load_tokenizer
-    from smolfsdp.native import PadCollator, forward_backward, shard_model
+    from smolfsdp.models.modeling import build_model, load_tokenizer
+    from smolfsdp.sharding.distributed import DistInfo
+    from smolfsdp.train.native import PadCollator, forward_backward, shard_model
 
     tok = load_tokenizer("tiny")
     batch = PadCollator(tok.pad_token_id)([_rows(tok)[rank]])
@@ -316,7 +316,7 @@ def test_no_shard_and_shard_grad_op_on_both_versions():
 def test_hsdp_checkpoint_stop_and_resume_equals_uninterrupted(tmp_path):
     """DCP checkpoints of a 2x2 HSDP mesh (DTensors placed (Replicate(), Shard(0))): stopped after step 2
     of 4 and resumed, the final model is bitwise the uninterrupted run's."""
-    from smolfsdp.drills import resume_drill
+    from smolfsdp.book.drills import resume_drill
 
     cfg = TrainConfig(
         name="hsdp_drill", output_dir=str(tmp_path), nproc=4, fsdp_version=2, sharding_strategy="HYBRID_SHARD",

@@ -4,10 +4,10 @@ import pytest
 import torch
 from _dist import run_distributed
 
-from smolfsdp import sft
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.lora_fsdp2 import apply_lora, check_trainable_dtypes, load_adapter_model
-from smolfsdp.modeling import build_model, load_tokenizer, resolve_wrap_class
+from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+from smolfsdp.sharding.lora import apply_lora, check_trainable_dtypes, load_adapter_model
+from smolfsdp.train import sft
 
 LORA = TrainConfig(lora=True, fsdp_version=2)
 
@@ -27,8 +27,8 @@ def test_only_lora_parameters_train(tokenizer):
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
     assert sum(p.numel() for p in trainable.values()) == expected
-    from smolfsdp.memory import LoraSpec
-    from smolfsdp.memory import count_parameters as estimated_counts
+    from smolfsdp.measure.memory import LoraSpec
+    from smolfsdp.measure.memory import count_parameters as estimated_counts
 
     est = estimated_counts(base.config, LoraSpec(r=8, alpha=16, targets=tuple(LORA.lora_target_modules)))
     assert est.trainable == expected  # the memory model counts the same adapters
@@ -71,7 +71,7 @@ def test_mixed_trainable_dtypes_in_one_group_are_named(tokenizer):
 
 
 def test_pinned_offload_without_cuda_is_refused():
-    from smolfsdp.fsdp2 import make_offload_policy
+    from smolfsdp.sharding.fsdp2 import make_offload_policy
 
     assert make_offload_policy().pin_memory is False  # CPU-only machine: unpinned
     with pytest.raises(ConfigError, match="needs CUDA"):
@@ -83,8 +83,8 @@ def _sharding_facts(rank, world, vocab_size):
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
 
-    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh, describe_sharding, fsdp_units
-    from smolfsdp.native import PadCollator, forward_backward
+    from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, describe_sharding, fsdp_units
+    from smolfsdp.train.native import PadCollator, forward_backward
 
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0, vocab_size=vocab_size)
@@ -132,10 +132,10 @@ def _adapter_roundtrip(rank, world, out_dir):
     from safetensors.torch import load_file
     from torch.distributed.tensor import DTensor
 
-    from smolfsdp.distributed import DistInfo
-    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.lora_fsdp2 import save_adapter
-    from smolfsdp.native import PadCollator, forward_backward
+    from smolfsdp.sharding.distributed import DistInfo
+    from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
+    from smolfsdp.sharding.lora import save_adapter
+    from smolfsdp.train.native import PadCollator, forward_backward
 
     tok = load_tokenizer("tiny")
     model = apply_lora(build_model("tiny", tok, seed=0), LORA.replace(lora_dropout=0.0))
@@ -231,10 +231,10 @@ def _eval_then_train(rank, world):
     """After an evaluation the FSDP2 model is sharded again (DTensor everywhere) and trains on."""
     from torch.distributed.tensor import DTensor
 
-    from smolfsdp.data import prepare_data
-    from smolfsdp.distributed import DistInfo
-    from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.native import PadCollator, evaluate, forward_backward
+    from smolfsdp.data.prepare import prepare_data
+    from smolfsdp.sharding.distributed import DistInfo
+    from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
+    from smolfsdp.train.native import PadCollator, evaluate, forward_backward
 
     tok = load_tokenizer("tiny")
     model = apply_lora(build_model("tiny", tok, seed=0), LORA)
@@ -263,7 +263,7 @@ def test_eval_leaves_model_sharded_and_training_goes_on():
 
 
 def _mesh_too_large(rank, world):
-    from smolfsdp.fsdp2 import build_mesh
+    from smolfsdp.sharding.fsdp2 import build_mesh
 
     try:
         build_mesh("cpu", 4)
@@ -290,20 +290,20 @@ def _lora_model(tok):
 
 
 def _sharded_generate(rank, world, version):
-    from smolfsdp.lora_fsdp2 import generate
+    from smolfsdp.sharding.lora import generate
 
     tok = load_tokenizer("tiny")
     model = _lora_model(tok)
     wrap = resolve_wrap_class(model)
     ids = torch.tensor([PROMPTS[rank]])
     if version == 2:
-        from smolfsdp.fsdp2 import apply_fsdp2, build_mesh
+        from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
 
         apply_fsdp2(model, build_mesh("cpu", world), wrap)
         with torch.no_grad():  # the call a reader makes; it raised "mixed torch.Tensor and DTensor"
             direct = model.generate(input_ids=ids, max_new_tokens=6, do_sample=False, synced_gpus=True)
     else:
-        from smolfsdp.fsdp1 import wrap_fsdp1
+        from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 
         model = wrap_fsdp1(model, wrap)
         direct = None  # model.generate raises "'weight' must be 2-D": the root's hooks are bypassed

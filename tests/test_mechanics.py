@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from smolfsdp.mechanics import collective_kind, measure_mechanics
+from smolfsdp.book.mechanics import collective_kind, measure_mechanics
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 from _dist import run_distributed
 
 from smolfsdp.config import ConfigError
-from smolfsdp.memory import (
+from smolfsdp.measure.memory import (
     RECIPES,
     LoraSpec,
     accelerate_estimate,
@@ -17,7 +17,7 @@ from smolfsdp.memory import (
     resolve_model_config,
     saved_activation_bytes,
 )
-from smolfsdp.memory_measure import CASES, LORA_TARGETS, RECIPE_OF, measure_all
+from smolfsdp.measure.memory_measure import CASES, LORA_TARGETS, RECIPE_OF, measure_all
 
 
 # ------------------------------------------------------------------------------ counts
@@ -38,8 +38,8 @@ def test_smollm3_3b_counts_from_the_shipped_config():
 def test_lora_count_equals_peft_on_the_real_tiny_model():
     from peft import LoraConfig, get_peft_model
 
-    from smolfsdp.modeling import build_model, load_tokenizer
-    from smolfsdp.modeling import count_parameters as count_model
+    from smolfsdp.models.modeling import build_model, load_tokenizer
+    from smolfsdp.models.modeling import count_parameters as count_model
 
     tok = load_tokenizer("tiny")
     peft_model = get_peft_model(
@@ -131,7 +131,7 @@ def test_padding_on_3_gloo_ranks():
 
 # --------------------------------------------------------- activations: autograd's saved tensors
 def _saved_bytes(dtype, lora, b=2, s=128):
-    from smolfsdp.modeling import build_model, load_tokenizer
+    from smolfsdp.models.modeling import build_model, load_tokenizer
 
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, dtype=dtype)
@@ -281,7 +281,7 @@ def test_load_peak_is_one_full_fp32_model_per_process_on_the_node(tokenizer):
     """Both engines build the full fp32 model in every process before wrapping (``build_model``), so
     the host of a node holds processes-per-node full models at load; the estimate used to assume rank 0
     only. Counted against the real tiny model's parameters (tied weights once)."""
-    from smolfsdp.modeling import build_model
+    from smolfsdp.models.modeling import build_model
 
     model = build_model("tiny", tokenizer)
     unique = {id(p): p for p in model.parameters()}.values()

@@ -3,7 +3,7 @@
 import pytest
 
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.modeling import (
+from smolfsdp.models.modeling import (
     build_meta_model,
     build_model,
     count_parameters,

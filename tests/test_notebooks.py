@@ -16,7 +16,7 @@ import textwrap
 import nbformat
 import pytest
 
-from smolfsdp.book import (
+from smolfsdp.book.chapters import (
     PARAMETERS_OPTIONS,
     RENDER_STATE,
     chapters,
@@ -25,7 +25,7 @@ from smolfsdp.book import (
     render_book,
     select_chapters,
 )
-from smolfsdp.data import repo_root
+from smolfsdp.data.prepare import repo_root
 
 pytestmark = pytest.mark.notebooks
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -149,7 +149,7 @@ FAKE_QUARTO = """\
 import json, subprocess, sys
 from pathlib import Path
 import nbformat, yaml
-from smolfsdp.book import inject_parameters
+from smolfsdp.book.chapters import inject_parameters
 
 args = sys.argv[1:]
 profile = args[args.index("--profile") + 1]

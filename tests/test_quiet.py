@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from smolfsdp import quiet, sft
+from smolfsdp import quiet
 from smolfsdp.config import load_config
-from smolfsdp.trl_callbacks import log_line
+from smolfsdp.train import sft
+from smolfsdp.train.trl_callbacks import log_line
 
 ROOT = Path(__file__).resolve().parents[1]
 WARNING_WORDS = re.compile(r"warn|deprecat", re.IGNORECASE)  # Warning, FutureWarning, warnings.warn(, ...
-# smolfsdp's own lines: the launcher's "[smolfsdp] ..." and a rank's "[rank0] 09:10:08 smolfsdp.data: ..."
+# smolfsdp's own lines: the launcher's "[smolfsdp] ..." and a rank's "[rank0] 09:10:08 smolfsdp.data.prepare: ..."
 OWN = re.compile(r"^(\[smolfsdp\]|\[rank\d+\] [\d:]+ smolfsdp[.\w]*:)")
 
 
@@ -37,8 +38,8 @@ def test_counter_sees_the_warnings_issue_17_lists():
 /x/site-packages/peft/utils/save_and_load.py:313: UserWarning: Could not find a config file in tiny - will assume
 [transformers] FSDP1 (`fsdp_config['version'] = 1`) is deprecated and will be removed in Transformers v5.20.
 [rank1] 09:11:40 accelerate.utils.dataclasses: sharding_strategy is deprecated in favor of reshard_after_forward.
-[rank0] 09:10:08 smolfsdp.data: 20 of 180 rows were longer than max_length=256 and were truncated
-[rank0] 09:11:40 smolfsdp.sft: note: transformers deprecates the Trainer's FSDP1 path"""
+[rank0] 09:10:08 smolfsdp.data.prepare: 20 of 180 rows were longer than max_length=256 and were truncated
+[rank0] 09:11:40 smolfsdp.train.sft: note: transformers deprecates the Trainer's FSDP1 path"""
     assert len(third_party_warning_lines(before)) == 5
 
 

@@ -15,10 +15,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 import yaml
 
-from smolfsdp import checkpoint, launch, sft
+from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
-from smolfsdp.data import bundled_data_path
+from smolfsdp.data.prepare import bundled_data_path
+from smolfsdp.launch import torchrun as launch
+from smolfsdp.train import sft
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = {
@@ -102,7 +104,7 @@ def test_save_redacts_unless_told_not_to(tmp_path):
 
 
 def test_exported_models_are_safetensors_only(secret_run, tmp_path):
-    from smolfsdp.checkpoint import convert_checkpoint
+    from smolfsdp.checkpoint.dcp import convert_checkpoint
 
     weight_suffixes = {".bin", ".pt", ".pth", ".pkl", ".ckpt"}
     final = secret_run.path / "final_model"
@@ -288,7 +290,7 @@ def planted(secret_run, tmp_path):
 
 
 def test_planted_metadata_runs_nothing_through_any_entry_point(planted, tmp_path, capsys):
-    from smolfsdp.modeling import build_model, load_tokenizer
+    from smolfsdp.models.modeling import build_model, load_tokenizer
 
     ckpt, flag = planted
     why = f"{ckpt / '.metadata'} asks to load posix.system, which DCP checkpoint metadata never holds"

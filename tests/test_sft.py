@@ -6,17 +6,17 @@ import sys
 import pytest
 import torch
 
-from smolfsdp import sft
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.data import prepare_data
-from smolfsdp.modeling import load_tokenizer
+from smolfsdp.data.prepare import prepare_data
+from smolfsdp.models.modeling import load_tokenizer
+from smolfsdp.train import sft
 
 
 def _eval_loss_of_saved_model(path, cfg) -> float:
     """Mean token loss of the saved model on the run's eval split, in one plain process."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from smolfsdp.native import PadCollator, count_label_tokens
+    from smolfsdp.train.native import PadCollator, count_label_tokens
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -118,7 +118,7 @@ def test_cli_refuses_bad_input_before_launch(args, needle):
 
 def test_bundled_tokenizer_matches_its_build_script():
     """data/tokenizer is what scripts/build_tokenizer.py produces from the bundled sample (no hub)."""
-    from smolfsdp.data import repo_root
+    from smolfsdp.data.prepare import repo_root
 
     out = subprocess.run(
         [sys.executable, str(repo_root() / "scripts" / "build_tokenizer.py"), "--check"],
@@ -132,7 +132,7 @@ def test_bundled_tokenizer_matches_its_build_script():
 
 
 def test_run_folder_with_foreign_files_is_never_deleted(tmp_path):
-    from smolfsdp.results import check_run_dir
+    from smolfsdp.measure.results import check_run_dir
 
     run = tmp_path / "myproj"
     (run / "src").mkdir(parents=True)
@@ -146,7 +146,7 @@ def test_run_folder_with_foreign_files_is_never_deleted(tmp_path):
 
 
 def test_checkpoints_are_not_discarded_by_a_rerun(tmp_path):
-    from smolfsdp.results import check_run_dir
+    from smolfsdp.measure.results import check_run_dir
 
     run = tmp_path / "r"
     (run / "checkpoints" / "step-000002").mkdir(parents=True)
@@ -166,7 +166,7 @@ def test_bad_run_names(name):
 def test_too_few_rows_for_one_step(tmp_path):
     import shutil as _sh
 
-    from smolfsdp.data import bundled_data_path
+    from smolfsdp.data.prepare import bundled_data_path
 
     small = tmp_path / "three.jsonl"
     small.write_text("".join(bundled_data_path().read_text().splitlines(keepends=True)[:3]))
@@ -232,7 +232,7 @@ def test_preflight_refuses_max_length_beyond_the_models_positions(tmp_path):
 def _saved_tiny(path, *, tie: bool, config_says: bool):
     import json
 
-    from smolfsdp.modeling import build_model
+    from smolfsdp.models.modeling import build_model
 
     model = build_model("tiny", load_tokenizer("tiny"), tie_word_embeddings=tie)
     model.save_pretrained(path)
@@ -245,8 +245,8 @@ def _saved_tiny(path, *, tie: bool, config_says: bool):
 def test_tie_mismatch_between_config_and_checkpoint_is_reported(tmp_path):
     """config.json says tied, the checkpoint holds its own lm_head: transformers loads it untied (with only
     its own warning) while the checks before launch built the tied model. Refused, naming the fix."""
-    from smolfsdp.launch_checks import check_tied_head
-    from smolfsdp.modeling import build_meta_model
+    from smolfsdp.launch.checks import check_tied_head
+    from smolfsdp.models.modeling import build_meta_model
 
     untied = _saved_tiny(tmp_path / "untied_says_tied", tie=False, config_says=True)
     with pytest.raises(

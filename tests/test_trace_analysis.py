@@ -1,4 +1,4 @@
-"""smolfsdp.trace_analysis on real GPU traces (../shared/traces), on 2-rank CPU smoke traces of
+"""smolfsdp.traces.analysis on real GPU traces (../shared/traces), on 2-rank CPU smoke traces of
 FSDP1 and FSDP2 made here, on synthetic traces with known answers, and on broken files."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, SHARED
 
-from smolfsdp import trace_analysis as ta
-from smolfsdp.trace_classify import _classify_one as classify_one
+from smolfsdp.traces import analysis as ta
+from smolfsdp.traces.classify import _classify_one as classify_one
 
 TRACES = SHARED / "traces"
 DDP = TRACES / "ddp_2rank_a100_rank0.json.gz"
@@ -189,8 +189,8 @@ def test_sampled_128rank_trace_sendrecv_on_its_own_stream():
 # --------------------------------------------------------------- CPU smoke traces, FSDP1/2
 @pytest.fixture(scope="module", params=[1, 2], ids=["fsdp1", "fsdp2"])
 def smoke_trace(request, tmp_path_factory):
-    from smolfsdp.benchmark import run_benchmark
     from smolfsdp.config import load_config, recipe
+    from smolfsdp.measure.benchmark import run_benchmark
 
     out = tmp_path_factory.mktemp(f"fsdp{request.param}")
     cfg = load_config(
@@ -334,8 +334,8 @@ def test_ddp_cpu_trace_has_no_fsdp_all_gathers(tmp_path):
     """The TRL engine with accelerate as shipped runs DDP on CPU (``accelerate_fsdp_on_cpu: false``): its
     trace holds all-gathers (the Trainer gathering metrics) but no ``FSDP::``/``FullyShardedDataParallel.``
     range, so none of them is an FSDP unit's. Measured here: 8 ``c10d::allgather_`` per step."""
-    from smolfsdp.benchmark import run_benchmark
     from smolfsdp.config import load_config, recipe
+    from smolfsdp.measure.benchmark import run_benchmark
 
     cfg = load_config(
         recipe("smoke_trl"), name="ddp", output_dir=str(tmp_path), benchmark_steps=3, profile=True,

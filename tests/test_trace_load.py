@@ -1,4 +1,4 @@
-"""smolfsdp.trace_load: the Kineto layouts real profilers write (CUDA, ROCm, old PyTorch; int, decimal
+"""smolfsdp.traces.load: the Kineto layouts real profilers write (CUDA, ROCm, old PyTorch; int, decimal
 or hex ids; numeric or text pids/tids; object or bare-array form), bad input refused with one clear
 line (library and CLI), strict JSON output, a progress bar, and memory that stays bounded."""
 
@@ -11,8 +11,9 @@ import tracemalloc
 import pytest
 from conftest import SHARED
 
-from smolfsdp import cli, trace_load
-from smolfsdp import trace_analysis as ta
+from smolfsdp import cli
+from smolfsdp.traces import analysis as ta
+from smolfsdp.traces import load as trace_load
 
 TRACES = SHARED / "traces"
 DDP = TRACES / "ddp_2rank_a100_rank0.json.gz"

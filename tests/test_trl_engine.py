@@ -1,5 +1,5 @@
 """The TRL engine's atomic DCP checkpoints, exact resume, and benchmark mode (2 CPU ranks, FSDP1
-through smolfsdp.accelerate_cpu_fsdp)."""
+through smolfsdp.train.accelerate_cpu_fsdp)."""
 
 import json
 from pathlib import Path
@@ -9,10 +9,12 @@ import torch
 from _dist import kill_run_when
 from safetensors.torch import load_file
 
-from smolfsdp import benchmark, checkpoint, sft
+from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import ConfigError, load_config, recipe
-from smolfsdp.results import load_run
-from smolfsdp.trace_analysis import analyze, load_trace
+from smolfsdp.measure import benchmark
+from smolfsdp.measure.results import load_run
+from smolfsdp.traces.analysis import analyze, load_trace
+from smolfsdp.train import sft
 
 BASE = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate")
 
@@ -50,7 +52,7 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     assert s["metrics"]["resumed_from"] == str(latest) and s["metrics"]["steps"] == 6
     assert (
         s["effective"]["strategy"] == "fsdp1"
-    )  # accelerate's CPU gate lifted (smolfsdp.accelerate_cpu_fsdp)
+    )  # accelerate's CPU gate lifted (smolfsdp.train.accelerate_cpu_fsdp)
     a = load_file(f"{uninterrupted.summary['final_model']}/model.safetensors")
     b = load_file(f"{s['final_model']}/model.safetensors")
     assert a.keys() == b.keys()
@@ -147,7 +149,7 @@ def test_trl_benchmark_mode_and_trace(tmp_path):
 def test_trl_elastic_restart_after_a_killed_rank(tmp_path):
     """torchrun --max-restarts 1 on the TRL engine: rank 1 SIGKILLed after step 3's checkpoint, the
     restarted Trainer resumes from it through its own resume path and ends on the uninterrupted weights."""
-    from smolfsdp.drills import kill_rank_drill
+    from smolfsdp.book.drills import kill_rank_drill
 
     cfg = load_config(
         recipe("smoke_trl"), name="el", output_dir=str(tmp_path), max_restarts=1,

@@ -1,6 +1,6 @@
 """The seed's headline path on 2 gloo ranks: TRL SFTTrainer + FSDP1 with the project's fsdp_config.
 
-accelerate applies FSDP only on accelerators; ``smolfsdp.accelerate_cpu_fsdp`` lifts that gate, so
+accelerate applies FSDP only on accelerators; ``smolfsdp.train.accelerate_cpu_fsdp`` lifts that gate, so
 the Trainer shards for real on CPU. A DDP control run (gate left as shipped) trains the same steps.
 """
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from smolfsdp import accelerate_cpu_fsdp, checkpoint, sft, trl_engine
+from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import load_config, recipe
+from smolfsdp.train import accelerate_cpu_fsdp, sft, trl_engine
 
 # max_length 256 with the default too_long=drop: real padded batches, the longest rows dropped and counted
 BASE = dict(max_steps=6, eval_steps=3, per_device_train_batch_size=2, max_length=256, save_total_limit=6)
@@ -39,7 +40,7 @@ def ddp_run(runs):
 def test_the_trainer_applies_fsdp1_on_cpu(fsdp_run):
     s = fsdp_run.summary
     assert s["requested"]["strategy"] == "fsdp1" and s["effective"]["strategy"] == "fsdp1"
-    assert "smolfsdp.accelerate_cpu_fsdp" in s["effective"]["reason"]
+    assert "smolfsdp.train.accelerate_cpu_fsdp" in s["effective"]["reason"]
     ev = s["effective"]["evidence"]
     # 4 decoder layers + the root (embeddings, final norm; lm_head tied to embed_tokens)
     assert ev["fsdp_units"] == 5 and ev["flat_parameters"] == 5
@@ -118,8 +119,8 @@ def test_the_full_recipe_runs_with_only_model_data_and_steps_swapped(runs, token
     """configs/runs/smollm3_3b_medical.yaml as committed (bf16, FSDP activation checkpointing, 8
     accumulation steps, max_length 2048, reasoning), with a tiny SmolLM3 loaded through
     from_pretrained like the hub model, the bundled medical-o1 rows, 2 steps and 4 eval rows."""
-    from smolfsdp.data import bundled_data_path
-    from smolfsdp.modeling import build_model
+    from smolfsdp.data.prepare import bundled_data_path
+    from smolfsdp.models.modeling import build_model
 
     local_model = runs / "tiny_pretrained"
     build_model("tiny", tokenizer).save_pretrained(local_model)
@@ -136,7 +137,7 @@ def test_the_full_recipe_runs_with_only_model_data_and_steps_swapped(runs, token
     ev = s["effective"]["evidence"]
     assert s["effective"]["strategy"] == "fsdp1" and ev["fsdp_units"] == 5
     assert ev["activation_checkpoint_wrappers"] == 4  # one per decoder layer, applied by accelerate
-    # bf16 compute, fp32 gradient reduction, fp32 buffers (RoPE inv_freq): smolfsdp.trl_engine.keep_fp32_buffers_and_reduce
+    # bf16 compute, fp32 gradient reduction, fp32 buffers (RoPE inv_freq): smolfsdp.train.trl_engine.keep_fp32_buffers_and_reduce
     assert ev["mixed_precision"] == {
         "param_dtype": "bfloat16",
         "reduce_dtype": "float32",
@@ -190,7 +191,7 @@ def test_trainer_bf16_keeps_fp32_buffers_and_reduction(tmp_path, version, no_dev
     """accelerate's own bf16 policy casts buffers (RoPE inv_freq) and the gradient reduction to bf16;
     the policy smolfsdp puts in the plugin's arguments survives accelerate's set_mixed_precision."""
     from smolfsdp.config import TrainConfig
-    from smolfsdp.distributed import DistInfo
+    from smolfsdp.sharding.distributed import DistInfo
 
     # the arguments of a 2-GPU run (building them reads no device for fp32), then bf16 as the recipe asks
     gpu = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cuda", 0), backend="nccl")
@@ -212,7 +213,7 @@ def test_trainer_bf16_keeps_fp32_buffers_and_reduction(tmp_path, version, no_dev
 def test_gradient_accumulation_syncs_each_micro_batch_unless_offloading(tmp_path, no_device_setup):
     """FSDP1 no_sync() would hold the whole unsharded gradient on every rank between micro-batches."""
     from smolfsdp.config import TrainConfig
-    from smolfsdp.distributed import DistInfo
+    from smolfsdp.sharding.distributed import DistInfo
 
     gpu = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cuda", 0), backend="nccl")
 
@@ -231,7 +232,7 @@ def test_gradient_accumulation_syncs_each_micro_batch_unless_offloading(tmp_path
 def test_the_memory_estimate_counts_what_no_sync_holds(tmp_path):
     """Offload + accumulation keeps FSDP1 no_sync(): the estimate adds the whole unsharded gradient."""
     from smolfsdp.config import TrainConfig
-    from smolfsdp.memory import count_parameters, estimate_memory, resolve_model_config
+    from smolfsdp.measure.memory import count_parameters, estimate_memory, resolve_model_config
 
     cfg = TrainConfig(engine="trl", gradient_accumulation_steps=8, output_dir=str(tmp_path))
     assert not trl_engine.accumulates_under_no_sync(cfg)

@@ -11,7 +11,7 @@ Any ``TrainConfig`` field can be overridden (``--max_steps 20`` or ``--max-steps
 torchrun/accelerate the command checks the configuration, then starts ``nproc`` processes itself;
 inside them (``RANK`` set) it trains. ``--resume`` is ``--resume_from latest``; the launch fields
 (``nnodes``, ``node_rank``, ``rdzv_endpoint``, ``max_restarts``, ``collective_timeout_s``) are
-described in ``smolfsdp.launch``.
+described in ``smolfsdp.launch.torchrun``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def parse_overrides(tokens: list[str]) -> dict:
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
-    from smolfsdp.distributed import is_launched
+    from smolfsdp.sharding.distributed import is_launched
 
     overrides = parse_overrides(rest)
     if "resume" in overrides:  # --resume: the latest complete checkpoint; --resume PATH: that one
@@ -53,17 +53,17 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
             overrides["resume_from"] = "latest" if resume is True else str(resume)
     cfg = load_config(args.config, **overrides)
     if is_launched():
-        from smolfsdp.distributed import init_distributed, name_collective_errors
-        from smolfsdp.launch import resume_on_restart
-        from smolfsdp.sft import train
+        from smolfsdp.launch.torchrun import resume_on_restart
+        from smolfsdp.sharding.distributed import init_distributed, name_collective_errors
+        from smolfsdp.train.sft import train
 
         cfg = resume_on_restart(cfg)  # after torchrun's elastic restart: continue from the latest checkpoint
         init_distributed(cfg.collective_timeout_s, cpu_offload=cfg.cpu_offload)  # train() joins this group
         with name_collective_errors():
             train(cfg)
         return 0
-    from smolfsdp.launch import launch
-    from smolfsdp.sft import preflight
+    from smolfsdp.launch.torchrun import launch
+    from smolfsdp.train.sft import preflight
 
     found = preflight(cfg)
     print(
@@ -75,8 +75,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     if proc.returncode == 0:
         print(f"[smolfsdp] run folder: {cfg.run_dir}", flush=True)
         if cfg.stop_at_step:  # rank 0 said why it stopped; the command goes last, where it is seen
-            from smolfsdp.results import load_run
-            from smolfsdp.sft import stop_note
+            from smolfsdp.measure.results import load_run
+            from smolfsdp.train.sft import stop_note
 
             summary = load_run(cfg.run_dir).summary
             note = stop_note(summary, cfg.run_dir)
@@ -114,8 +114,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
     import json
 
-    from smolfsdp.hardware import fits, get_gpu, recommend
-    from smolfsdp.memory import format_table
+    from smolfsdp.measure.hardware import fits, get_gpu, recommend
+    from smolfsdp.measure.memory import format_table
 
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
     gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
@@ -128,7 +128,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         "fsdp_version": args.fsdp_version,
         "gpus_per_node": args.gpus_per_node,
     }
-    from smolfsdp.memory import estimate_memory
+    from smolfsdp.measure.memory import estimate_memory
 
     est = estimate_memory(
         args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
@@ -155,7 +155,7 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     summary (``--json``: the summary, MFU reason and trace paths as JSON)."""
     import json
 
-    from smolfsdp.benchmark import run_benchmark
+    from smolfsdp.measure.benchmark import run_benchmark
 
     overrides = parse_overrides(rest)
     overrides.setdefault("benchmark_steps", 5)
@@ -223,7 +223,7 @@ def format_bench(bench: dict) -> str:
 
 def convert_plan(checkpoint: str) -> str:
     """What ``convert`` is about to write: a plain model, or a LoRA run's adapter merged into its base."""
-    from smolfsdp.checkpoint import config_of
+    from smolfsdp.checkpoint.dcp import config_of
 
     path = config_of(checkpoint)
     if not path.is_file():  # convert_checkpoint raises the error that names the problem
@@ -244,7 +244,7 @@ def cmd_analyze_trace(args: argparse.Namespace) -> int:
 
     import pandas as pd
 
-    from smolfsdp.trace_analysis import TraceError, summarize_trace
+    from smolfsdp.traces.analysis import TraceError, summarize_trace
 
     out = []
     for path in args.paths:
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "--strategy", default="FULL_SHARD", help="NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD"
     )
     p_mem.add_argument(
-        "--recipe", default="hf-fsdp-bf16", help="precision recipe (see smolfsdp.memory.RECIPES)"
+        "--recipe", default="hf-fsdp-bf16", help="precision recipe (see smolfsdp.measure.memory.RECIPES)"
     )
     p_mem.add_argument("--seq-len", type=int, default=2048)
     p_mem.add_argument("--micro-batch", type=int, default=1)
@@ -297,10 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     p_mem.add_argument("--activation-checkpointing", action="store_true")
     p_mem.add_argument("--fsdp-version", type=int, default=2)
     p_mem.add_argument("--gpus-per-node", type=int, default=8)
-    p_mem.add_argument("--gpu", default=None, help="a GPU from smolfsdp.hardware.GPUS (default: H100 SXM)")
+    p_mem.add_argument(
+        "--gpu", default=None, help="a GPU from smolfsdp.measure.hardware.GPUS (default: H100 SXM)"
+    )
     p_mem.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
     p_mem.add_argument("--json", action="store_true")
-    p_got = sub.add_parser("gotchas", help="reproduce the FSDP gotchas, failing and fixed (smolfsdp.gotchas)")
+    p_got = sub.add_parser(
+        "gotchas", help="reproduce the FSDP gotchas, failing and fixed (smolfsdp.book.gotchas)"
+    )
     p_got.add_argument("--list", action="store_true", help="list the gotchas")
     p_got.add_argument("--run", default=None, help="a gotcha name, several joined by commas, or 'all'")
     p_got.add_argument("--json", action="store_true")
@@ -327,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return cmd_train(args, rest)
         if args.command == "gotchas":
-            from smolfsdp.gotchas import main as gotchas_main
+            from smolfsdp.book.gotchas import main as gotchas_main
 
             flags = ["--list"] * args.list + ["--json"] * args.json
             flags += ["--run", args.run] * bool(args.run) + ["--out", args.out] * bool(args.out)
@@ -339,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"Unexpected arguments for analyze-trace: {rest}")
             return cmd_analyze_trace(args)
         if args.command == "convert":
-            from smolfsdp.checkpoint import convert_checkpoint
+            from smolfsdp.checkpoint.dcp import convert_checkpoint
 
             print(convert_plan(args.checkpoint), flush=True)
             out = convert_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
@@ -348,7 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"smolfsdp: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (smolfsdp.launch.Terminated) to the launcher
+    except (
+        KeyboardInterrupt
+    ) as err:  # Ctrl-C, or SIGTERM (smolfsdp.launch.torchrun.Terminated) to the launcher
         how = str(err) or "interrupted"
         print(
             f"smolfsdp: {how}; the ranks were asked to stop (checkpoints already complete are kept)",

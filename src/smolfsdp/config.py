@@ -73,7 +73,7 @@ class TrainConfig:
     dataset: str = "bundled"  # "bundled", a local .jsonl/.json/.csv/.parquet file, or a hub id
     dataset_config: str | None = None
     dataset_split: str = "train"
-    columns: str = "auto"  # "auto" or a mapping name in smolfsdp.data.COLUMN_MAPPINGS
+    columns: str = "auto"  # "auto" or a mapping name in smolfsdp.data.prepare.COLUMN_MAPPINGS
     include_reasoning: bool = False
     system_prompt: str | None = None
     max_length: int = (
@@ -97,9 +97,9 @@ class TrainConfig:
     reshard_after_forward: bool = True  # FSDP2: free gathered layers after forward (ZeRO-3)
     use_orig_params: bool = True  # FSDP1: keep original parameters as views (needed for LoRA)
     # TRL engine on CPU: lift accelerate's accelerator-only gate so the Trainer applies FSDP on gloo
-    # (smolfsdp.accelerate_cpu_fsdp); false = accelerate as shipped, which runs DDP on CPU
+    # (smolfsdp.train.accelerate_cpu_fsdp); false = accelerate as shipped, which runs DDP on CPU
     accelerate_fsdp_on_cpu: bool = True
-    # HSDP and the other strategies (smolfsdp.fsdp2.resolve_mesh_shape); FSDP1 names for both versions:
+    # HSDP and the other strategies (smolfsdp.sharding.fsdp2.resolve_mesh_shape); FSDP1 names for both versions:
     # FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2; FSDP2: reshard_after_forward=False), HYBRID_SHARD
     # (shard within a group, replicate across groups; FSDP2: 2-D mesh), NO_SHARD (FSDP2: mesh world x 1)
     sharding_strategy: str = "FULL_SHARD"
@@ -141,7 +141,7 @@ class TrainConfig:
     overwrite: bool = False  # allow replacing a run folder that holds checkpoints
     stop_at_step: int | None = None  # end the run after this step, as if killed (resume drills)
 
-    # --- benchmark mode and profiler (smolfsdp.benchmark; chapter "Reading the profiler")
+    # --- benchmark mode and profiler (smolfsdp.measure.benchmark; chapter "Reading the profiler")
     benchmark_steps: int = 0  # > 0: benchmark mode: warm-up + this many timed steps, bench.json, no saves
     benchmark_warmup_steps: int = 1  # steps run before the timed ones (not in the bench.json summary)
     profile: bool = False  # torch.profiler: one gzip'd Chrome trace per rank in runs/<name>/traces/
@@ -150,7 +150,7 @@ class TrainConfig:
     profile_active: int = 3
     record_shapes: bool = False
 
-    # --- launch and faults (smolfsdp.launch; chapter "Beyond two GPUs")
+    # --- launch and faults (smolfsdp.launch.torchrun; chapter "Beyond two GPUs")
     nnodes: int = 1  # nodes; nproc is the total process count, each node starts nproc // nnodes
     node_rank: int = 0  # this node's index; node 0 serves the rendezvous at rdzv_endpoint
     rdzv_endpoint: str | None = None  # host:port of node 0 (c10d rendezvous), required when nnodes > 1
@@ -245,11 +245,11 @@ class TrainConfig:
                 "Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing."
             )
         self._check_benchmark()
-        from smolfsdp.launch import check_launch
+        from smolfsdp.launch.torchrun import check_launch
 
         check_launch(self)
         self._check_sharding()
-        from smolfsdp.modeling import check_model_name, normalise_wrap_class_name
+        from smolfsdp.models.modeling import check_model_name, normalise_wrap_class_name
 
         check_model_name(self.model)
         if self.wrap_class is not None:
@@ -315,7 +315,7 @@ class TrainConfig:
     def _check_sharding(self) -> None:
         """Strategy name, mesh sizes and engine support; the mesh is checked against ``nproc`` here
         (the processes smolfsdp launches) and against the real world size again in ``build_mesh``."""
-        from smolfsdp.fsdp2 import resolve_mesh_shape
+        from smolfsdp.sharding.fsdp2 import resolve_mesh_shape
 
         self.sharding_strategy = str(self.sharding_strategy).upper()
         world = self.nproc  # one node: smolfsdp launches torchrun --standalone --nproc-per-node nproc
@@ -373,7 +373,7 @@ class TrainConfig:
         With ``redact_secrets`` (the default, for every file a person or a later run reads: the run
         folder's and each checkpoint's ``config.yaml``) values under secret-looking keys, values of secret
         environment variables and token-shaped substrings become ``<redacted>``
-        (:func:`smolfsdp.launch.redact`). That also hits a token-shaped part of a file path (a dataset
+        (:func:`smolfsdp.launch.torchrun.redact`). That also hits a token-shaped part of a file path (a dataset
         named ``hf_medicalquestionanswers2024.jsonl`` is written as ``<redacted>.jsonl``): a deliberate
         trade, since a written config must never leak a real token, at the price of a path that no longer
         loads as written. ``redact_secrets=False`` writes the config exactly as resolved; only the launcher
@@ -381,7 +381,7 @@ class TrainConfig:
         """
         data = self.to_dict()
         if redact_secrets:
-            from smolfsdp.launch import redact  # tokens and secrets never reach a written config
+            from smolfsdp.launch.torchrun import redact  # tokens and secrets never reach a written config
 
             data = redact(data)
         Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
@@ -392,7 +392,7 @@ class TrainConfig:
 
 def recipe(name: str) -> Path:
     """Path of the named run recipe ``configs/runs/<name>.yaml`` in this repository."""
-    from smolfsdp.data import repo_root
+    from smolfsdp.data.prepare import repo_root
 
     path = repo_root() / "configs" / "runs" / f"{name}.yaml"
     if not path.is_file():

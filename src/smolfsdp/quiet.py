@@ -64,7 +64,7 @@ KNOWN: tuple[Known, ...] = (
         message=r"sharding_strategy is deprecated in favor of reshard_after_forward\. "
         r"This will be removed in a future version of Accelerate\.$",
         library="accelerate 1.15 (utils.dataclasses.FullyShardedDataParallelPlugin.__post_init__), once per rank",
-        why="smolfsdp.fsdp1.pin_plugin_sharding_strategy sets the deprecated field on purpose: without it "
+        why="smolfsdp.sharding.fsdp1.pin_plugin_sharding_strategy sets the deprecated field on purpose: without it "
         "accelerate 1.15 wraps FULL_SHARD whatever fsdp_config asks. Only this exact message is dropped; "
         "accelerate's other FSDP2-conversion warnings still print",
         logger="accelerate.utils.dataclasses",

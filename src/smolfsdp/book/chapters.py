@@ -1,0 +1,241 @@
+"""The book's chapters (Jupyter notebooks): execute them in a profile, and render the book with Quarto.
+
+Quarto renders the book where it is installed (the GitHub workflow, readers): :func:`render_book`,
+``make render [PROFILE=full]``, from a scratch copy per profile (see the comment above it for why).
+Where Quarto is not (CI here), :func:`execute_chapter` runs the same notebooks with nbclient,
+injecting the profile the way ``quarto render -P PROFILE:smoke`` does (:func:`inject_parameters`,
+through papermill), and writes plain nbconvert HTML for the browser checks. That HTML checks that the
+chapters run and their figures draw; it is not the book (no cross-references, captions, titles or
+navigation, which only Quarto makes).
+
+    python scripts/execute_notebooks.py --profile smoke --html-dir _book_html
+    python scripts/execute_notebooks.py --chapter 05_profiling --chapter notebooks/07_scaling.ipynb
+    python scripts/render_book.py --profile smoke     # needs Quarto; site in _book/smoke/
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import yaml
+
+from smolfsdp.data.prepare import repo_root
+
+
+def _book_entries(root: Path) -> list[str]:
+    """Every chapter file listed in ``<root>/_quarto.yml`` (parts flattened), in book order."""
+    book = yaml.safe_load((root / "_quarto.yml").read_text())["book"]
+    items = []
+    for entry in book["chapters"]:
+        items += entry["chapters"] if isinstance(entry, dict) else [entry]
+    return items
+
+
+def chapters() -> list[Path]:
+    """The notebooks listed in ``_quarto.yml``, in book order."""
+    return [repo_root() / c for c in _book_entries(repo_root()) if str(c).endswith(".ipynb")]
+
+
+def select_chapters(names=None) -> list[Path]:
+    """The chapters named in ``names``, in book order; all of :func:`chapters` when ``names`` is empty.
+
+    A name is a notebook stem (``05_profiling``), a file name (``05_profiling.ipynb``) or a path to the
+    notebook (relative to the current directory or the repository root). Repeats count once. Raises
+    ConfigError for a name that is no chapter of ``_quarto.yml``, with the nearest stems.
+    """
+    from smolfsdp.config import ConfigError, nearest
+
+    book = chapters()
+    if not names:
+        return book
+    by_stem = {nb.stem: nb for nb in book}
+    by_path = {nb.resolve(): nb for nb in book}
+    picked = set()
+    for name in names:
+        path = Path(name)
+        hit = by_stem.get(path.stem) if path.name == str(name) else None
+        hit = hit or by_path.get(path.resolve()) or by_path.get((repo_root() / path).resolve())
+        if hit is None:
+            hint = nearest(path.stem, by_stem, n=3)
+            raise ConfigError(
+                f"--chapter {name!r} is no chapter of _quarto.yml"
+                + (f" (did you mean {' or '.join(map(repr, hint))}?)" if hint else "")
+                + f"; give a stem or path of one of: {', '.join(by_stem)}."
+            )
+        picked.add(hit)
+    return [nb for nb in book if nb in picked]
+
+
+# Quarto's own parameter injection (quarto-cli src/resources/jupyter/notebook.py, nb_parameterize),
+# mirrored so that a chapter that breaks under `quarto render -P` breaks here too: the code comes from
+# papermill's translator (Quarto refuses -P without papermill), the new cell follows the cell tagged
+# `parameters`, carries that cell's other tags and its `#|` options minus `label`. Quarto copies the
+# options only when they parse *and* hold a `label` (it deletes the key unguarded; without one it
+# prints "Invalid YAML option format" and drops them all), which is why our parameters cells carry
+# both a label and the `remove-cell` tag: the tag reaches the injected cell in every case.
+PARAMETERS_OPTIONS = ("#| label: parameters", "#| echo: false")
+PARAMETERS_TAGS = ("parameters", "remove-cell")
+
+
+def _option_lines(source: str) -> list[str]:
+    """The leading ``#|`` option lines of a cell, without the ``#| `` prefix (Quarto's rule)."""
+    out = []
+    for line in source.splitlines():
+        m = re.match(r"^#\s*\| ?", line)
+        if not m:
+            break
+        out.append(re.sub(r":\s+$", ":", line[m.end() :]))
+    return out
+
+
+def inject_parameters(nb, **params) -> None:
+    """Insert the cell ``quarto render -P NAME:value`` injects, after the cell tagged ``parameters``.
+
+    Replaces an earlier injected cell (tag ``injected-parameters``), as Quarto and papermill do, and
+    records the parameters in ``nb.metadata.papermill``. Raises ValueError when no cell is tagged
+    ``parameters`` (Quarto would silently ignore -P: a chapter must declare what it takes).
+    """
+    from papermill.translators import translate_parameters  # deferred: dev extra, book tooling only
+
+    idx = next(
+        (i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None
+    )
+    if idx is None:
+        raise ValueError("the notebook has no cell tagged 'parameters'")
+    spec = nb.metadata.get("kernelspec", {})
+    src = translate_parameters(
+        spec.get("name", "python3"), spec.get("language", "python"), params, "Injected Parameters"
+    )
+    options = yaml.safe_load("\n".join(_option_lines(nb.cells[idx].source))) or {}
+    if isinstance(options, dict) and "label" in options:
+        del options["label"]
+        src = "".join(f"#| {line}\n" for line in yaml.safe_dump(options).strip().splitlines()) + src
+    cell = nbformat.v4.new_code_cell(src)
+    cell.metadata["tags"] = ["injected-parameters"] + [
+        t for t in nb.cells[idx].metadata["tags"] if t != "parameters"
+    ]
+    old = next(
+        (i for i, c in enumerate(nb.cells) if "injected-parameters" in c.get("metadata", {}).get("tags", [])),
+        None,
+    )
+    if old is not None:
+        nb.cells[old] = cell
+    else:
+        nb.cells.insert(idx + 1, cell)
+    nb.metadata.setdefault("papermill", {})["parameters"] = dict(params)
+
+
+def execute_chapter(
+    path: str | Path, profile: str = "smoke", html_dir: str | Path | None = None, timeout: int = 900
+):
+    """Execute one notebook (cwd = its folder) and optionally write ``<html_dir>/<stem>.html``.
+
+    The notebook is read, parameterised (:func:`inject_parameters`) and executed in memory: the file
+    on disk is never written. Cells tagged ``remove-cell`` (the parameters and the injected cell) are
+    left out of the HTML, as Quarto leaves them out of the book. Returns the executed notebook.
+    Raises ``nbclient.exceptions.CellExecutionError`` on the first failing cell, with its traceback.
+    """
+    from nbclient import NotebookClient
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    inject_parameters(nb, PROFILE=profile)
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+    if html_dir is not None:
+        from nbconvert import HTMLExporter
+        from traitlets.config import Config
+
+        cfg = Config()
+        cfg.TagRemovePreprocessor.enabled = True
+        cfg.TagRemovePreprocessor.remove_cell_tags = {"remove-cell"}
+        out = Path(html_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        body, _ = HTMLExporter(config=cfg).from_notebook_node(nb)
+        (out / f"{path.stem}.html").write_text(body)
+    return nb
+
+
+# ------------------------------------------------------------------------------------- quarto render
+# Quarto writes every executed .ipynb chapter back over its source, and `freeze: auto` ignores -P (a
+# full render re-uses frozen smoke results). So the book is never rendered in the repository itself:
+# `make render PROFILE=...` copies the sources into a scratch project per profile, `_render/<profile>/`
+# (git-ignored), renders there with `--profile <profile> -P PROFILE:<profile>`, and copies the site to
+# `_book/<profile>/`. Each profile has its own scratch project, hence its own `_freeze/`: smoke and
+# full results cannot mix. A source is copied again only when the committed file changed since the
+# last copy, so the scratch notebook Quarto wrote back stays, as in an in-place project, and
+# `freeze: auto` re-executes exactly the chapters whose committed source changed.
+RENDER_STATE = ".smolfsdp-render.json"  # marks a scratch project; scripts/quarto_guard.py looks for it
+PROFILES = ("smoke", "full")
+
+
+def render_sources(root: Path | None = None) -> list[Path]:
+    """Files a render needs, relative to the repository: Quarto configs, chapters, the guard script."""
+    root = root or repo_root()
+    items = _book_entries(root)
+    configs = sorted(p.name for p in root.glob("_quarto*.yml"))
+    return [Path(p) for p in [*configs, *items, "scripts/quarto_guard.py"]]
+
+
+def prepare_render_project(profile: str, scratch_root: Path | None = None) -> Path:
+    """Create or refresh the scratch Quarto project of ``profile``; return its folder.
+
+    ``scratch_root`` defaults to ``<repo>/_render``. Raises ValueError for an unknown profile.
+    """
+    import hashlib
+    import json
+    import shutil
+
+    if profile not in PROFILES:
+        raise ValueError(f"profile {profile!r} is not one of {', '.join(PROFILES)}")
+    root = repo_root()
+    project = Path(scratch_root or root / "_render") / profile
+    state_path = project / RENDER_STATE
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    if state.get("profile", profile) != profile:
+        raise ValueError(f"{project} holds a {state['profile']!r} render; remove it or pick its profile")
+    copied = state.get("sources", {})
+    for rel in render_sources(root):
+        digest = hashlib.sha256((root / rel).read_bytes()).hexdigest()
+        dest = project / rel
+        if copied.get(str(rel)) != digest or not dest.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / rel, dest)
+            copied[str(rel)] = digest
+    state_path.write_text(json.dumps({"profile": profile, "sources": copied}, indent=1))
+    return project
+
+
+def render_book(
+    profile: str, quarto: str = "quarto", scratch_root: Path | None = None, out_root: Path | None = None
+) -> Path:
+    """``quarto render`` the book in ``profile`` from its scratch project; return ``_book/<profile>``.
+
+    Runs Quarto with this interpreter as ``QUARTO_PYTHON`` (and its folder first on ``PATH``), so the
+    kernel, papermill and the pre-render guard are this environment's. Raises FileNotFoundError when
+    ``quarto`` is not installed, CalledProcessError when the render fails.
+    """
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which(quarto)
+    if exe is None:
+        raise FileNotFoundError(
+            f"{quarto!r} is not on PATH: install Quarto (https://quarto.org/docs/get-started/) to render "
+            "the book, or run `make book` to execute and check the chapters without it"
+        )
+    project = prepare_render_project(profile, scratch_root)
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "QUARTO_PYTHON": sys.executable, "PATH": bindir + os.pathsep + os.environ["PATH"]}
+    cmd = [exe, "render", "--profile", profile, "-P", f"PROFILE:{profile}"]
+    subprocess.run(cmd, cwd=project, env=env, check=True)
+    site = Path(out_root or repo_root() / "_book") / profile
+    if site.exists():
+        shutil.rmtree(site)
+    shutil.copytree(project / "_book", site)
+    return site

@@ -1,0 +1,159 @@
+"""Fault drills the book runs live: a run stopped and resumed, a rank killed mid-run.
+
+Chapters "Debugging the seams" (``resume_drill``) and "Scaling out" (``kill_rank_drill``) call
+these; ``tests/test_checkpoint.py``, ``tests/test_trl_engine.py`` and ``tests/test_faults.py`` hold
+the same claims to stricter checks. Each drill compares the final model of the interrupted run with
+the final model of the same run left alone.
+
+    python -c "from smolfsdp import drills, config; print(drills.kill_rank_drill(config.TrainConfig(max_steps=6)))"
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from smolfsdp.checkpoint import dcp as checkpoint
+from smolfsdp.config import ConfigError
+
+
+def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
+    """(tensors compared, largest absolute difference) between two runs' ``final_model/model.safetensors``.
+
+    Raises RuntimeError when the two models do not have the same keys.
+    """
+    from safetensors.torch import load_file
+
+    a = load_file(str(Path(run_a) / "final_model" / "model.safetensors"))
+    b = load_file(str(Path(run_b) / "final_model" / "model.safetensors"))
+    if a.keys() != b.keys():
+        raise RuntimeError(f"the two models' keys differ: {sorted(set(a) ^ set(b))[:4]}")
+    return len(a), max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _check_inside(cfg, step: int) -> None:
+    if cfg.max_steps <= 0 or not 1 <= step < cfg.max_steps:
+        raise ConfigError(
+            f"the drill needs max_steps > {step} >= 1 (got max_steps={cfg.max_steps}); "
+            "set max_steps and stop or kill inside the run."
+        )
+
+
+def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str, Any]:
+    """Run ``cfg`` whole, then again stopped after ``stop_at`` steps and resumed; compare the weights.
+
+    The stopped run saves every step (``save_steps=1``) and ends after step ``stop_at`` as if killed
+    (``stop_at_step``; the tests SIGKILL the processes instead). Runs ``<name>_whole`` and
+    ``<name>_resumed`` under ``cfg.output_dir``. Returns engine, strategy that ran, steps, the
+    checkpoint resumed from, tensors compared and the largest absolute difference (0.0 = bitwise
+    equal). Raises ConfigError when ``stop_at`` is not inside the run.
+    """
+    from smolfsdp.train.sft import run
+
+    _check_inside(cfg, stop_at)
+    whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
+    part = cfg.replace(name=f"{cfg.name}_resumed", save_steps=1, save_total_limit=2)
+    run(part.replace(stop_at_step=stop_at), capture=True, timeout=timeout)
+    latest = checkpoint.latest_checkpoint(part.run_dir)
+    resumed = run(part.replace(resume_from="latest"), capture=True, timeout=timeout)
+    tensors, diff = max_abs_diff(whole.path, resumed.path)
+    return {
+        "engine": cfg.engine,
+        "strategy": resumed.summary["effective"]["strategy"],
+        "steps": resumed.summary["metrics"]["steps"],
+        "stopped_after": stop_at,
+        "resumed_from": str(latest),
+        "tensors": tensors,
+        "max_abs_diff": diff,
+    }
+
+
+def find_rank_process(rank: int, deadline: float, cmd_hint: str = "smolfsdp.cli"):
+    """The ``psutil.Process`` of this process tree's worker with ``RANK=<rank>``, or None at the deadline."""
+    import psutil
+
+    while time.time() < deadline:
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if p.environ().get("RANK") == str(rank) and cmd_hint in " ".join(p.cmdline()):
+                    return p
+            except psutil.Error:
+                continue
+        time.sleep(0.05)
+    return None
+
+
+def kill_rank_after_step(cfg, rank: int, step: int, result: dict, timeout: float = 300.0) -> None:
+    """Wait for ``rank``'s process and ``step``'s complete checkpoint, then SIGKILL that one process.
+
+    Runs in a thread beside :func:`smolfsdp.launch.torchrun.launch`; fills ``result`` with the victim's
+    ``pid`` and the latest complete checkpoint at the moment of the kill (``latest_at_kill``).
+    """
+    deadline = time.time() + timeout
+    marker = cfg.run_dir / "checkpoints" / f"step-{step:06d}" / checkpoint.MARKER
+    victim = find_rank_process(rank, deadline)
+    if victim is None:
+        result["error"] = f"rank {rank} never started"
+        return
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.005)
+    result["pid"] = victim.pid
+    result["latest_at_kill"] = checkpoint.latest_checkpoint(cfg.run_dir)
+    victim.send_signal(signal.SIGKILL)
+
+
+def kill_rank_drill(
+    cfg, *, rank: int = 1, after_step: int = 3, timeout: float | None = 900
+) -> dict[str, Any]:
+    """SIGKILL one rank after ``after_step``'s checkpoint, read the launcher's verdict, resume, compare.
+
+    With ``cfg.max_restarts > 0`` torchrun restarts the workers itself and they resume from the
+    latest checkpoint (elastic); otherwise the run fails, and a second launch with
+    ``resume_from="latest"`` (``smolfsdp train --resume``) finishes it. Runs ``<name>_whole`` and
+    ``<name>_killed`` under ``cfg.output_dir``. Returns the launcher's last line, the checkpoint the
+    run resumed from, the optimizer steps done and the largest weight difference from the run
+    left alone. Raises ConfigError when ``after_step`` is not inside the run, RuntimeError when the
+    kill came too late (the run finished first).
+    """
+    from smolfsdp.launch.torchrun import launch
+    from smolfsdp.train.sft import preflight, run
+
+    _check_inside(cfg, after_step)
+    whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
+    victim = cfg.replace(name=f"{cfg.name}_killed", save_steps=1, save_total_limit=cfg.max_steps)
+    preflight(victim)
+    killed: dict[str, Any] = {}
+    killer = threading.Thread(target=kill_rank_after_step, args=(victim, rank, after_step, killed))
+    killer.start()
+    first = launch(victim, capture=True, timeout=timeout)
+    killer.join()
+    if "error" in killed:
+        raise RuntimeError(killed["error"])
+    lines = (first.stdout or "").strip().splitlines()
+    if first.returncode != 0:  # the launcher's own verdict is its last line
+        verdict = lines[-1] if lines else ""
+    else:  # elastic: torchrun's report of the failure it restarted from
+        verdict = next((ln for ln in lines if "exitcode: -9" in ln or "Restarting" in ln), "")
+    if first.returncode != 0:
+        resumed = run(victim.replace(resume_from="latest"), capture=True, timeout=timeout)
+    else:
+        from smolfsdp.measure.results import load_run
+
+        resumed = load_run(victim.run_dir)
+    m = resumed.summary["metrics"]
+    if not m.get("resumed_from"):
+        raise RuntimeError("the run finished before the kill; raise max_steps or kill earlier")
+    tensors, diff = max_abs_diff(whole.path, resumed.path)
+    return {
+        "killed": f"rank {rank} (pid {killed['pid']}) after step {after_step}",
+        "max_restarts": cfg.max_restarts,
+        "first_launch_exit_code": first.returncode,
+        "launcher_said": verdict,
+        "resumed_from": m["resumed_from"],
+        "optimizer_steps": m.get("optimizer_step", m.get("steps")),
+        "tensors": tensors,
+        "max_abs_diff": diff,
+    }

@@ -1,0 +1,407 @@
+"""One trustworthy GPU measurement: the SmolLM3-3B geometry on one GPU, with provenance (issue 13).
+
+Chapters "Where the memory goes" and "Reading the profiler" show what this writes, beside the
+estimates, once a run's files are committed under ``data/results/h200/``. On a lent GPU machine:
+
+    OUT=/some/empty/dir bash scripts/gpu_check.sh                 # the real check (CUDA)
+    OUT=/tmp/sim bash scripts/gpu_check.sh --simulate-cpu         # the same code path on CPU (CI)
+
+One process, world size 1 (a process group of one, no torchrun). A SmolLM3-3B-geometry model built
+from ``data/models/smollm3_3b/config.json`` with random weights (fp32 parameters, SDPA attention),
+FSDP2 ``fully_shard`` per decoder layer then the root with bf16 compute and fp32 reduction
+(``default_mp_policy("bf16")``), fused AdamW as the HF Trainer uses (``adamw_torch_fused``), random
+token ids at full length. For each shape in :data:`GPU_SHAPES`: warm-up steps, timed steps (CUDA
+events, profiler off), then a separate profiled window (``torch.profiler``, benchmark's schedule).
+A bf16 matmul timed in the same run gives the measured ceiling for MFU.
+
+Device budget (one H200, estimated): imports 15 s; calibration 5 s; per shape a build of 3.1 B
+fp32 parameters on the GPU (~10 s), 3 + 10 + 4 steps of ~0.15-0.5 s (~10 s), trace export and
+analysis (~20 s); 3 shapes and the ``analyze-trace`` subprocess: about 3 minutes, well under 8.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from smolfsdp.measure import benchmark
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.memory_measure import count_state_bytes
+from smolfsdp.models.modeling import resolve_wrap_class
+from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, default_mp_policy
+from smolfsdp.traces import analysis as ta
+from smolfsdp.train.native import (
+    _apply_activation_checkpointing,  # the engine's own FSDP2 activation checkpointing
+)
+
+#: What ``smolfsdp.measure.memory`` calls this recipe: fp32 sharded parameters, gradients and AdamW m, v;
+#: bf16 compute (FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
+RECIPE = "hf-fsdp-bf16"
+#: The files the check writes into ``--out``; the launcher adds the log and nvidia-smi readings.
+BENCH, TRACE_SUMMARY, PROVENANCE = "bench.json", "trace_summary.json", "provenance.json"
+#: The device tool returns files up to 16 MiB; a trace above this is not kept (its summary is).
+TRACE_LIMIT_BYTES = 15 * 2**20
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One configuration: ``micro_batch`` sequences of ``seq_len`` tokens per optimizer step."""
+
+    micro_batch: int
+    seq_len: int
+    activation_checkpointing: bool = False
+    real_run: bool = (
+        False  # the shape of configs/runs/smollm3_3b_medical.yaml (per_device 2, max_length 2048, AC)
+    )
+
+    @property
+    def name(self) -> str:
+        return f"mb{self.micro_batch}_seq{self.seq_len}" + ("_ac" if self.activation_checkpointing else "")
+
+
+GPU_SHAPES = (Shape(1, 2048), Shape(1, 4096), Shape(2, 2048, True, True))
+SIM_SHAPES = (Shape(1, 32), Shape(1, 64), Shape(2, 32, True, True))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many steps of what; the GPU plan and the CPU simulation differ only in sizes."""
+
+    simulate_cpu: bool
+    shapes: tuple[Shape, ...]
+    warmup_steps: int
+    timed_steps: int
+    matmul_n: int
+    matmul_iters: int
+    profile: SimpleNamespace  # the fields benchmark.start_profiler reads from a TrainConfig
+
+
+def make_plan(simulate_cpu: bool, warmup_steps: int = 3, timed_steps: int = 10) -> Plan:
+    if warmup_steps < 1 or timed_steps < 1:
+        raise ValueError(f"warmup_steps={warmup_steps}, timed_steps={timed_steps}: both must be >= 1")
+    # GPU: wait 1, warmup 1, active 2 (benchmark's schedule with one active step fewer, to keep a 3B
+    # trace well under the device tool's 16 MiB per file); CPU simulation: warmup 1, active 1
+    wait, active = (0, 1) if simulate_cpu else (1, 2)
+    prof = SimpleNamespace(
+        profile=True, profile_wait=wait, profile_warmup=1, profile_active=active, record_shapes=False
+    )
+    if simulate_cpu:
+        return Plan(True, SIM_SHAPES, min(warmup_steps, 1), min(timed_steps, 2), 256, 3, prof)
+    return Plan(False, GPU_SHAPES, warmup_steps, timed_steps, 8192, 50, prof)
+
+
+# ------------------------------------------------------------------------------- timing
+class StepTimer:
+    """Per-step times in ms: CUDA events on a GPU (no host sync inside the loop), else wall clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[Any, Any]] = []
+
+    def start(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, begin) -> None:
+        self.marks.append((begin, self.start()))
+
+    def elapsed_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in self.marks]
+        return [(b - a) * 1e3 for a, b in self.marks]
+
+    @property
+    def method(self) -> str:
+        return (
+            "CUDA events (torch.cuda.Event, one pair per step)" if self.cuda else "wall clock (perf_counter)"
+        )
+
+
+def measure_matmul_tflops(device: torch.device, n: int, iters: int) -> dict[str, Any]:
+    """The measured ceiling: ``n x n @ n x n`` bf16 matmuls on random data (2 n^3 FLOPs each).
+
+    Warm-up iterations first (cuBLAS handle, heuristics), then ``iters`` timed with :class:`StepTimer`;
+    reports the median and the best. Inputs are random (zeros run faster on some GPUs).
+    """
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16, generator=gen)
+    for _ in range(max(3, iters // 5)):
+        c = a @ b
+    timer = StepTimer(device)
+    for _ in range(iters):
+        t = timer.start()
+        c = a @ b
+        timer.stop(t)
+    ms = timer.elapsed_ms()
+    del a, b, c
+    flops = 2 * n**3
+    return {
+        "n": n,
+        "dtype": "bfloat16",
+        "iters": iters,
+        "timing": timer.method,
+        "ms_median": statistics.median(ms),
+        "tflops_median": flops / (statistics.median(ms) / 1e3) / 1e12,
+        "tflops_max": flops / (min(ms) / 1e3) / 1e12,
+    }
+
+
+# ------------------------------------------------------------------------------- model
+def build(config, shape: Shape, device: torch.device):
+    """The model (fp32 parameters, SDPA forced), FSDP2-sharded at world size 1, and its fused AdamW."""
+    from transformers import AutoModelForCausalLM  # deferred: transformers is the heavy import of this module
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    if model.config._attn_implementation != "sdpa":
+        raise RuntimeError(f"asked for SDPA attention, got {model.config._attn_implementation!r}")
+    model.config.use_cache = False  # SmolLM3 ships use_cache=True; no KV cache in training
+    model.train()
+    wrap = resolve_wrap_class(model)
+    if shape.activation_checkpointing:
+        _apply_activation_checkpointing(model, wrap)
+    apply_fsdp2(model, build_mesh(device.type, 1), wrap, mp_policy=default_mp_policy("bf16"))
+    # the Trainer's default optimizer since transformers 5 with torch >= 2.8 is adamw_torch_fused
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    return model, opt
+
+
+def train_step(model, opt, ids: torch.Tensor, profiling: bool, before_optimizer=None) -> torch.Tensor:
+    """Forward + backward on full-length random ids, clip to 1.0 (the Trainer's max_grad_norm), AdamW.
+
+    ``before_optimizer()``, if given, runs between the gradient clip and ``opt.step`` (where the
+    gradients exist): the memory check counts their bytes there, outside the timed steps.
+    """
+    with benchmark.phase("forward_backward", profiling):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    with benchmark.phase("clip", profiling):
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if before_optimizer is not None:
+        before_optimizer()
+    with benchmark.phase("optimizer", profiling):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def _static_estimate(est) -> dict[str, int]:
+    return {k: getattr(est, f"{k}_bytes") for k in ("params", "grads", "master", "optimizer")}
+
+
+def memory_check(est, measured: dict[str, int], peak: dict[str, int | None], allocated: int | None):
+    """Measured bytes against ``est`` (a ``MemoryEstimate``), component by component, as ratios.
+
+    ``measured``: ``count_state_bytes`` (parameters and AdamW state after ``zero_grad``; gradients
+    before it). ``allocated``: ``torch.cuda.memory_allocated`` after ``zero_grad`` (None on CPU).
+    ``peak``: ``max_memory_allocated``/``reserved`` over the timed steps (None on CPU). The peak is
+    compared with the estimate's upper bound minus what the allocator never sees (CUDA context,
+    communicator buffers).
+    """
+    static_est = _static_estimate(est)
+    ratio = {k: measured[f"{k}_bytes"] / v for k, v in static_est.items() if v}
+    m_po = measured["params_bytes"] + measured["optimizer_bytes"]
+    e_po = static_est["params"] + static_est["master"] + static_est["optimizer"]
+    ratio["params+optimizer"] = m_po / e_po
+    peak_est = est.peak_bytes - est.cuda_context_bytes - est.comm_buffer_bytes
+    cpu_reason = (
+        "CPU simulation: the CPU allocator keeps no peak statistics; storage bytes are compared instead"
+    )
+    return {
+        "recipe": est.recipe,
+        "estimate": est.to_dict(),
+        "static": {
+            "measured": measured,
+            "estimated": static_est,
+            "ratio": ratio,
+            "allocated_after_zero_grad_bytes": allocated,
+            "allocated_ratio": allocated / e_po if allocated is not None else None,
+        },
+        "peak_allocated_bytes": peak["allocated"],
+        "peak_reserved_bytes": peak["reserved"],
+        "peak_estimate_bytes": peak_est,
+        "peak_ratio": peak["allocated"] / peak_est if peak["allocated"] is not None else None,
+        "peak_reason": None if peak["allocated"] is not None else cpu_reason,
+        "not_seen_by_allocator_bytes": est.cuda_context_bytes + est.comm_buffer_bytes,
+    }
+
+
+def _state_bytes(model, opt) -> dict[str, int]:
+    s = count_state_bytes(model, opt)
+    return {
+        "params_bytes": s["param_bytes"],
+        "optimizer_bytes": s["optimizer_bytes"],
+        "optimizer_step_bytes": s["optimizer_step_bytes"],
+        "n_step_tensors": s["n_step_tensors"],
+    }
+
+
+def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: float, out: Path, log):
+    """Warm-up, timed steps, memory, then the profiled window; returns the shape's record and trace path."""
+    model, opt = build(config, shape, device)
+    n_params = benchmark.matmul_params(model)
+    geometry = benchmark.model_geometry(model)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    peak_tflops, peak_source = benchmark.peak_tflops(name)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    ids = torch.randint(0, config.vocab_size, (shape.micro_batch, shape.seq_len), generator=gen).to(device)
+    tokens = ids.numel()
+    for _ in range(plan.warmup_steps):
+        train_step(model, opt, ids, False)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    timer, losses = StepTimer(device), []
+    for _ in range(plan.timed_steps):
+        t = timer.start()
+        losses.append(train_step(model, opt, ids, False))
+        timer.stop(t)
+    times = timer.elapsed_ms()
+    peak = {
+        "allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
+        "reserved": torch.cuda.max_memory_reserved(device) if cuda else None,
+    }
+    measured = _state_bytes(model, opt)  # after zero_grad: parameters and AdamW state
+    allocated = torch.cuda.memory_allocated(device) if cuda else None
+    fpt = benchmark.flops_per_token(n_params, seq_len=shape.seq_len, **geometry)
+    rows = []
+    for i, (ms, loss) in enumerate(zip(times, losses, strict=True), 1):
+        m = benchmark.step_metrics(ms, tokens, shape.micro_batch, fpt, 1, peak_tflops)
+        rows.append(
+            {"step": i, "warmup": False, "step_time_ms": ms, "tokens": tokens, "samples": shape.micro_batch,
+             "seq_len": shape.seq_len, "flops_per_token": fpt, "loss": float(loss), **m,
+             "mfu_vs_matmul": m["tflops"] / ceiling}
+        )  # fmt: skip
+    summary = benchmark.summarise(rows)
+    summary["mfu_vs_matmul_median"] = statistics.median(r["mfu_vs_matmul"] for r in rows)
+    est = estimate_memory(
+        config, world_size=1, strategy="FULL_SHARD", recipe=RECIPE, seq_len=shape.seq_len,
+        micro_batch=shape.micro_batch, activation_checkpointing=shape.activation_checkpointing, fsdp_version=2,
+    )  # fmt: skip
+    grads: dict[str, int] = {}
+    trace = _profiled_window(model, opt, ids, plan, device, out / f"_trace_{shape.name}", grads)
+    measured["grads_bytes"] = grads["bytes"]
+    log(
+        f"{shape.name}: median step {summary['step_time_ms_median']:.1f} ms, {summary['tflops_median']:.1f} TFLOP/s"
+    )
+    record = {
+        "name": shape.name, "micro_batch": shape.micro_batch, "seq_len": shape.seq_len,
+        "activation_checkpointing": shape.activation_checkpointing, "real_run_shape": shape.real_run,
+        "warmup_steps": plan.warmup_steps, "timed_steps": plan.timed_steps, "timing": timer.method,
+        "n_params": n_params, **geometry, "peak_tflops": peak_tflops, "mfu_reason": peak_source,
+        "steps": rows, "summary": summary, "memory": memory_check(est, measured, peak, allocated),
+    }  # fmt: skip
+    del model, opt
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return record, trace
+
+
+def _profiled_window(model, opt, ids, plan: Plan, device: torch.device, work: Path, grads: dict) -> Path:
+    """Steps under ``benchmark.start_profiler`` (wait, warmup, active); returns the written trace.
+
+    The first step (``wait`` or ``warmup``: not in the trace) also counts the gradient bytes into
+    ``grads["bytes"]``.
+    """
+
+    def count_grads() -> None:
+        grads["bytes"] = count_state_bytes(model, opt)["grad_bytes"]
+
+    info = SimpleNamespace(device=device, rank=0)
+    prof = benchmark.start_profiler(plan.profile, info, work)
+    n = plan.profile.profile_wait + plan.profile.profile_warmup + plan.profile.profile_active
+    for i in range(n):
+        train_step(model, opt, ids, True, count_grads if i == 0 else None)
+        prof.step()
+    benchmark.stop_profiler(prof)
+    (trace,) = benchmark.trace_files(work)
+    return trace
+
+
+# ------------------------------------------------------------------------------- traces
+def check_trace(path: Path, n_layers: int) -> dict[str, Any]:
+    """What the profiled window shows: NCCL kernels, compute-row busy fraction, per-layer FSDP ranges.
+
+    ``nccl_kernels``: GPU kernels whose name holds "nccl" (0 expected at world size 1: FSDP2 skips
+    its all-gather and reduce-scatter for a group of one); ``nccl_ops`` the CPU ops that launched
+    any. ``compute_busy_fraction``: busy time over step time of the row with the most compute (a
+    CUDA stream on GPU, the Python thread on CPU), per profiled step. ``fsdp_layers``: decoder layers
+    that have ``FSDP::`` ranges (all ``n_layers`` expected). Raises TraceError for an unreadable trace.
+    """
+    df = ta.load_trace(path)
+    report = ta.analyze(df)
+    kernels = df[df["device"].eq("gpu") & df["cat"].eq("kernel")]
+    nccl = kernels[kernels["name"].str.contains("nccl", case=False)]
+    ops = ta.collective_kernels(df)["op"].value_counts().to_dict() if len(nccl) else {}
+    rows = report.rows[report.rows["device"].eq(report.mode) & report.rows["step"].ge(-1)]
+    compute_row = rows.groupby("row")["compute_us"].sum().idxmax() if len(rows) else None
+    busy = rows[rows["row"].eq(compute_row)]
+    fsdp = df[df["category"].eq("fsdp")]
+    layers = sorted(int(x) for x in fsdp.loc[fsdp["layer"].ge(0), "layer"].unique())
+    ranges = fsdp["name"].str.replace(r" \(.*\)$| for .*$", "", regex=True).value_counts().to_dict()
+    cpu_comm = df[df["device"].eq("cpu") & df["category"].eq("communication")]
+    return {
+        "mode": report.mode,
+        "events": len(df),
+        "gpu_kernels": len(kernels),
+        "nccl_kernels": len(nccl),
+        "nccl_ops": ops,
+        "cpu_communication_ops": cpu_comm["name"].value_counts().to_dict(),
+        "compute_row": compute_row,
+        "compute_busy_fraction": [float(x) / 100 for x in busy["busy_pct"]],
+        "compute_busy_fraction_mean": float(busy["busy_pct"].mean()) / 100 if len(busy) else None,
+        "fsdp_layers": layers,
+        "fsdp_layers_expected": n_layers,
+        "fsdp_ranges": ranges,
+        "profiled_steps": [int(s) for s in report.steps["step"]],
+        "step_dur_us": [float(x) for x in report.steps["dur_us"]],
+        "notes": report.notes,
+    }
+
+
+def run_analyze_trace(path: Path) -> dict[str, Any]:
+    """``smolfsdp analyze-trace --json`` on ``path`` in its own process (the command readers run)."""
+    cmd = [sys.executable, "-m", "smolfsdp.cli", "analyze-trace", str(path), "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out: dict[str, Any] = {
+        "command": f"smolfsdp analyze-trace {path.name} --json",
+        "returncode": proc.returncode,
+    }
+    if proc.returncode == 0:
+        (summary,) = json.loads(proc.stdout)
+        out.update(steps=len(summary["steps"]), overall=summary["overall"], prefetch=summary["prefetch"])
+    else:
+        out["stderr"] = proc.stderr[-2000:]
+    return out
+
+
+def keep_trace(traces: dict[str, Path], preferred: str, out: Path) -> str | None:
+    """Copy one trace into ``out`` (the preferred shape's, else the smallest) if it fits the limit."""
+    order = [preferred] + sorted(
+        (k for k in traces if k != preferred), key=lambda k: traces[k].stat().st_size
+    )
+    for name in order:
+        if traces[name].stat().st_size <= TRACE_LIMIT_BYTES:
+            target = out / f"trace_{name}.json.gz"
+            shutil.copyfile(traces[name], target)
+            return target.name
+    return None

@@ -1,0 +1,247 @@
+"""Figures for the book: pure ``plot_*`` functions that return plotly Figures, and ``save_figure``.
+
+Every value drawn comes from a run folder (``smolfsdp.measure.results``) or a package formula; nothing is
+typed in. In a notebook kernel the ``smolfsdp`` renderer (below) shows each figure the way Quarto
+handles plotly natively: plotly.js inline once per notebook (Quarto hoists it into the page head: once
+per page, offline, no CDN), each figure as HTML sized to the text column.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import textwrap
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+log = logging.getLogger(__name__)
+
+# The one place where the book changes how plotly displays figures, and why. Plotly's `notebook`
+# renderer puts plotly.js inline in the first figure's cell (its "global init" output, which Quarto
+# recognises by plotly.js's licence header and moves into the page head) and every figure after it as
+# a div sized `width: 100%`, measured once, at 525 px high. In a rendered book the column settles
+# after that measurement, so figures came out wider than the column; a long title sat under the
+# modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung below the
+# modebar with a top margin that fits its lines and any subplot titles, and (3) re-measures its output block
+# whenever that block's width changes (a ResizeObserver, not only window resizes).
+MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
+TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
+TITLE_CLIMB_PX = 16  # measured in Chromium: a 5-line title's block starts 15 px above its pad
+SUBPLOT_TITLE_PX = 24  # a subplot title's line (plotly's 16 px annotation font)
+TITLE_CHARS = 80  # a plain title line wraps beyond this: ~8.5 px a character fits a ~700 px column
+
+_FIT_SCRIPT = """
+var gd = document.getElementById('{plot_id}');
+var box = gd.closest('.cell-output-display, .jp-OutputArea-output, .output_subarea') || gd.parentElement;
+gd.style.maxWidth = '100%';
+function fit() {
+  var w = box.clientWidth;
+  if (w > 0 && gd._fullLayout && Math.abs(gd._fullLayout.width - w) > 1) {
+    gd.style.width = w + 'px';
+    Plotly.Plots.resize(gd);
+  }
+}
+fit();
+if (window.ResizeObserver) { new ResizeObserver(fit).observe(box); }
+"""
+
+
+def fit_layout(layout: dict) -> dict:
+    """Return ``layout`` (a figure's layout as a dict) made to fit a text column; the input is not changed.
+
+    Drops ``width`` and sets ``autosize``. A title is wrapped (:func:`_wrap_title`) and hung from the
+    top edge below the modebar (plotly anchors a multi-line title on its first line, so its block sits
+    up to ``TITLE_CLIMB_PX`` higher than the pad says), and the top margin is raised to hold the
+    modebar, every line and any subplot titles. Pure: no plotly.js, no I/O.
+    """
+    out = {k: v for k, v in layout.items() if k != "width"}
+    out["autosize"] = True
+    title = out.get("title")
+    title = {"text": title} if isinstance(title, str) else dict(title or {})
+    text = _wrap_title(title.get("text") or "")
+    if text:
+        lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text"))
+        # make_subplots puts subplot titles as annotations standing on the plot area (paper y = 1)
+        above = any(
+            a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in out.get("annotations") or []
+        )
+        pad_b = 8 + SUBPLOT_TITLE_PX * above
+        pad_t = MODEBAR_PX + TITLE_CLIMB_PX
+        title.update(
+            text=text, y=1, yref="container", yanchor="top", pad={**title.get("pad", {}), "t": pad_t}
+        )
+        out["title"] = title
+        margin = dict(out.get("margin") or {})
+        margin["t"] = max(margin.get("t", 100), pad_t + TITLE_LINE_PX * lines + pad_b)
+        out["margin"] = margin
+    return out
+
+
+def _wrap_title(text: str) -> str:
+    """Break plain title lines longer than ``TITLE_CHARS`` at spaces (plotly never wraps a title).
+
+    Lines with markup, or inside a ``<sup>``/``<sub>`` span (subtitles, wrapped by their plot
+    function), are kept as they are.
+    """
+    lines, depth = [], 0
+    for line in text.split("<br>"):
+        plain = depth == 0 and "<" not in line and len(line) > TITLE_CHARS
+        lines += textwrap.wrap(line, TITLE_CHARS) if plain else [line]
+        depth += len(re.findall(r"<su[bp]>", line)) - len(re.findall(r"</su[bp]>", line))
+    return "<br>".join(lines)
+
+
+class _ColumnMixin:
+    """Applies :func:`fit_layout` to the figure before plotly's own renderer draws it."""
+
+    def to_mimebundle(self, fig_dict):
+        return super().to_mimebundle({**fig_dict, "layout": fit_layout(fig_dict.get("layout", {}))})
+
+
+class BookNotebookRenderer(_ColumnMixin, pio.base_renderers.NotebookRenderer):
+    pass
+
+
+class BookMimetypeRenderer(_ColumnMixin, pio.base_renderers.PlotlyRenderer):
+    pass
+
+
+_CONFIG = {"responsive": True, "displaylogo": False}
+pio.renderers["smolfsdp"] = BookNotebookRenderer(config=_CONFIG, post_script=_FIT_SCRIPT)
+pio.renderers["smolfsdp_mimetype"] = BookMimetypeRenderer(config=_CONFIG)
+# JupyterLab and VS Code show the plotly mimetype; HTML (Quarto, nbconvert) takes the text/html one.
+pio.renderers.default = "smolfsdp_mimetype+smolfsdp"
+
+COLORS = {"train": "#1f77b4", "eval": "#d62728"}
+
+
+def plot_loss_curve(run, title: str | None = None) -> go.Figure:
+    """Training loss per optimizer step and eval loss at each evaluation, from a ``results.Run``.
+
+    x: optimizer step; y: mean token cross-entropy (nats) over assistant tokens of the global batch.
+    """
+    s = run.summary
+    fig = go.Figure()
+    train, ev = run.train, run.eval
+    fig.add_trace(
+        go.Scatter(
+            x=train["step"],
+            y=train["loss"],
+            mode="lines",
+            name="train loss",
+            line={"color": COLORS["train"]},
+            hovertemplate="step %{x}<br>train loss %{y:.3f}<extra></extra>",
+        )
+    )
+    if len(ev):
+        fig.add_trace(
+            go.Scatter(
+                x=ev["step"],
+                y=ev["eval_loss"],
+                mode="lines+markers",
+                name="eval loss",
+                line={"color": COLORS["eval"], "dash": "dot"},
+                hovertemplate="step %{x}<br>eval loss %{y:.3f}<extra></extra>",
+            )
+        )
+    strategy = s["effective"]["strategy"].upper()
+    fig.update_layout(
+        title=title
+        or f"{s['name']}: {s['engine']} engine, ran {strategy} on {s['world_size']} x {s['device']}",
+        xaxis_title="optimizer step",
+        yaxis_title="loss (nats per assistant token)",
+        template="plotly_white",
+        hovermode="x unified",
+        legend={"orientation": "h", "y": -0.2},
+        margin={"l": 60, "r": 20, "t": 60, "b": 60},
+    )
+    return fig
+
+
+def save_figure(fig: go.Figure, name: str, out_dir: str | Path | None = None) -> list[Path]:
+    """Write ``figures/<name>.html`` and ``.json`` always, and ``.png`` when an exporter (kaleido) works.
+
+    The HTML loads ``plotly.min.js`` from the same folder (written once, beside it): offline, no CDN.
+    """
+    from smolfsdp.data.prepare import repo_root
+
+    out = Path(out_dir) if out_dir is not None else repo_root() / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.html", out / f"{name}.json"]
+    fig.write_html(paths[0], include_plotlyjs="directory", full_html=True)
+    fig.write_json(paths[1])
+    try:
+        fig.write_image(out / f"{name}.png")
+        paths.append(out / f"{name}.png")
+    except Exception as err:  # no kaleido / no Chrome for it: html and json are the figure of record
+        log.info("png for %s not written (%s)", name, type(err).__name__)
+    return paths
+
+
+LANE_COLORS = {
+    "annotation": "#7f7f7f",
+    "all-gather": "#2ca02c",
+    "reduce-scatter": "#ff7f0e",
+    "all-reduce": "#9467bd",
+    "broadcast": "#8c564b",
+    "other": "#bcbd22",
+}
+
+
+def plot_fsdp_timeline(events: list[dict], title: str = "One training step on rank 0") -> go.Figure:
+    """A Perfetto-like timeline of one step: a lane per kind (FSDP annotations, each collective).
+
+    ``events``: dicts with ``name``, ``kind``, ``start_us``, ``dur_us`` (from ``smolfsdp.book.mechanics``).
+    x is milliseconds since the first event; hover shows the name and duration.
+    """
+    fig = go.Figure()
+    for kind, color in LANE_COLORS.items():
+        rows = [e for e in events if e["kind"] == kind]
+        if not rows:
+            continue
+        fig.add_trace(
+            go.Bar(
+                y=[kind] * len(rows),
+                x=[max(e["dur_us"], 1) / 1e3 for e in rows],
+                base=[e["start_us"] / 1e3 for e in rows],
+                orientation="h",
+                name=kind,
+                marker_color=color,
+                customdata=[[e["name"], e["dur_us"] / 1e3] for e in rows],
+                hovertemplate="%{customdata[0]}<br>%{customdata[1]:.3f} ms<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        barmode="overlay",
+        template="plotly_white",
+        xaxis_title="time (ms)",
+        yaxis={"categoryorder": "array", "categoryarray": list(LANE_COLORS)[::-1]},
+        height=360,
+        margin={"l": 110, "r": 20, "t": 50, "b": 50},
+    )
+    return fig
+
+
+def plot_grouped_bars(df, x: str, y: str, color: str, title: str, y_title: str) -> go.Figure:
+    """Grouped bars from a long DataFrame (one bar per ``x`` and ``color``); values drawn as given."""
+    fig = go.Figure()
+    for key, part in df.groupby(color, sort=False):
+        fig.add_trace(
+            go.Bar(
+                x=part[x],
+                y=part[y],
+                name=str(key),
+                hovertemplate=f"{key}<br>%{{x}}: %{{y:,.0f}}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        barmode="group",
+        template="plotly_white",
+        yaxis_title=y_title,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+    )
+    return fig

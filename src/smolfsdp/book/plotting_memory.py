@@ -1,0 +1,78 @@
+"""Figures of the chapter "Where the memory goes": pure ``plot_*`` functions returning plotly Figures.
+
+Every bar is a ``smolfsdp.measure.memory`` estimate or a measured byte count; save with
+``smolfsdp.book.plotting.save_figure``.
+
+    python -c "from smolfsdp.book.plotting_memory import *; from smolfsdp.measure.memory import estimate_memory as e; plot_memory_breakdown({'1 GPU': e()}).show()"
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
+
+GIB = 2**30
+COMPONENT_COLORS = {
+    "params": "#1f77b4",
+    "grads": "#ff7f0e",
+    "master": "#8c564b",
+    "optimizer": "#2ca02c",
+    "gathered": "#9467bd",
+    "grad_buffer": "#c5b0d5",
+    "no_sync_grads": "#ffbb78",
+    "activations": "#d62728",
+    "logits": "#e377c2",
+    "cuda_context": "#7f7f7f",
+    "comm_buffers": "#bcbd22",
+}
+
+
+def plot_memory_breakdown(
+    estimates: dict, gpu_lines: dict[str, int] | None = None, title: str = ""
+) -> go.Figure:
+    """Stacked bars: one bar per labelled ``MemoryEstimate``, one segment per device component (GiB).
+
+    ``gpu_lines``: optional ``{name: bytes}`` drawn as horizontal lines (GPU memory).
+    """
+    labels = list(estimates)
+    fig = go.Figure()
+    for comp, color in COMPONENT_COLORS.items():
+        values = [estimates[k].components()[comp] / GIB for k in labels]
+        if not any(values):
+            continue
+        fig.add_trace(
+            go.Bar(
+                x=labels, y=values, name=comp, marker_color=color,
+                hovertemplate="%{x}<br>" + comp + ": %{y:.2f} GiB<extra></extra>",
+            )
+        )  # fmt: skip
+    for name, nbytes in (gpu_lines or {}).items():
+        fig.add_hline(y=nbytes / GIB, line_dash="dot", annotation_text=name, annotation_position="top left")
+    fig.update_layout(
+        barmode="stack", title=title, yaxis_title="GiB per GPU (device)", template="plotly_white",
+        legend={"orientation": "h", "y": -0.25}, margin={"l": 60, "r": 20, "t": 60, "b": 80},
+    )  # fmt: skip
+    return fig
+
+
+def plot_estimate_vs_measured(df, title: str = "") -> go.Figure:
+    """Grouped bars of measured vs estimated static bytes (KiB) per case and rank, from
+    ``memory_measure.compare_with_estimate``."""
+    x = [f"{c} r{r}" for c, r in zip(df["case"], df["rank"], strict=True)]
+    fig = go.Figure()
+    for col, name, color in (
+        ("measured_static", "measured", "#1f77b4"),
+        ("estimated_static", "estimated", "#ff7f0e"),
+    ):
+        fig.add_trace(
+            go.Bar(
+                x=x, y=df[col] / 1024, name=name, marker_color=color,
+                hovertemplate="%{x}<br>" + name + ": %{y:,.1f} KiB<extra></extra>",
+            )
+        )  # fmt: skip
+    fig.update_layout(
+        barmode="group", title=title, yaxis_title="KiB per rank (params + grads + AdamW m, v)",
+        template="plotly_white", legend={"orientation": "h", "y": -0.45}, margin={"b": 140},
+    )  # fmt: skip
+    return fig

@@ -1,0 +1,118 @@
+"""Figures of the chapter "Scaling out": pure ``plot_*`` functions returning plotly Figures.
+
+Every point is a row of ``smolfsdp.measure.comm.scaling_table`` (the communication model and
+``smolfsdp.measure.memory``); the table's assumptions go into the title. Save with
+``smolfsdp.book.plotting.save_figure``.
+
+    python -c "from smolfsdp import comm, plotting_scale as p; p.plot_scaling(comm.scaling_table()).show()"
+"""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
+
+STRATEGY_COLORS = {
+    "NO_SHARD": "#7f7f7f",
+    "SHARD_GRAD_OP": "#ff7f0e",
+    "FULL_SHARD": "#1f77b4",
+    "HYBRID_SHARD": "#2ca02c",
+}
+STRATEGY_LABELS = {
+    "NO_SHARD": "DDP (NO_SHARD)",
+    "SHARD_GRAD_OP": "ZeRO-2 (SHARD_GRAD_OP)",
+    "FULL_SHARD": "ZeRO-3 (FULL_SHARD)",
+    "HYBRID_SHARD": "HSDP (HYBRID_SHARD)",
+}
+
+
+def _subplots(models, title: str, y_title: str, df):
+    fig = make_subplots(rows=1, cols=len(models), subplot_titles=list(models), shared_yaxes=True)
+    note = _wrap(df.attrs.get("assumptions", ""))
+    lines = note.count("<br>") + 1
+    fig.update_layout(
+        title={"text": f"{title}<br><sup>{note}</sup>", "y": 0.98, "yanchor": "top"}, template="plotly_white",
+        legend={"orientation": "h", "y": -0.2}, margin={"l": 60, "r": 20, "t": 50 + 22 * lines, "b": 80},
+    )  # fmt: skip
+    fig.update_xaxes(type="log", title_text="GPUs", dtick=0.30103)  # ticks at powers of two
+    fig.update_yaxes(title_text=y_title, col=1)
+    return fig
+
+
+def _wrap(text: str, width: int = 110) -> str:
+    """Break the assumptions line at ``"; "`` so the subtitle fits the figure's width."""
+    out, line = [], ""
+    for part in text.split("; "):
+        if line and len(line) + len(part) + 2 > width:
+            out.append(line)
+            line = part
+        else:
+            line = f"{line}; {part}" if line else part
+    return "<br>".join([*out, line]) if line else "<br>".join(out)
+
+
+def _lines(fig, df, y: str, fmt: str, dash_unfit: bool = True) -> None:
+    for col, model in enumerate(df["model"].unique(), start=1):
+        for s, color in STRATEGY_COLORS.items():
+            d = df[(df["model"] == model) & (df["strategy"] == s)].sort_values("n_gpus")
+            if d.empty:
+                continue
+            symbols = ["circle" if f else "x" for f in d["fits"]] if dash_unfit else "circle"
+            fig.add_trace(
+                go.Scatter(
+                    x=d["n_gpus"], y=d[y], mode="lines+markers", name=STRATEGY_LABELS[s],
+                    line={"color": color}, marker={"symbol": symbols, "size": 8}, legendgroup=s,
+                    showlegend=col == 1, customdata=d["fits"],
+                    hovertemplate="%{x} GPUs<br>" + fmt + "<br>fits: %{customdata}<extra>" + s + "</extra>",
+                ),
+                row=1, col=col,
+            )  # fmt: skip
+
+
+def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
+    """Peak device memory per GPU (GiB, ``smolfsdp.measure.memory`` upper bound) against GPU count, one line per
+    strategy, one panel per model, the GPU's memory as a dotted line; x marks a setting that does not fit."""
+    models = list(df["model"].unique())
+    fig = _subplots(models, title, "GiB per GPU (device peak)", df)
+    _lines(fig, df, "memory_gib", "%{y:.1f} GiB")
+    # the GPU's memory as a dotted trace, not add_hline: on a log axis an hline's annotation is placed
+    # in log10 units and stretches the autorange to 1e70
+    cap = float(df["gpu_memory_gib"].iloc[0])
+    x = sorted(df["n_gpus"].unique())
+    for col in range(1, len(models) + 1):
+        fig.add_trace(
+            go.Scatter(
+                x=x, y=[cap] * len(x), mode="lines", line={"dash": "dot", "color": "black"},
+                name=f"GPU memory ({cap:.0f} GiB)", showlegend=col == 1, hoverinfo="name",
+            ),
+            row=1, col=col,
+        )  # fmt: skip
+    lo, hi = float(df["memory_gib"].min()), max(float(df["memory_gib"].max()), cap)
+    fig.update_yaxes(type="log", range=[math.log10(lo / 1.5), math.log10(hi * 1.5)])
+    return fig
+
+
+def plot_scaling(df, metric: str = "efficiency", title: str | None = None) -> go.Figure:
+    """Weak-scaling ``efficiency`` (compute / projected step time), ``step_s`` or ``tokens_per_s_per_gpu``
+    against GPU count (log axis), one line per strategy, one panel per model; x marks settings that do
+    not fit in memory. Raises ValueError for another metric."""
+    labels = {
+        "efficiency": ("Scaling efficiency (weak scaling)", "compute / step time", "%{y:.0%}"),
+        "step_s": ("Projected step time", "seconds per step", "%{y:.3f} s"),
+        "tokens_per_s_per_gpu": ("Throughput per GPU", "tokens/s per GPU", "%{y:,.0f} tokens/s"),
+    }
+    if metric not in labels:
+        raise ValueError(f"metric={metric!r}: use one of {list(labels)}")
+    head, y_title, fmt = labels[metric]
+    models = list(df["model"].unique())
+    fig = _subplots(models, title or head, y_title, df)
+    _lines(fig, df, metric, fmt)
+    if metric == "efficiency":
+        fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    elif metric == "step_s":  # the two models' step times differ ~20x: a log axis keeps both readable
+        fig.update_yaxes(type="log")
+    return fig

@@ -1,0 +1,168 @@
+"""Figures for the chapter "Reading the profiler": pure ``plot_*`` functions returning plotly Figures.
+
+Inputs come from ``smolfsdp.traces.analysis`` (a loaded trace and its ``TraceReport``) and
+``smolfsdp.measure.benchmark`` (a bench.json); nothing is typed in. Save with ``plotting.save_figure``.
+
+    python -c "from smolfsdp import trace_analysis as ta, plotting_trace as pt; \\
+        pt.plot_timeline(ta.load_trace('runs/bench/traces/rank0.json.gz')).show()"
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+CATEGORY_COLORS = {
+    "compute": "#2ca02c",
+    "cpu_op": "#98df8a",
+    "communication": "#d62728",
+    "memory": "#9467bd",
+    "fsdp": "#ff7f0e",
+    "step": "#7f7f7f",
+    "annotation": "#1f77b4",
+    "runtime": "#bcbd22",
+    "other": "#c7c7c7",
+}
+
+
+def plot_timeline(df: pd.DataFrame, *, max_events: int = 4000, min_dur_us: float = 0.0) -> go.Figure:
+    """Perfetto-like timeline: one row per thread/stream, one bar per event, colour = category.
+
+    x: ms from the first event. Hover shows name, category and duration (µs). To stay light in a
+    page, keeps the ``max_events`` longest events (and those longer than ``min_dur_us``); the title
+    says how many were drawn. Zoom with the plotly toolbar.
+    """
+    ev = df[df["dur"] > min_dur_us]
+    ev = ev.nlargest(max_events, "dur") if len(ev) > max_events else ev
+    t0 = df["ts"].min()
+    fig = go.Figure()
+    for cat, g in ev.groupby("category"):
+        fig.add_trace(
+            go.Bar(
+                base=(g["ts"] - t0) / 1e3,
+                x=g["dur"] / 1e3,
+                y=g["row"],
+                orientation="h",
+                name=cat,
+                marker={"color": CATEGORY_COLORS.get(cat, "#c7c7c7"), "line": {"width": 0}},
+                customdata=list(zip(g["name"].str.slice(0, 90), g["dur"], strict=True)),
+                hovertemplate="%{customdata[0]}<br>" + cat + ", %{customdata[1]:.1f} µs<extra>%{y}</extra>",
+            )
+        )
+    fig.update_layout(
+        barmode="overlay",
+        title=f"Timeline: {len(ev):,} of {len(df):,} events (the longest), rows = threads and streams",
+        xaxis_title="time (ms from the first event)",
+        template="plotly_white",
+        height=200 + 40 * ev["row"].nunique(),
+        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 220, "r": 20, "t": 60, "b": 60},
+    )
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def plot_overlap(steps: pd.DataFrame, title: str = "Communication per step") -> go.Figure:
+    """Stacked bars per step: communication overlapped by compute vs exposed (ms), overlap % on hover."""
+    fig = go.Figure()
+    x = steps["step"].astype(str)
+    for col, label, color in (
+        ("overlap_us", "overlapped with compute", "#2ca02c"),
+        ("exposed_comm_us", "exposed", "#d62728"),
+    ):
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=steps[col] / 1e3,
+                name=label,
+                marker_color=color,
+                customdata=steps["overlap_pct"],
+                hovertemplate="step %{x}<br>%{y:.2f} ms<br>overlap %{customdata:.1f} %<extra>"
+                + label
+                + "</extra>",
+            )
+        )
+    fig.update_layout(
+        barmode="stack",
+        title=title,
+        xaxis_title="profiler step",
+        yaxis_title="communication time (ms)",
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def plot_gathers(gathers: pd.DataFrame) -> go.Figure:
+    """Per-unit all-gather time (ms), forward and backward side by side, mean over steps (± min..max)."""
+    g = gathers.groupby(["unit", "pass"])["dur_us"].agg(["mean", "min", "max", "count"]).reset_index()
+    order = sorted(
+        g["unit"].unique(), key=lambda u: (u != "root", int(u.split(".")[-1]) if u != "root" else -1)
+    )
+    fig = go.Figure()
+    for pass_, color in (("forward", "#1f77b4"), ("backward", "#ff7f0e")):
+        s = g[g["pass"] == pass_].set_index("unit").reindex(order)
+        fig.add_trace(
+            go.Bar(
+                x=order,
+                y=s["mean"] / 1e3,
+                name=pass_,
+                marker_color=color,
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": (s["max"] - s["mean"]) / 1e3,
+                    "arrayminus": (s["mean"] - s["min"]) / 1e3,
+                },
+                customdata=s["count"],
+                hovertemplate="%{x}<br>mean %{y:.2f} ms over %{customdata} gathers<extra>"
+                + pass_
+                + "</extra>",
+            )
+        )
+    source = ", ".join(sorted(gathers["source"].unique()))
+    fig.update_layout(
+        barmode="group",
+        title=f"All-gather per FSDP unit (found by: {source})",
+        yaxis_title="all-gather time (ms)",
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.25},
+    )
+    return fig
+
+
+def plot_bench_summary(benches: dict[str, dict]) -> go.Figure:
+    """Measured step time, tokens/s and tensor memory per labelled bench.json (MFU when defined)."""
+    rows = []
+    for label, b in benches.items():
+        s = b["summary"]
+        rows.append(
+            {
+                "run": label,
+                "step time (ms)": s["step_time_ms_median"],
+                "tokens/s": s["tokens_per_s_median"],
+                "TFLOP/s per rank": s["tflops_median"],
+                "MFU (%)": 100 * s["mfu_median"] if s.get("mfu_median") is not None else None,
+            }
+        )
+    df = pd.DataFrame(rows)
+    cols = [c for c in df.columns[1:] if df[c].notna().any()]
+    fig = make_subplots(rows=1, cols=len(cols), subplot_titles=cols)
+    for i, c in enumerate(cols, start=1):
+        fig.add_trace(
+            go.Bar(
+                x=df["run"],
+                y=df[c],
+                text=df[c].map(lambda v: f"{v:.3g}" if pd.notna(v) else "n/a"),
+                textposition="auto",
+                showlegend=False,
+                hovertemplate="%{x}<br>%{y:.4g}<extra>" + c + "</extra>",
+            ),
+            row=1,
+            col=i,
+        )
+    fig.update_layout(
+        title="Benchmark summary (median over timed steps)", template="plotly_white", height=380
+    )
+    return fig

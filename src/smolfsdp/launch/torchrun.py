@@ -1,0 +1,596 @@
+"""Start a run's processes in a subprocess with ``torchrun``, on one node or several, and explain failures.
+
+Chapters and ``smolfsdp train`` call this; nothing creates a process group inside a notebook
+kernel. The resolved config travels as a YAML file, so each rank sees exactly what was checked.
+
+``nproc`` is the **total** number of processes (the world size); with ``nnodes`` nodes each node
+starts ``nproc // nnodes`` of them, so ``nnodes`` must divide ``nproc``. The exact commands:
+
+    # one node, 2 processes (what `smolfsdp train` runs)
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m smolfsdp.cli train --config C
+    # 2 nodes x 8 GPUs: the same line on every node, NODE_RANK 0 on the node that hosts the rendezvous
+    smolfsdp train --config C --nproc 16 --nnodes 2 --node-rank $NODE_RANK --rdzv-endpoint node0:29400
+    # which runs, on each node:
+    python -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
+        --rdzv-endpoint=node0:29400 --rdzv-id=smolfsdp-<name> --rdzv-conf=join_timeout=300,... \
+        --max-restarts=0 -m smolfsdp.cli train --config C
+    # elastic: restart the whole worker group up to 3 times; each restart resumes from the latest checkpoint
+    smolfsdp train --config C --save_steps 50 --max-restarts 3
+
+When the run fails, :func:`explain_failure` turns torchrun's ``ChildFailedError`` report into one
+line: which rank died, how (exit code or signal), the last complete checkpoint and the command that
+resumes from it; a rendezvous that timed out (nodes that never all joined) is named as such.
+:func:`redact` keeps tokens and secrets out of every file a run writes for people; the ranks themselves
+read the unredacted config from a private temporary file that is removed when the run ends.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.launch.checks import check_resources, run_lock
+
+#: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
+#: names the collective in a timeout error (smolfsdp.sharding.distributed.name_collective_errors).
+FLIGHT_RECORDER_ENTRIES = 2000
+
+
+# ------------------------------------------------------------------------------ commands
+def torchrun_command(
+    nproc: int,
+    args: list[str],
+    module: str = "smolfsdp.cli",
+    *,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str = "smolfsdp",
+    is_host: bool | None = None,
+    max_restarts: int = 0,
+    rdzv_timeout_s: float | None = None,
+) -> list[str]:
+    """The ``python -m torch.distributed.run ... -m <module> <args>`` command for one node.
+
+    Args:
+        nproc: processes **on this node** (torchrun's ``--nproc-per-node``).
+        nnodes: 1 gives ``--standalone`` (a private rendezvous on a free local port); more gives a
+            ``c10d`` rendezvous at ``rdzv_endpoint`` (``host:port``) that every node joins with the same
+            ``rdzv_id``. torchrun assigns global ranks as nodes join (``--node-rank`` is used only by the
+            ``static`` backend, so it is not passed).
+        is_host: ``True`` on the node that serves the rendezvous store, ``False`` elsewhere, ``None``:
+            torchrun decides by matching the endpoint's host against this machine's names.
+        max_restarts: how often torchrun restarts the whole worker group after a worker fails.
+        rdzv_timeout_s: ``join_timeout`` (whole rendezvous) and ``read_timeout`` (store connect and
+            reads), so a node whose peers never come fails instead of waiting for torch's 600 s default.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes == 1:
+        cmd.append("--standalone")
+    else:
+        if not rdzv_endpoint:
+            raise ConfigError(
+                f"nnodes={nnodes} needs rdzv_endpoint=host:port (the node that hosts the rendezvous)."
+            )
+        cmd += [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={rdzv_id}",
+        ]
+        conf = []
+        if rdzv_timeout_s is not None:
+            t = max(1, round(rdzv_timeout_s))
+            conf += [f"join_timeout={t}", f"read_timeout={t}"]
+        if is_host is not None:
+            conf.append(f"is_host={str(is_host).lower()}")
+        if conf:
+            cmd.append("--rdzv-conf=" + ",".join(conf))
+    cmd += [f"--nproc-per-node={nproc}"]
+    if max_restarts:
+        cmd.append(f"--max-restarts={max_restarts}")
+    return [*cmd, "-m", module, *args]
+
+
+def command_for(cfg: TrainConfig, args: list[str], module: str = "smolfsdp.cli") -> list[str]:
+    """:func:`torchrun_command` with this node's share of ``cfg.nproc`` and ``cfg``'s rendezvous settings."""
+    return torchrun_command(
+        cfg.nproc // cfg.nnodes,
+        args,
+        module,
+        nnodes=cfg.nnodes,
+        rdzv_endpoint=cfg.rdzv_endpoint,
+        rdzv_id=f"smolfsdp-{cfg.name}",
+        is_host=(cfg.node_rank == 0) if cfg.nnodes > 1 else None,
+        max_restarts=cfg.max_restarts,
+        rdzv_timeout_s=cfg.rdzv_timeout_s,
+    )
+
+
+def check_launch(cfg: TrainConfig) -> None:
+    """Validate the launch fields of ``cfg`` (called by ``TrainConfig.__post_init__``).
+
+    Raises:
+        ConfigError: ``nnodes`` < 1 or not dividing ``nproc``; ``node_rank`` outside ``[0, nnodes)``;
+            several nodes without ``rdzv_endpoint``; an endpoint that is not ``host:port``;
+            negative ``max_restarts``; non-positive timeouts.
+    """
+    if cfg.nnodes < 1:
+        raise ConfigError(f"nnodes={cfg.nnodes}: need at least one node.")
+    if cfg.nproc % cfg.nnodes:
+        lo, hi = (cfg.nproc // cfg.nnodes) * cfg.nnodes, -(-cfg.nproc // cfg.nnodes) * cfg.nnodes
+        raise ConfigError(
+            f"nproc={cfg.nproc} processes cannot be split evenly over nnodes={cfg.nnodes} nodes: nproc is the "
+            f"total (world size) and every node starts nproc/nnodes. Use nproc={hi}"
+            + (f" or {lo}" if lo else "")
+            + ", or another node count."
+        )
+    if not 0 <= cfg.node_rank < cfg.nnodes:
+        raise ConfigError(
+            f"node_rank={cfg.node_rank}: must be in 0..{cfg.nnodes - 1} for nnodes={cfg.nnodes}."
+        )
+    if cfg.nnodes > 1:
+        if not cfg.rdzv_endpoint:
+            raise ConfigError(
+                f"nnodes={cfg.nnodes} needs rdzv_endpoint=host:port: the address of node_rank 0, where the "
+                "rendezvous runs (e.g. --rdzv-endpoint node0:29400)."
+            )
+        parse_endpoint(cfg.rdzv_endpoint)
+    if cfg.max_restarts < 0:
+        raise ConfigError(f"max_restarts={cfg.max_restarts} must be >= 0 (0: a failed rank ends the run).")
+    for name in ("rdzv_timeout_s", "collective_timeout_s"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0 seconds.")
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """``"node0:29400"`` -> ``("node0", 29400)``; ``"[::1]:29400"`` for IPv6. ConfigError otherwise."""
+    host, sep, port = str(endpoint).rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"rdzv_endpoint={endpoint!r} is not host:port (e.g. node0:29400 or 10.0.0.1:29400)."
+        )
+    return host, int(port)
+
+
+def wait_for_endpoint(
+    endpoint: str, timeout_s: float, poll_s: float = 1.0, report_every_s: float = 30.0
+) -> None:
+    """TCP-connect to the rendezvous ``endpoint`` every ``poll_s`` seconds until it answers or ``timeout_s``
+    passes.
+
+    Run on every node but the host before torchrun starts. Node 0 may legitimately start later than
+    this node, so a refused or unreachable endpoint is retried for the whole ``timeout_s`` (the run's
+    ``rdzv_timeout_s``, 300 s by default), not given up at once. It says so on stderr: one line when it
+    starts waiting and one every ``report_every_s`` seconds while it retries (with the last error), and
+    it then fails with the address named, instead of deep inside torch's store client.
+
+    Raises:
+        ConfigError: nothing accepted a connection at ``host:port`` within ``timeout_s``.
+    """
+    host, port = parse_endpoint(endpoint)
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    next_report = t0 + report_every_s
+    last: OSError | None = None
+    first = True
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))):
+                return
+        except OSError as err:
+            last = err
+        now = time.monotonic()
+        if first:
+            first = False
+            print(
+                f"[smolfsdp] waiting up to {timeout_s:g} s for the rendezvous endpoint {host}:{port} served by "
+                f"node_rank 0 ({last}); start node 0 if it is not running yet",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif now >= next_report:
+            while next_report <= now:  # on a fixed schedule: t0 + report_every_s, t0 + 2 report_every_s, ...
+                next_report += report_every_s
+            print(
+                f"[smolfsdp] still waiting for {host}:{port}: {now - t0:.0f} of {timeout_s:g} s ({last})",
+                file=sys.stderr,
+                flush=True,
+            )
+        if now + poll_s > deadline:
+            break
+        time.sleep(poll_s)
+    raise ConfigError(
+        f"The rendezvous endpoint {host}:{port} did not answer within {timeout_s:g} s ({last}). Start node_rank "
+        "0 first (it serves the rendezvous), check the address and port, and that no firewall blocks it; "
+        "raise rdzv_timeout_s if node 0 starts slowly."
+    )
+
+
+def launch_env(nproc: int, max_restarts: int = 0) -> dict[str, str]:
+    """This process's environment plus the settings every run's ranks need (thread count, flight recorder)."""
+    env = dict(os.environ)
+    if max_restarts:
+        # torchrun 2.13 lets the workers share its rendezvous TCPStore; a restarted group then reads the
+        # dead group's gloo addresses from it ("connectFullMesh failed ... Connection refused", 4 of 6
+        # restarts here). A fresh store per restart (rank 0 hosts it on a new port) avoids the race.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Two processes on a 2-core box: one intra-op thread each, or they fight over the cores.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # torch's flight recorder: the last collectives of each rank, so a timeout can name its collective
+    env.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
+    return env
+
+
+# ------------------------------------------------------------------------------ running
+def launch(
+    cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """Run ``smolfsdp train`` on this node's ``cfg.nproc // cfg.nnodes`` processes and wait for it.
+
+    The combined output streams to this process's ``sys.stdout``; with ``capture`` it is also
+    returned in ``.stdout`` (for notebooks and tests). A failed run ends with one line from
+    :func:`explain_failure` (on stderr, and at the end of ``.stdout`` when capturing).
+
+    Raises:
+        ConfigError: on a node other than node_rank 0, the rendezvous endpoint did not answer; more ranks
+            than this node's GPUs, cores or memory allow (:func:`smolfsdp.launch.checks.check_resources`);
+            the same run (name and output_dir) is already running (:func:`smolfsdp.launch.checks.run_lock`).
+        Terminated: SIGTERM reached the launcher (a ``KeyboardInterrupt``, like Ctrl-C): the ranks were
+            stopped and the temporary config removed first.
+    """
+    if cfg.nnodes > 1 and cfg.node_rank > 0:
+        wait_for_endpoint(cfg.rdzv_endpoint, cfg.rdzv_timeout_s)
+    check_resources(cfg)
+    # held for the run's life: a second launch of this name and output_dir is refused, not interleaved
+    with run_lock(cfg), sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="smolfsdp-") as tmp:
+        cfg_path = Path(tmp) / "config.yaml"
+        # the ranks train with the config as resolved; redaction is for the files people read (the
+        # run folder's and each checkpoint's config.yaml); this private folder is removed afterwards
+        cfg.save(cfg_path, redact_secrets=False)
+        cmd = command_for(cfg, ["train", "--config", str(cfg_path)])
+        proc = subprocess.Popen(
+            cmd,
+            env=launch_env(cfg.nproc // cfg.nnodes, cfg.max_restarts),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:  # from the moment torchrun exists: a signal in any later line must still stop it
+            out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
+            proc.wait(timeout=timeout)
+        except BaseException as err:
+            # Ctrl-C, SIGTERM, a timeout or any error here: pass SIGINT on so torchrun stops its workers
+            # (subprocess.run would SIGKILL torchrun and leave the ranks training as orphans).
+            stop(proc)
+            if isinstance(err, subprocess.TimeoutExpired):
+                err.output = out.join()  # what the run printed before it timed out
+            raise
+        text = out.join()
+    if proc.returncode != 0:
+        line = "[smolfsdp] " + explain_failure(text, proc.returncode, cfg)
+        print(line, file=sys.stderr, flush=True)
+        text += "\n" + line + "\n"
+    return subprocess.CompletedProcess(cmd, proc.returncode, text if capture else None, None)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the launcher; raised like Ctrl-C's KeyboardInterrupt so it is handled the same way."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While the block runs (in the main thread), SIGTERM raises :class:`Terminated`, so :func:`launch`
+    stops torchrun and its ranks and removes its temporary config as it does for Ctrl-C. A second SIGTERM
+    during that stop is ignored: cutting the stop short would leave ranks running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set in the main thread
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated(f"the launcher received {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Tee:
+    """Copy a child's output to ``sys.stdout`` (``echo``) while keeping it (all, or the last 1 MB)."""
+
+    def __init__(self, stream, echo: bool, keep_all: bool, tail_bytes: int = 1 << 20):
+        self.stream, self.echo, self.keep_all, self.tail_bytes = stream, echo, keep_all, tail_bytes
+        self.buf = bytearray()
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while chunk := self.stream.read1(1 << 16):
+            if self.echo:
+                sys.stdout.write(decoder.decode(chunk))
+                sys.stdout.flush()
+            self.buf += chunk
+            if not self.keep_all and len(self.buf) > 2 * self.tail_bytes:
+                del self.buf[: -self.tail_bytes]
+
+    def join(self, timeout_s: float = 30.0) -> str:
+        self.thread.join(timeout_s)
+        return self.buf.decode("utf-8", errors="replace")
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGINT the launcher (torchrun forwards it to every rank), then SIGTERM, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ------------------------------------------------------------------------------ failures
+_FAILURE = re.compile(
+    r"host\s*:\s*(?P<host>\S+)\s*\n\s*rank\s*:\s*(?P<rank>-?\d+) \(local_rank: (?P<local>-?\d+)\)\s*\n"
+    r"\s*exitcode\s*:\s*(?P<code>-?\d+) \(pid: (?P<pid>\d+)\)(?: \((?P<sig>\w+)\))?"
+)
+
+
+#: torchrun's line when a rank ignored its closing signal for 30 s and it sent SIGKILL itself
+#: (``torch/distributed/elastic/multiprocessing/api.py``, ``_close``).
+_LAUNCHER_KILL = re.compile(r"Unable to shutdown process (\d+) via \S+, forcefully exiting via")
+
+
+def parse_failures(output: str) -> list[dict[str, Any]]:
+    """The failed ranks in torchrun's last ``ChildFailedError`` report, as dicts (rank, local_rank, host,
+    exitcode, pid, signal, killed_by_launcher). The report's format:
+    ``torch/distributed/elastic/multiprocessing/errors``. ``killed_by_launcher``: torchrun sent the SIGKILL
+    itself because the rank did not answer its SIGTERM (the rank was stopped or hung; not the OOM killer)."""
+    start = output.rfind("Failures:")
+    launcher_killed = {int(p) for p in _LAUNCHER_KILL.findall(output)}
+    seen, out = set(), []
+    for m in _FAILURE.finditer(output, max(start, 0)):
+        rank = int(m["rank"])
+        if rank in seen:
+            continue
+        seen.add(rank)
+        code = int(m["code"])
+        sig = m["sig"] or (
+            signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else None
+        )
+        out.append(
+            {
+                "rank": rank,
+                "local_rank": int(m["local"]),
+                "host": m["host"],
+                "exitcode": code,
+                "pid": int(m["pid"]),
+                "signal": sig,
+                "killed_by_launcher": sig == "SIGKILL" and int(m["pid"]) in launcher_killed,
+            }
+        )
+    # the cause first: a rank killed by a signal, then one that exited with an error; last the ranks
+    # torchrun itself stopped (SIGTERM/SIGINT, or SIGKILL when they did not answer) because another had failed
+    return sorted(out, key=lambda f: (_stopped_by_launcher(f), f["exitcode"] >= 0, f["rank"]))
+
+
+def _stopped_by_launcher(f: dict[str, Any]) -> bool:
+    return f["signal"] in STOP_SIGNALS or f["killed_by_launcher"]
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
+    """One line for a failed run: which rank died and how, the newest checkpoint that verifies, how to resume.
+
+    ``output`` is torchrun's combined output. A rank killed by a signal is named as the cause; the
+    others usually failed because a peer vanished, or were stopped by torchrun (SIGTERM). A collective
+    that failed is quoted from the rank's :class:`smolfsdp.sharding.distributed.CollectiveError` (or NCCL's watchdog).
+    A rendezvous that timed out, was closed or lost its store (nodes that never all joined, a node that
+    ended the run) is explained by :func:`explain_rendezvous`.
+    """
+    from smolfsdp.checkpoint.dcp import checkpoint_dir, newest_good_checkpoint
+
+    failures = parse_failures(output)
+    parts = []
+    for i, f in enumerate(failures):
+        where = f"local rank {f['local_rank']} on {f['host']}, pid {f['pid']}"
+        if f["killed_by_launcher"]:
+            parts.append(
+                f"rank {f['rank']} ({where}) did not answer the launcher's SIGTERM within 30 s and was killed by "
+                "it (SIGKILL): that rank was stopped (SIGSTOP, Ctrl-Z, a debugger) or hung, not out of memory"
+            )
+        elif f["signal"] in STOP_SIGNALS and i > 0:
+            parts.append(f"rank {f['rank']} was stopped by the launcher ({f['signal']})")
+        elif f["signal"]:
+            hint = (
+                " (the out-of-memory killer or the job scheduler sends it)"
+                if f["signal"] == "SIGKILL"
+                else ""
+            )
+            parts.append(f"rank {f['rank']} ({where}) was killed by {f['signal']}{hint}")
+        else:
+            parts.append(f"rank {f['rank']} ({where}) exited with code {f['exitcode']}")
+    what = parts[0] if parts else f"the launcher (torchrun) exited with code {returncode}"
+    if len(parts) > 1:
+        what += "; then " + ", ".join(parts[1:])
+    rdzv = explain_rendezvous(output, cfg)
+    if rdzv:
+        what = rdzv if not parts else f"{what}; then {rdzv}"
+    hung = re.findall(r"CollectiveError: (rank \d+ of \d+: .*?\) (?:timed out|failed))", output)
+    hung += re.findall(r"(\[Rank \d+\] Watchdog caught collective operation timeout: .*?\))", output)
+    if hung:
+        what += f"; {hung[0]}"
+    # recommend only a checkpoint that verifies (sizes and SHA-256 of every file), never a broken one
+    latest, bad = newest_good_checkpoint(checkpoint_dir(cfg.run_dir))
+    broken = f" ({bad[0][1]}; {len(bad)} newer checkpoint(s) fail verification)" if bad else ""
+    if latest is not None and not bad:
+        then = (
+            f"the last complete checkpoint is {latest}; resume with: smolfsdp train <the same flags> --resume"
+        )
+    elif latest is not None:
+        then = (
+            f"the newest checkpoint that verifies is {latest}{broken}; resume with: smolfsdp train <the same "
+            f"flags> --resume {latest}"
+        )
+    elif bad:
+        then = f"no checkpoint of this run verifies{broken}; the run must start over (--overwrite true)"
+    elif rdzv and not parts:  # the ranks never started (or a restarted group never did)
+        then = "no checkpoint of this run is complete, so once fixed the same command starts it from step 0"
+    elif cfg.save_steps > 0:
+        then = "no checkpoint was complete yet; the run must start over (--overwrite true)"
+    else:
+        then = "no checkpoints were written (save_steps=0); set --save_steps to make a run resumable"
+    return f"run {cfg.name!r} failed: {what}. {then}"
+
+
+#: c10d's TCPStore when its port is taken: "... failed to listen on any local network address. port: 29400,
+#: useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use" (a DistNetworkError that
+#: torchrun wraps in a RendezvousConnectionError).
+_PORT_IN_USE = re.compile(r"(?:port: (?P<port>\d+)\b[^\n]*)?\bEADDRINUSE\b|address already in use", re.I)
+_RDZV_ERROR = re.compile(r"\b(Rendezvous(?:Timeout|Closed|Connection)Error)\b")
+
+
+def explain_rendezvous(output: str, cfg: TrainConfig) -> str | None:
+    """What torchrun's rendezvous error in ``output`` means for ``cfg``'s nodes, or None when there is none.
+
+    torchrun's agent raises these before any rank starts (or before a restarted group starts), so no
+    ``ChildFailedError`` report names a rank; the class names are torch's
+    (``torch/distributed/elastic/rendezvous/api.py``). The last one in ``output`` is the one that ended
+    the launcher (a chained traceback prints its cause first).
+    """
+    where = f"at {cfg.rdzv_endpoint}" if cfg.rdzv_endpoint else "(local, --standalone)"
+    in_use = _PORT_IN_USE.search(output)
+    if in_use:
+        port = in_use["port"] or (cfg.rdzv_endpoint or "?").rpartition(":")[2]
+        return (
+            f"the rendezvous store {where} could not listen: port {port} is already in use on this machine "
+            "(EADDRINUSE: another run's rendezvous or another program holds it), not a lost connection; choose a "
+            "free port in rdzv_endpoint, or end what holds it (ss -ltnp | grep :PORT names it)"
+        )
+    found = _RDZV_ERROR.findall(output)
+    if not found:
+        return None
+    n = cfg.nnodes
+    if found[-1] == "RendezvousTimeoutError":
+        return (
+            f"the rendezvous {where} timed out after {cfg.rdzv_timeout_s:g} s (rdzv_timeout_s): not all of the "
+            f"nnodes={n} nodes joined; start the same command on every node (node_rank 0..{n - 1}) within "
+            f"rdzv_timeout_s of each other, and check that {cfg.rdzv_endpoint or 'the endpoint'} is reachable "
+            "from each (address, port, firewall)"
+        )
+    if found[-1] == "RendezvousClosedError":
+        return (
+            f"the rendezvous {where} was closed by another node: its launcher ended the run (a rank there "
+            "failed, or it was stopped); that node's output names the cause"
+        )
+    return (
+        f"the connection to the rendezvous store {where} failed (node_rank 0 stopped, or the network between "
+        "the nodes failed); node 0's output names the cause"
+    )
+
+
+def resume_on_restart(cfg: TrainConfig, env: dict[str, str] | None = None) -> TrainConfig:
+    """Inside a rank: after an elastic restart (``TORCHELASTIC_RESTART_COUNT`` > 0) continue from the latest
+    complete checkpoint of this run; with none yet, start the run over in its own folder."""
+    env = os.environ if env is None else env
+    if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
+        return cfg
+    from smolfsdp.checkpoint.dcp import latest_checkpoint
+
+    if latest_checkpoint(cfg.run_dir) is not None:
+        return cfg.replace(resume_from="latest")
+    if cfg.resume_from:
+        return cfg
+    return cfg.replace(overwrite=True)
+
+
+# ------------------------------------------------------------------------------ secrets
+#: Names of environment variables and mapping keys whose values are secrets: HF_TOKEN, hub_token, GH_TOKEN,
+#: AWS_SESSION_TOKEN, a bare TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ... A name is cut
+#: into words at ``_``, ``-`` and ``.``; a last word ``TOKEN`` (:data:`TOKEN_NAME`) makes it secret unless the
+#: word before it says it is a rate, a position or a special token (:data:`NOT_SECRET_TOKEN`). ``tokens``,
+#: ``num_tokens`` and ``max_new_tokens`` (plural) never match.
+SECRET_NAME = re.compile(
+    r"SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|(^|[_.-])KEY$", re.I
+)
+#: The ``TOKEN`` rule, apart from :data:`SECRET_NAME` so that its exceptions never excuse a ``*PASSWORD*``.
+TOKEN_NAME = re.compile(r"(^|[_.-])TOKEN$", re.I)
+#: ``*_token`` names that are not secrets: rates and positions (``flops_per_token``, ``cost_per_token``,
+#: ``time_to_first_token``) and tokenizer special tokens (``pad_token``, ``eos_token``,
+#: ``chat_template_token``, ...). Deliberately a short list of exceptions rather than a list of secret
+#: prefixes: an unknown ``*_TOKEN`` (``MY_SERVICE_TOKEN``) stays secret; a harmless key wrongly redacted
+#: shows as ``<redacted>`` and is fixed by adding its word here, a leaked token cannot be taken back.
+NOT_SECRET_TOKEN = re.compile(
+    r"(^|[_.-])(per|first|last|next|pad|bos|eos|unk|sep|cls|mask|special|template|start|end|eot|image"
+    r"|audio|video|tool|think)[_.-]token$",
+    re.I,
+)
+#: Values that look like secrets wherever they appear (Hugging Face, OpenAI-style, GitHub, AWS access keys).
+SECRET_VALUE = re.compile(
+    r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|\bgh[pousr]_[A-Za-z0-9]{36,}|\bAKIA[0-9A-Z]{16}\b"
+)
+REDACTED = "<redacted>"
+
+
+def is_secret_name(name: str) -> bool:
+    """True for names like ``HF_TOKEN``, ``hub_token``, ``TOKEN``, ``WANDB_API_KEY``, ``DB_PASSWORD``; False for
+    ``tokens``, ``num_tokens``, ``flops_per_token``, ``pad_token``, ``chat_template_token``."""
+    if SECRET_NAME.search(name):
+        return True
+    return bool(TOKEN_NAME.search(name)) and not NOT_SECRET_TOKEN.search(name)
+
+
+def secret_values(env: dict[str, str] | None = None, min_len: int = 8) -> list[str]:
+    """Values of environment variables whose names look secret (``HF_TOKEN``, ``WANDB_API_KEY``, ...), longest first."""
+    env = os.environ if env is None else env
+    vals = {v for k, v in env.items() if is_secret_name(k) and len(v) >= min_len}
+    return sorted(vals, key=len, reverse=True)
+
+
+def redact(obj: Any, secrets: list[str] | None = None) -> Any:
+    """A copy of ``obj`` (dicts, lists, strings, scalars) with secrets replaced by ``<redacted>``.
+
+    A mapping key that looks secret has its value replaced; in every string the values of secret
+    environment variables (:func:`secret_values`) and token-shaped substrings (:data:`SECRET_VALUE`) are
+    replaced, also inside file paths (``/data/hf_medicalquestionanswers2024.jsonl`` becomes
+    ``/data/<redacted>.jsonl``): safety first, so use it on what is written for people, never on the
+    config the ranks train with (``TrainConfig.save(path, redact_secrets=False)`` in :func:`launch`).
+    """
+    secrets = secret_values() if secrets is None else secrets
+    if isinstance(obj, dict):
+        return {
+            k: (
+                REDACTED
+                if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False)
+                else redact(v, secrets)
+            )
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list | tuple):
+        return type(obj)(redact(v, secrets) for v in obj)
+    if isinstance(obj, str):
+        for s in secrets:
+            obj = obj.replace(s, REDACTED)
+        return SECRET_VALUE.sub(REDACTED, obj)
+    return obj

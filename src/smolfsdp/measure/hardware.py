@@ -1,0 +1,248 @@
+"""GPUs and the "Does FSDP fit?" decision (chapter "Where the memory goes").
+
+A small table of data-centre GPUs with the figures their vendor datasheets state, a fit verdict
+per GPU for an estimate from ``smolfsdp.measure.memory``, and ``recommend``: the seed's flowchart as a
+function (full replica -> FULL_SHARD -> FULL_SHARD + CPU offload -> more GPUs).
+
+    smolfsdp memory --model smollm3-3b --gpus 2 --gpu A10G
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smolfsdp.config import ConfigError, nearest
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Datasheet figures. ``memory_gb`` is the datasheet's GB, read as 10**9 bytes (conservative: the
+    capacity torch reports is usually a little higher for HBM parts, and what a process can use is
+    lower: CUDA context, allocator fragmentation). TFLOP/s are dense (no 2:4 sparsity)."""
+
+    name: str
+    memory_gb: float
+    bf16_dense_tflops: float
+    hbm_bandwidth_gbs: float  # GB/s
+    interconnect: str
+    source: str
+    #: GPU-to-GPU bandwidth inside a node, GB/s per direction per GPU (half the datasheet's
+    #: bidirectional NVLink or PCIe figure); NaN when unknown. Used by ``smolfsdp.measure.comm``.
+    intra_node_gbs: float = float("nan")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 1e9)
+
+
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        GPU("A10G", 24, 125, 600, "PCIe Gen4 x16 (64 GB/s)",
+            "NVIDIA A10 datasheet (A10G is AWS's A10 variant; AWS publishes no separate tensor figure)", 32),
+        GPU("L4", 24, 121, 300, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L4 Tensor Core GPU datasheet", 32),
+        GPU("L40S", 48, 362, 864, "PCIe Gen4 x16 (64 GB/s)", "NVIDIA L40S datasheet", 32),
+        GPU("A100 40GB", 40, 312, 1555, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)", 300),
+        GPU("A100 80GB", 80, 312, 2039, "NVLink 3 (600 GB/s)", "NVIDIA A100 Tensor Core GPU datasheet (SXM)", 300),
+        GPU("H100 SXM", 80, 989, 3350, "NVLink 4 (900 GB/s)", "NVIDIA H100 Tensor Core GPU datasheet (SXM)", 450),
+        GPU("H200", 141, 989, 4800, "NVLink 4 (900 GB/s)", "NVIDIA H200 Tensor Core GPU datasheet (SXM)", 450),
+        # The same datasheet's H200 NVL column (PCIe card, 600 W): BF16 1,671 TFLOPS with sparsity, so 835.5
+        # dense; 141 GB at 4.8 TB/s; 2- or 4-way NVLink bridge 900 GB/s per GPU, PCIe Gen5 128 GB/s.
+        GPU("H200 NVL", 141, 835.5, 4800, "NVLink bridge, 2- or 4-way (900 GB/s); PCIe Gen5 (128 GB/s)",
+            "NVIDIA H200 Tensor Core GPU datasheet (NVL)", 450),
+    )
+}  # fmt: skip
+
+#: Substring of ``torch.cuda.get_device_name`` (upper case) -> key of ``GPUS``, first match wins; None: a
+#: variant the table does not hold, so its peak is unknown rather than another variant's. SXM parts
+#: report "NVIDIA H200" and "NVIDIA H100 80GB HBM3"; the PCIe cards "NVIDIA H200 NVL", "NVIDIA H100 NVL",
+#: "NVIDIA H100 PCIe" (NVL and PCIe run at lower clocks and power: H100 NVL 1,671 and H100 PCIe 1,513
+#: BF16 TFLOPS with sparsity, against 1,979 for SXM; NVIDIA H100 Tensor Core GPU datasheet).
+DEVICE_NAMES = (
+    ("H200 NVL", "H200 NVL"),
+    ("H200", "H200"),
+    ("H100 NVL", None),
+    ("H100 PCIE", None),
+    ("H100", "H100 SXM"),
+    ("A100-SXM4-80GB", "A100 80GB"),
+    ("A100 80GB", "A100 80GB"),
+    ("A100", "A100 40GB"),
+    ("L40S", "L40S"),
+    ("L4", "L4"),
+    ("A10G", "A10G"),
+)
+
+
+def gpu_from_device_name(device_name: str | None) -> GPU | None:
+    """The ``GPUS`` entry for a name as ``torch.cuda.get_device_name`` gives it ("NVIDIA H200 NVL"),
+    or None for a CPU (``None``), a GPU not in the table, or a variant of a listed GPU that the table
+    does not hold (an H100 NVL is not scored as an H100 SXM). Never raises."""
+    upper = str(device_name or "").upper()
+    for needle, key in DEVICE_NAMES if upper else ():
+        if needle in upper:
+            return GPUS[key] if key else None
+    return None
+
+
+@dataclass(frozen=True)
+class Network:
+    """A node-to-node fabric, as bandwidth per GPU per direction (GB/s): one NIC's line rate when
+    each GPU has its own NIC (rail-optimised clusters), else the node's rate over its GPUs."""
+
+    name: str
+    per_gpu_gbs: float
+    source: str
+
+
+NETWORKS: dict[str, Network] = {
+    n.name: n
+    for n in (
+        Network("InfiniBand NDR 400 Gb/s", 50.0,
+                "one ConnectX-7 400 Gb/s NIC per GPU (NVIDIA DGX H100 user guide: 8 x 400 Gb/s); 400/8 = 50 GB/s"),
+        Network("InfiniBand HDR 200 Gb/s", 25.0,
+                "one ConnectX-6 200 Gb/s NIC per GPU (NVIDIA DGX A100 user guide: 8 x 200 Gb/s); 200/8 = 25 GB/s"),
+        Network("AWS EFA p5 3200 Gb/s", 50.0,
+                "p5.48xlarge: 3200 Gbps EFA over 8 H100 (AWS EC2 P5 instance page); 3200/8/8 = 50 GB/s"),
+        Network("AWS EFA p4d 400 Gb/s", 6.25,
+                "p4d.24xlarge: 400 Gbps EFA over 8 A100 (AWS EC2 P4 instance page); 400/8/8 = 6.25 GB/s"),
+    )
+}  # fmt: skip
+
+
+def _compact(name) -> str:
+    """Lower case without spaces, dashes or underscores: 'H100-SXM' and 'h100sxm' both give 'h100sxm'."""
+    return "".join(ch for ch in str(name).lower() if ch not in " -_")
+
+
+def _did_you_mean(name, options) -> str:
+    """' (did you mean 'A' or 'B'?)': the known names that start with, then contain, ``name`` (so 'a100'
+    points at both A100s, not at 'A10G'); else the nearest spelling (``config.nearest``); else ''."""
+    q = _compact(name)
+    hits = [o for o in options if q and _compact(o).startswith(q)]
+    hits += [o for o in options if q and q in _compact(o) and o not in hits]
+    hits = hits or nearest(str(name), options)
+    return f" (did you mean {' or '.join(repr(h) for h in hits)}?)" if hits else ""
+
+
+def get_network(name: str) -> Network:
+    """A fabric from ``NETWORKS`` (case, spaces, dashes and underscores ignored). Raises ConfigError
+    naming the known fabrics that start with or contain ``name``, else the nearest spelling."""
+    if isinstance(name, Network):
+        return name
+    by_key = {_compact(k): n for k, n in NETWORKS.items()}
+    if _compact(name) in by_key:
+        return by_key[_compact(name)]
+    raise ConfigError(
+        f"Unknown network {name!r}"
+        + _did_you_mean(name, NETWORKS)
+        + f". Known: {', '.join(NETWORKS)}; or build a smolfsdp.measure.hardware.Network(name, per_gpu_gbs, source)."
+    )
+
+
+def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
+    """A GPU from the table (case-insensitive), or a custom one of ``memory_gib`` GiB.
+
+    Names match ignoring case, spaces, dashes and underscores ('h100-sxm', 'H100SXM'). Raises
+    ConfigError for an unknown name, listing the known ones and suggesting those that start with or
+    contain it ('a100' -> 'A100 40GB' or 'A100 80GB'), else the nearest spelling.
+    """
+    if memory_gib is not None:
+        if memory_gib <= 0:
+            raise ConfigError(f"gpu memory {memory_gib} GiB: give a positive size.")
+        label = name or f"custom {memory_gib:g} GiB"
+        return GPU(
+            label,
+            memory_gib * 2**30 / 1e9,
+            float("nan"),
+            float("nan"),
+            "unknown",
+            "given on the command line",
+        )
+    if isinstance(name, GPU):
+        return name
+    by_key = {_compact(k): g for k, g in GPUS.items()}
+    if _compact(name) in by_key:
+        return by_key[_compact(name)]
+    raise ConfigError(
+        f"Unknown GPU {name!r}"
+        + _did_you_mean(name, GPUS)
+        + f". Known: {', '.join(GPUS)}; or give its memory with --gpu-memory-gib."
+    )
+
+
+def fits(estimate, gpu: GPU) -> bool:
+    """True when the estimate's device peak (upper bound) is within the GPU's memory."""
+    return estimate.peak_bytes <= gpu.memory_bytes
+
+
+def fit_table(estimates: dict[str, object], gpus=None):
+    """Rows of (setting, GPU, peak GiB, memory GiB, fits) for each named estimate and GPU."""
+    import pandas as pd
+
+    rows = []
+    for label, est in estimates.items():
+        for g in gpus or GPUS.values():
+            rows.append(
+                {
+                    "setting": label,
+                    "gpu": g.name,
+                    "peak_gib": est.peak_bytes / 2**30,
+                    "gpu_memory_gib": g.memory_bytes / 2**30,
+                    "fits": fits(est, g),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class Recommendation:
+    decision: str  # "full replica", "FULL_SHARD", "FULL_SHARD + CPU offload", "more GPUs", "does not fit"
+    gpus: int
+    estimate: object
+    reason: str
+
+
+def recommend(
+    model="smollm3-3b",
+    gpu: GPU | str = "H100 SXM",
+    gpus: int = 1,
+    *,
+    host_memory_gib: float | None = None,
+    max_gpus: int = 1024,
+    **kwargs,
+) -> Recommendation:
+    """The "Does FSDP fit?" flowchart for ``gpus`` GPUs of one kind (``kwargs`` go to ``estimate_memory``).
+
+    1. a full replica per GPU (NO_SHARD / DDP) fits -> no sharding needed;
+    2. else FULL_SHARD over ``gpus`` fits -> FULL_SHARD;
+    3. else FULL_SHARD + CPU offload fits on the device (and ``host_memory_gib`` per node, if given,
+       holds the offloaded shards) -> offload;
+    4. else the smallest world size (powers of two up to ``max_gpus``) where FULL_SHARD fits.
+    """
+    from smolfsdp.measure.memory import estimate_memory
+
+    g = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("strategy", "offload", "world_size")}
+    replica = estimate_memory(model, world_size=gpus, strategy="NO_SHARD", **kwargs)
+    if fits(replica, g):
+        return Recommendation("full replica", gpus, replica, f"a whole copy fits on one {g.name}")
+    shard = estimate_memory(model, world_size=gpus, strategy="FULL_SHARD", **kwargs)
+    if fits(shard, g):
+        return Recommendation("FULL_SHARD", gpus, shard, f"sharded over {gpus} x {g.name}")
+    off = estimate_memory(model, world_size=gpus, strategy="FULL_SHARD", offload=True, **kwargs)
+    per_node = off.host_bytes * min(gpus, kwargs.get("gpus_per_node", 8))
+    host_ok = host_memory_gib is None or per_node <= host_memory_gib * 2**30
+    if fits(off, g) and host_ok:
+        return Recommendation(
+            "FULL_SHARD + CPU offload", gpus, off, f"{per_node / 2**30:.1f} GiB of state per node on the host"
+        )
+    n = gpus
+    while n < max_gpus:
+        n *= 2
+        more = estimate_memory(model, world_size=n, strategy="FULL_SHARD", **kwargs)
+        if fits(more, g):
+            return Recommendation("more GPUs", n, more, f"FULL_SHARD fits from {n} x {g.name}")
+    return Recommendation(
+        "does not fit", gpus, off,
+        "activations and gathered units alone exceed the GPU: use activation checkpointing or a shorter sequence",
+    )  # fmt: skip
