@@ -26,9 +26,10 @@ def bare_worker(out: Path, steps: int, warmup: int) -> None:
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from smolfsdp.config import load_config, recipe
+    from smolfsdp.config import load_config
     from smolfsdp.data.prepare import prepare_data
     from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+    from smolfsdp.paths import recipe
     from smolfsdp.sharding.distributed import init_distributed, teardown
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
     from smolfsdp.train.native import PadCollator
@@ -75,9 +76,10 @@ def main() -> None:
     if args.worker:
         return bare_worker(Path(args.worker), args.steps, args.warmup)
 
-    from smolfsdp.config import load_config, recipe
+    from smolfsdp.config import load_config
+    from smolfsdp.launch.runner import run_benchmark
     from smolfsdp.launch.torchrun import launch_env
-    from smolfsdp.measure.benchmark import run_benchmark
+    from smolfsdp.paths import recipe
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bare.json"

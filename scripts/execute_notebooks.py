@@ -12,7 +12,7 @@ import sys
 import time
 
 from smolfsdp.book.chapters import execute_chapter, select_chapters
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 
 
 def main(argv=None) -> int:

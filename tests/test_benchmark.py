@@ -7,8 +7,11 @@ import math
 
 import pytest
 
-from smolfsdp.config import ConfigError, load_config, recipe
+from smolfsdp.config import load_config
+from smolfsdp.errors import ConfigError
+from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
+from smolfsdp.paths import recipe
 
 
 def test_flops_per_token_palm_formula_on_smollm3_3b_geometry():
@@ -90,7 +93,7 @@ def test_benchmark_mode_sets_steps_and_saves_nothing():
 def test_benchmark_run_bench_json_is_consistent(tmp_path):
     """2 CPU ranks, FSDP2, 1 warm-up + 3 timed steps: every row obeys the formulas; MFU is empty on CPU."""
     cfg = load_config(recipe("smoke"), name="b", output_dir=str(tmp_path), fsdp_version=2, benchmark_steps=3)
-    bench = benchmark.run_benchmark(cfg, timeout=300)
+    bench = runner.run_benchmark(cfg, timeout=300)
     run_dir = tmp_path / "b"
     assert not (run_dir / "final_model").exists() and not (run_dir / "checkpoints").exists()
     assert bench["traces"] == [] and bench["device"] == "cpu"

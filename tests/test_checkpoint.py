@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.checkpoint import disk as checkpoint_disk
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
+from smolfsdp.launch import runner
 from smolfsdp.launch import torchrun as launch
-from smolfsdp.train import sft
 
 BASE = TrainConfig(
     max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
@@ -31,7 +32,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uninterrupted(runs):
-    return sft.run(BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600)
+    return runner.run(BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600)
 
 
 def _failing_second_save(rank, world, run_dir):
@@ -84,7 +85,7 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path):
 
 def test_keep_last_k_and_convert(uninterrupted, runs, tmp_path):
     cfg = BASE.replace(name="kept", output_dir=str(runs), save_steps=2, save_total_limit=2)
-    run = sft.run(cfg, capture=True, timeout=600)
+    run = runner.run(cfg, capture=True, timeout=600)
     kept = sorted(p.name for p in (run.path / "checkpoints").iterdir())
     assert kept == ["step-000004", "step-000006"]
     out = checkpoint.convert_checkpoint(run.path / "checkpoints" / "step-000006", tmp_path / "converted")
@@ -149,7 +150,7 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     latest = checkpoint.latest_checkpoint(runs / "killed")
     assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
     assert not (runs / "killed" / "final_model").exists()
-    resumed = sft.run(cfg.replace(resume_from="latest"), capture=True, timeout=600).summary
+    resumed = runner.run(cfg.replace(resume_from="latest"), capture=True, timeout=600).summary
     assert resumed["metrics"]["resumed_from"] == str(latest)
     assert resumed["metrics"]["optimizer_step"] == uninterrupted.summary["metrics"]["optimizer_step"] == 6
     a = load_file(f"{uninterrupted.summary['final_model']}/model.safetensors")
@@ -168,9 +169,9 @@ def test_disk_too_small_is_refused_before_training(tmp_path):
     try:
         cfg = BASE.replace(name="nospace", output_dir=str(mnt), save_steps=2)
         with pytest.raises(checkpoint.DiskSpaceError) as err:
-            sft.preflight(cfg)
+            runner.preflight(cfg)
         msg = str(err.value)
-        needed = sft.bytes_to_write(
+        needed = runner.bytes_to_write(
             cfg,
             __import__("smolfsdp.models.modeling").modeling.build_meta_model(
                 "tiny", __import__("smolfsdp.models.modeling").modeling.load_tokenizer("tiny")
@@ -200,7 +201,7 @@ def test_resume_into_another_model_is_refused_before_launch(runs):
     cfg = BASE.replace(name="kept", output_dir=str(runs), lora=True, fsdp_version=2, resume_from="latest")
     before = (runs / "kept" / "config.yaml").read_text()
     with pytest.raises(ConfigError, match=r"does not match.*missing: \['base_model"):
-        sft.preflight(cfg)
+        runner.preflight(cfg)
     assert (runs / "kept" / "config.yaml").read_text() == before  # nothing launched, nothing rewritten
 
 
@@ -209,7 +210,7 @@ def test_resume_into_another_model_is_refused_before_launch(runs):
 def stopped(runs):
     """A 6-step run stopped after step 4, checkpoints every 2 steps, 2 kept: step-000002 and step-000004."""
     cfg = BASE.replace(name="stopped", output_dir=str(runs), save_steps=2, save_total_limit=2, stop_at_step=4)
-    sft.run(cfg, capture=True, timeout=600)
+    runner.run(cfg, capture=True, timeout=600)
     assert sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir()) == ["step-000002", "step-000004"]
     return cfg.replace(stop_at_step=None)
 
@@ -250,11 +251,11 @@ def test_flipped_bytes_are_refused_naming_the_file_and_offering_the_older_checkp
     shard, older = ckpts / "step-000004" / "__0_0.distcp", ckpts / "step-000002"
     _flip(shard)
     with pytest.raises(checkpoint.CheckpointCorruptError) as err:
-        sft.preflight(cfg)
+        runner.preflight(cfg)
     msg = str(err.value)
     assert f"{shard} does not match the sha256 recorded at save" in msg
     assert f"The newest checkpoint that verifies is {older}: resume from it with --resume_from {older}" in msg
-    sft.preflight(cfg.replace(resume_from=str(older)))  # the offered one passes
+    runner.preflight(cfg.replace(resume_from=str(older)))  # the offered one passes
     with pytest.raises(checkpoint.CheckpointCorruptError) as err:
         checkpoint.convert_checkpoint(ckpts / "step-000004", tmp_path / "out")
     assert f"{shard} does not match" in str(err.value)
@@ -271,7 +272,7 @@ def test_missing_shard_is_refused_before_launch(stopped, tmp_path):
     shard = ckpts / "step-000004" / "__1_0.distcp"
     shard.unlink()
     with pytest.raises(checkpoint.CheckpointCorruptError) as err:
-        sft.preflight(cfg)
+        runner.preflight(cfg)
     assert f"{shard} is missing (the COMPLETE marker lists it" in str(err.value)
     assert f"--resume_from {ckpts / 'step-000002'}" in str(err.value)
     # the failure line of the run that wrote them recommends the good one, never the broken one
@@ -304,15 +305,15 @@ def test_resume_that_fits_is_not_refused(stopped, monkeypatch):
     cfg = stopped.replace(resume_from="latest")
     meta = build_meta_model("tiny", load_tokenizer("tiny"))
     one = checkpoint.estimate_checkpoint_bytes(meta)
-    final = sft.bytes_to_write(cfg.replace(save_steps=0), meta)
-    assert sft.bytes_to_write(cfg, meta) == 3 * one + final  # a new run: K + 1 checkpoints at once
+    final = runner.bytes_to_write(cfg.replace(save_steps=0), meta)
+    assert runner.bytes_to_write(cfg, meta) == 3 * one + final  # a new run: K + 1 checkpoints at once
     resume_at = cfg.run_dir / "checkpoints" / "step-000004"
-    assert sft.bytes_to_write(cfg, meta, resume_at) == one + final  # only step 6 is still to be written
+    assert runner.bytes_to_write(cfg, meta, resume_at) == one + final  # only step 6 is still to be written
     monkeypatch.setattr(checkpoint_disk, "free_bytes", lambda path: 2 * one + final)
-    sft.preflight(cfg)  # fits: was refused while every checkpoint was counted again
+    runner.preflight(cfg)  # fits: was refused while every checkpoint was counted again
     monkeypatch.setattr(checkpoint_disk, "free_bytes", lambda path: one // 2 + final)
     with pytest.raises(checkpoint.DiskSpaceError, match=f"about {one + final:,} bytes"):
-        sft.preflight(cfg)
+        runner.preflight(cfg)
 
 
 @pytest.mark.parametrize(

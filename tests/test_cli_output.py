@@ -9,9 +9,10 @@ import torch
 
 from smolfsdp import cli
 from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND
-from smolfsdp.checkpoint.dcp import MARKER, umask_modes
+from smolfsdp.checkpoint.dcp import MARKER
 from smolfsdp.config import TrainConfig
 from smolfsdp.measure import benchmark
+from smolfsdp.paths import umask_modes
 from smolfsdp.train import sft
 
 CPU_BENCH = {

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 from smolfsdp.measure import comm, comm_trace
 from smolfsdp.measure.memory import resolve_model_config
 
@@ -141,15 +141,16 @@ def test_bad_input(call, match):
 @pytest.mark.parametrize("version, precision", [(1, "no"), (2, "bf16")])
 def test_model_equals_smoke_trace(tmp_path, version, precision):
     """A profiled 2-rank smoke step (gloo, record_shapes): the model's collectives per step equal the trace's."""
-    from smolfsdp.config import load_config, recipe
-    from smolfsdp.train import sft
+    from smolfsdp.config import load_config
+    from smolfsdp.launch import runner
+    from smolfsdp.paths import recipe
 
     cfg = load_config(
         recipe("smoke"), name=f"comm{version}", output_dir=str(tmp_path), fsdp_version=version,
         mixed_precision=precision, benchmark_steps=2, benchmark_warmup_steps=0, profile=True,
         profile_wait=0, profile_warmup=1, profile_active=1, record_shapes=True, eval_size=0,
     )  # fmt: skip
-    sft.run(cfg, capture=True)
+    runner.run(cfg, capture=True)
     model = comm.step_bytes(
         comm.estimate_collectives(
             "tiny", n_gpus=2, fsdp_version=version, mixed_precision=precision, include_loop=True

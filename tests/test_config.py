@@ -3,7 +3,8 @@
 import pytest
 
 from smolfsdp.cli import parse_overrides
-from smolfsdp.config import ConfigError, TrainConfig, load_config
+from smolfsdp.config import TrainConfig, load_config
+from smolfsdp.errors import ConfigError
 
 
 def test_defaults_are_the_smoke_recipe():

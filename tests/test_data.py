@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import (
     COLUMN_MAPPINGS,
     IGNORE_INDEX,
@@ -16,6 +16,7 @@ from smolfsdp.data.prepare import (
     to_messages,
     tokenize_messages,
 )
+from smolfsdp.errors import ConfigError
 
 ROWS = [
     {"Question": f"What is condition {i}?", "Answer": f"Condition {i} is a common thing. " * (i + 1)}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import (
     CHARS_PER_TOKEN_BOUND,
     IGNORE_INDEX,
@@ -16,6 +16,7 @@ from smolfsdp.data.prepare import (
     split_by_question,
     tokenize_messages,
 )
+from smolfsdp.errors import ConfigError
 
 OUTCOMES = ("kept", "dropped_empty_question", "dropped_empty_answer", "dropped_too_long")
 

@@ -5,7 +5,8 @@ moving the whole model first, generate() on sharded LoRA models."""
 import pytest
 import torch
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
 from smolfsdp.sharding.distributed import check_offload_support, choose_backend
 
 
@@ -21,7 +22,7 @@ def test_backend_pairs_gloo_with_nccl_when_offloading():
 
 
 def test_fsdp1_offload_without_cuda_is_refused_before_launch(monkeypatch):
-    from smolfsdp.train import sft
+    from smolfsdp.launch import runner
 
     check_offload_support(1, True, cuda_available=True)  # a GPU machine: fine
     check_offload_support(2, True, cuda_available=False)  # FSDP2's CPUOffloadPolicy runs on CPU
@@ -36,9 +37,9 @@ def test_fsdp1_offload_without_cuda_is_refused_before_launch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = TrainConfig(name="fsdp1-offload-cpu", cpu_offload=True, fsdp_version=1, max_steps=1)
     with pytest.raises(ConfigError, match="Cannot access accelerator device"):
-        sft.preflight(cfg)
+        runner.preflight(cfg)
     with pytest.raises(ConfigError, match="needs a GPU"):
-        sft.run(cfg)
+        runner.run(cfg)
 
 
 def _shard_with_offload(rank, world, offload):

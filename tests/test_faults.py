@@ -23,9 +23,10 @@ from safetensors.torch import load_file
 from smolfsdp.book import drills
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
+from smolfsdp.launch import runner
 from smolfsdp.launch import torchrun as launch
-from smolfsdp.train import sft
 
 # 4 rows x 256 tokens per rank: steps long enough (~0.3 s on 2 cores) for the killer to act between them
 BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=4, max_length=256)
@@ -55,7 +56,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uninterrupted(runs):
-    return sft.run(BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600)
+    return runner.run(BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600)
 
 
 # ------------------------------------------------------------------ commands and bad input
@@ -238,7 +239,7 @@ def test_elastic_restart_resumes_from_latest_checkpoint(uninterrupted, runs):
     killed: dict = {}
     killer = threading.Thread(target=drills.kill_rank_after_step, args=(cfg, 1, 3, killed))
     killer.start()
-    run = sft.run(cfg, capture=True, timeout=600)
+    run = runner.run(cfg, capture=True, timeout=600)
     killer.join()
     at_kill = killed["latest_at_kill"]
     assert at_kill is not None and 3 <= int(at_kill.name.split("-")[1]) < 6, "killed too late"

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.sharding.fsdp1 import check_hf_fsdp_config, hf_fsdp_config
 

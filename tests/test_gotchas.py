@@ -9,7 +9,7 @@ import os
 import pytest
 
 from smolfsdp.book import gotchas
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

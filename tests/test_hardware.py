@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 from smolfsdp.measure.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, recommend
 from smolfsdp.measure.memory import estimate_memory
 

@@ -13,7 +13,8 @@ import torch
 from _dist import run_distributed
 from test_gradients import _clean, _reference, _rows
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
 from smolfsdp.sharding.fsdp1 import hf_fsdp_config, pin_plugin_sharding_strategy
 from smolfsdp.sharding.fsdp2 import resolve_mesh_shape
 
@@ -257,7 +258,7 @@ def test_trainer_fsdp1_gets_hybrid_shard():
 
 def test_torchrun_hsdp_run_reports_its_mesh(tmp_path):
     """One real run: `smolfsdp train` on 4 processes, FSDP2 on a 2 x 2 mesh, to the end."""
-    from smolfsdp.train import sft
+    from smolfsdp.launch import runner
 
     cfg = TrainConfig(
         name="hsdp",
@@ -272,7 +273,7 @@ def test_torchrun_hsdp_run_reports_its_mesh(tmp_path):
         too_long="truncate",
         per_device_train_batch_size=2,
     )
-    s = sft.run(cfg, capture=True, timeout=600).summary
+    s = runner.run(cfg, capture=True, timeout=600).summary
     assert s["world_size"] == WORLD and s["metrics"]["steps"] == 3
     assert s["requested"]["sharding_strategy"] == "HYBRID_SHARD"
     ev = s["effective"]["evidence"]

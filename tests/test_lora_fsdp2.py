@@ -4,10 +4,11 @@ import pytest
 import torch
 from _dist import run_distributed
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
+from smolfsdp.launch import runner
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.lora import apply_lora, check_trainable_dtypes, load_adapter_model
-from smolfsdp.train import sft
 
 LORA = TrainConfig(lora=True, fsdp_version=2)
 
@@ -192,7 +193,7 @@ def test_lora_run_learns(tmp_path, version):
         num_train_epochs=2 if version == 2 else 0.5,
         eval_steps=10,
     )
-    s = sft.run(cfg, capture=True, timeout=600).summary
+    s = runner.run(cfg, capture=True, timeout=600).summary
     assert s["effective"]["strategy"] == f"fsdp{version}"
     assert s["params"]["trainable"] == 28_672  # 4 layers x r=8 x (q 128+128, k 128+64, v 128+64, o 128+128)
     assert s["adapter"]["tensors"] == 32
@@ -207,12 +208,12 @@ def test_resume_equals_uninterrupted(tmp_path):
     base = TrainConfig(
         lora=True, fsdp_version=2, max_steps=4, eval_steps=0, learning_rate=1e-2, output_dir=str(tmp_path)
     )
-    whole = sft.run(base.replace(name="whole"), capture=True, timeout=600).summary
-    first = sft.run(
+    whole = runner.run(base.replace(name="whole"), capture=True, timeout=600).summary
+    first = runner.run(
         base.replace(name="split", save_steps=2, stop_at_step=2), capture=True, timeout=600
     ).summary
     assert first["metrics"]["stopped_early"] and first["metrics"]["optimizer_step"] == 2
-    second = sft.run(base.replace(name="split", resume_from="latest"), capture=True, timeout=600).summary
+    second = runner.run(base.replace(name="split", resume_from="latest"), capture=True, timeout=600).summary
     assert second["metrics"]["resumed_from"].endswith("step-000002")
     assert second["metrics"]["optimizer_step"] == whole["metrics"]["optimizer_step"] == 4
     a = load_file(f"{whole['adapter']['adapter']}/adapter_model.safetensors")
@@ -224,7 +225,7 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 def test_resume_without_checkpoint_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="no complete checkpoint"):
-        sft.preflight(TrainConfig(output_dir=str(tmp_path), resume_from="latest"))
+        runner.preflight(TrainConfig(output_dir=str(tmp_path), resume_from="latest"))
 
 
 def _eval_then_train(rank, world):

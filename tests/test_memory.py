@@ -6,7 +6,7 @@ import pytest
 import torch
 from _dist import run_distributed
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 from smolfsdp.measure.memory import (
     RECIPES,
     LoraSpec,

@@ -2,7 +2,8 @@
 
 import pytest
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
 from smolfsdp.models.modeling import (
     build_meta_model,
     build_model,

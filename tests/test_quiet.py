@@ -16,7 +16,7 @@ import pytest
 
 from smolfsdp import quiet
 from smolfsdp.config import load_config
-from smolfsdp.train import sft
+from smolfsdp.launch import runner
 from smolfsdp.train.trl_callbacks import log_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +51,7 @@ def quiet_runs(tmp_path_factory):
     runs = {}
     for name in ("smoke", "lora_smoke", "smoke_trl"):
         cfg = load_config(ROOT / "configs" / "runs" / f"{name}.yaml", **short)
-        runs[name] = sft.run(cfg, capture=True, timeout=300)
+        runs[name] = runner.run(cfg, capture=True, timeout=300)
     return runs
 
 

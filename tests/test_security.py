@@ -18,9 +18,9 @@ import yaml
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
-from smolfsdp.data.prepare import bundled_data_path
+from smolfsdp.launch import runner
 from smolfsdp.launch import torchrun as launch
-from smolfsdp.train import sft
+from smolfsdp.paths import bundled_data_path
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = {
@@ -57,7 +57,7 @@ def secret_run(tmp_path_factory):
             dataset=str(dataset),
             extra={"note": f"pushed with {SECRETS['HF_TOKEN']}", "hub_token": SECRETS["HF_TOKEN"]},
         )
-        run = sft.run(cfg, capture=True, timeout=600)
+        run = runner.run(cfg, capture=True, timeout=600)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -298,7 +298,7 @@ def test_planted_metadata_runs_nothing_through_any_entry_point(planted, tmp_path
         name="secret", output_dir=str(ckpt.parent.parent.parent), max_steps=2, resume_from="latest"
     )
     with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system") as err:
-        sft.preflight(cfg)  # --resume_from, before launch
+        runner.preflight(cfg)  # --resume_from, before launch
     assert why in str(err.value)
     with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system"):
         checkpoint.convert_checkpoint(ckpt, tmp_path / "out")

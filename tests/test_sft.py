@@ -6,10 +6,11 @@ import sys
 import pytest
 import torch
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
+from smolfsdp.errors import ConfigError
+from smolfsdp.launch import runner
 from smolfsdp.models.modeling import load_tokenizer
-from smolfsdp.train import sft
 
 
 def _eval_loss_of_saved_model(path, cfg) -> float:
@@ -35,7 +36,7 @@ def _eval_loss_of_saved_model(path, cfg) -> float:
 @pytest.fixture(scope="module")
 def fsdp1_run(tmp_path_factory):
     cfg = TrainConfig(name="fsdp1", output_dir=str(tmp_path_factory.mktemp("runs")), num_train_epochs=3)
-    return cfg, sft.run(cfg, capture=True, timeout=600)
+    return cfg, runner.run(cfg, capture=True, timeout=600)
 
 
 def test_native_fsdp1_shards_and_learns(fsdp1_run):
@@ -72,7 +73,7 @@ def test_final_model_loads_and_matches_the_run(fsdp1_run):
 
 def test_native_fsdp2_run(tmp_path):
     cfg = TrainConfig(name="fsdp2", output_dir=str(tmp_path), fsdp_version=2, max_steps=8, eval_steps=4)
-    s = sft.run(cfg, capture=True, timeout=600).summary
+    s = runner.run(cfg, capture=True, timeout=600).summary
     assert s["effective"]["strategy"] == "fsdp2"
     assert s["effective"]["evidence"]["parameter_type"] == "DTensor"
     assert s["params"]["fraction_per_rank"] == pytest.approx([0.5, 0.5], abs=0.01)
@@ -91,7 +92,7 @@ def test_medquad_real_text(tmp_path, medquad_path):
         num_train_epochs=2,
         eval_steps=20,
     )
-    s = sft.run(cfg, capture=True, timeout=600).summary
+    s = runner.run(cfg, capture=True, timeout=600).summary
     assert s["data"]["mapping"] == "question_answer" and s["data"]["rows_in"] == 400
     assert s["data"]["dropped_too_long"] > 200 and s["data"]["kept"] + s["data"]["dropped_too_long"] == 400
     assert s["metrics"]["eval_loss_last"] < s["metrics"]["eval_loss_first"] - 0.5
@@ -118,7 +119,7 @@ def test_cli_refuses_bad_input_before_launch(args, needle):
 
 def test_bundled_tokenizer_matches_its_build_script():
     """data/tokenizer is what scripts/build_tokenizer.py produces from the bundled sample (no hub)."""
-    from smolfsdp.data.prepare import repo_root
+    from smolfsdp.paths import repo_root
 
     out = subprocess.run(
         [sys.executable, str(repo_root() / "scripts" / "build_tokenizer.py"), "--check"],
@@ -139,7 +140,7 @@ def test_run_folder_with_foreign_files_is_never_deleted(tmp_path):
     (run / "config.yaml").write_text("x: 1\n")
     (run / "src" / "main.py").write_text("print('mine')\n")
     with pytest.raises(ConfigError, match=r"not a smolfsdp run folder.*\['src'\].*nothing was deleted"):
-        sft.preflight(TrainConfig(output_dir=str(tmp_path), name="myproj"))
+        runner.preflight(TrainConfig(output_dir=str(tmp_path), name="myproj"))
     assert (run / "src" / "main.py").is_file()
     with pytest.raises(FileExistsError):
         check_run_dir(run, overwrite=True)
@@ -166,12 +167,12 @@ def test_bad_run_names(name):
 def test_too_few_rows_for_one_step(tmp_path):
     import shutil as _sh
 
-    from smolfsdp.data.prepare import bundled_data_path
+    from smolfsdp.paths import bundled_data_path
 
     small = tmp_path / "three.jsonl"
     small.write_text("".join(bundled_data_path().read_text().splitlines(keepends=True)[:3]))
     with pytest.raises(ConfigError, match="cannot fill one optimizer step"):
-        sft.preflight(TrainConfig(dataset=str(small), output_dir=str(tmp_path), eval_size=0))
+        runner.preflight(TrainConfig(dataset=str(small), output_dir=str(tmp_path), eval_size=0))
     _sh.rmtree(tmp_path / "smoke", ignore_errors=True)
 
 
@@ -179,7 +180,7 @@ def test_empty_data_file(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ConfigError, match="is empty"):
-        sft.preflight(TrainConfig(dataset=str(empty), output_dir=str(tmp_path)))
+        runner.preflight(TrainConfig(dataset=str(empty), output_dir=str(tmp_path)))
 
 
 def test_ctrl_c_on_the_launcher_stops_every_rank(tmp_path):
@@ -226,7 +227,7 @@ def test_preflight_refuses_max_length_beyond_the_models_positions(tmp_path):
         ConfigError,
         match=r"max_length=4096 is more than 'tiny' has positions \(max_position_embeddings=2048\)",
     ):
-        sft.preflight(TrainConfig(output_dir=str(tmp_path), max_length=4096))
+        runner.preflight(TrainConfig(output_dir=str(tmp_path), max_length=4096))
 
 
 def _saved_tiny(path, *, tie: bool, config_says: bool):
@@ -261,11 +262,11 @@ def test_tie_mismatch_between_config_and_checkpoint_is_reported(tmp_path):
     tok = str(tmp_path / "tok")
     load_tokenizer("tiny").save_pretrained(tok)
     with pytest.raises(ConfigError, match="separate lm_head"):  # and preflight runs it before launch
-        sft.preflight(TrainConfig(model=str(untied), tokenizer=tok, output_dir=str(tmp_path / "runs")))
+        runner.preflight(TrainConfig(model=str(untied), tokenizer=tok, output_dir=str(tmp_path / "runs")))
 
 
 def test_too_few_rows_after_dropping_long_ones_says_why(tmp_path):
     with pytest.raises(
         ConfigError, match=r"178 of the 180 rows read were dropped as longer than max_length=128"
     ):
-        sft.preflight(TrainConfig(output_dir=str(tmp_path), max_length=128))
+        runner.preflight(TrainConfig(output_dir=str(tmp_path), max_length=128))

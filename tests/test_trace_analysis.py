@@ -189,8 +189,9 @@ def test_sampled_128rank_trace_sendrecv_on_its_own_stream():
 # --------------------------------------------------------------- CPU smoke traces, FSDP1/2
 @pytest.fixture(scope="module", params=[1, 2], ids=["fsdp1", "fsdp2"])
 def smoke_trace(request, tmp_path_factory):
-    from smolfsdp.config import load_config, recipe
-    from smolfsdp.measure.benchmark import run_benchmark
+    from smolfsdp.config import load_config
+    from smolfsdp.launch.runner import run_benchmark
+    from smolfsdp.paths import recipe
 
     out = tmp_path_factory.mktemp(f"fsdp{request.param}")
     cfg = load_config(
@@ -334,8 +335,9 @@ def test_ddp_cpu_trace_has_no_fsdp_all_gathers(tmp_path):
     """The TRL engine with accelerate as shipped runs DDP on CPU (``accelerate_fsdp_on_cpu: false``): its
     trace holds all-gathers (the Trainer gathering metrics) but no ``FSDP::``/``FullyShardedDataParallel.``
     range, so none of them is an FSDP unit's. Measured here: 8 ``c10d::allgather_`` per step."""
-    from smolfsdp.config import load_config, recipe
-    from smolfsdp.measure.benchmark import run_benchmark
+    from smolfsdp.config import load_config
+    from smolfsdp.launch.runner import run_benchmark
+    from smolfsdp.paths import recipe
 
     cfg = load_config(
         recipe("smoke_trl"), name="ddp", output_dir=str(tmp_path), benchmark_steps=3, profile=True,

@@ -10,11 +10,13 @@ from _dist import kill_run_when
 from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
-from smolfsdp.config import ConfigError, load_config, recipe
+from smolfsdp.config import load_config
+from smolfsdp.errors import ConfigError
+from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
 from smolfsdp.measure.results import load_run
+from smolfsdp.paths import recipe
 from smolfsdp.traces.analysis import analyze, load_trace
-from smolfsdp.train import sft
 
 BASE = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate")
 
@@ -27,7 +29,7 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(runs):
     cfg = load_config(recipe("smoke_trl"), name="whole", output_dir=str(runs), **BASE)
-    return sft.run(cfg, capture=True, timeout=600)
+    return runner.run(cfg, capture=True, timeout=600)
 
 
 def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
@@ -47,7 +49,7 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     step = int(latest.name.split("-")[1])
     assert json.loads((latest / "trainer_state.json").read_text())["global_step"] == step
 
-    resumed = sft.run(cfg.replace(resume_from="latest"), capture=True, timeout=600)
+    resumed = runner.run(cfg.replace(resume_from="latest"), capture=True, timeout=600)
     s = resumed.summary
     assert s["metrics"]["resumed_from"] == str(latest) and s["metrics"]["steps"] == 6
     assert (
@@ -74,7 +76,7 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
 
 def test_trl_checkpoint_converts_to_the_trained_weights(runs, tmp_path):
     cfg = load_config(recipe("smoke_trl"), name="saved", output_dir=str(runs), save_steps=3, **BASE)
-    run = sft.run(cfg, capture=True, timeout=600)
+    run = runner.run(cfg, capture=True, timeout=600)
     assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
     out = checkpoint.convert_checkpoint(run.path / "checkpoints" / "step-000006", tmp_path / "converted")
     converted = load_file(str(out / "model.safetensors"))
@@ -89,7 +91,7 @@ def test_resume_with_the_other_engine_is_refused(runs):
         pytest.skip("needs test_trl_checkpoint_converts_to_the_trained_weights's run")
     cfg = load_config(recipe("smoke"), name="saved", output_dir=str(runs), resume_from="latest", **BASE)
     with pytest.raises(ConfigError, match="written by the trl engine, and this run uses engine: native"):
-        sft.preflight(cfg)
+        runner.preflight(cfg)
 
 
 def test_resume_refuses_other_settings_a_finished_run_and_a_missing_path(runs):
@@ -100,14 +102,14 @@ def test_resume_refuses_other_settings_a_finished_run_and_a_missing_path(runs):
     with pytest.raises(
         ConfigError, match=r"other settings: max_steps 6 -> 8; learning_rate 0.003 -> 0.0003\."
     ):
-        sft.preflight(cfg.replace(resume_from=step3, learning_rate=3e-4, max_steps=8))
-    sft.preflight(
+        runner.preflight(cfg.replace(resume_from=step3, learning_rate=3e-4, max_steps=8))
+    runner.preflight(
         cfg.replace(resume_from=step3, eval_steps=2, save_total_limit=1)
     )  # may change: not trajectory
     with pytest.raises(ConfigError, match="is at step 6 and the run has max_steps=6: it is finished"):
-        sft.preflight(cfg.replace(resume_from="latest"))
+        runner.preflight(cfg.replace(resume_from="latest"))
     with pytest.raises(ConfigError, match="step-000099 does not exist"):
-        sft.preflight(cfg.replace(resume_from=str(runs / "saved" / "checkpoints" / "step-000099")))
+        runner.preflight(cfg.replace(resume_from=str(runs / "saved" / "checkpoints" / "step-000099")))
 
 
 def test_trl_benchmark_mode_and_trace(tmp_path):
@@ -121,7 +123,7 @@ def test_trl_benchmark_mode_and_trace(tmp_path):
         max_length=128,
         too_long="truncate",
     )
-    bench = benchmark.run_benchmark(cfg, timeout=600)
+    bench = runner.run_benchmark(cfg, timeout=600)
     run_dir = tmp_path / "tb"
     assert not (run_dir / "final_model").exists() and not (run_dir / "checkpoints").exists()
     assert bench["engine"] == "trl" and bench["strategy"] == "fsdp1" and bench["device"] == "cpu"

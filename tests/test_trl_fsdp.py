@@ -11,8 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
-from smolfsdp.config import load_config, recipe
-from smolfsdp.train import accelerate_cpu_fsdp, sft, trl_engine
+from smolfsdp.config import load_config
+from smolfsdp.launch import runner
+from smolfsdp.paths import recipe
+from smolfsdp.train import accelerate_cpu_fsdp, trl_engine
 
 # max_length 256 with the default too_long=drop: real padded batches, the longest rows dropped and counted
 BASE = dict(max_steps=6, eval_steps=3, per_device_train_batch_size=2, max_length=256, save_total_limit=6)
@@ -26,7 +28,7 @@ def runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fsdp_run(runs):
     cfg = load_config(recipe("smoke_trl"), name="fsdp", output_dir=str(runs), save_steps=3, **BASE)
-    return sft.run(cfg, capture=True, timeout=600)
+    return runner.run(cfg, capture=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def ddp_run(runs):
     cfg = load_config(
         recipe("smoke_trl"), name="ddp", output_dir=str(runs), accelerate_fsdp_on_cpu=False, **BASE
     )
-    return sft.run(cfg, capture=True, timeout=600)
+    return runner.run(cfg, capture=True, timeout=600)
 
 
 def test_the_trainer_applies_fsdp1_on_cpu(fsdp_run):
@@ -104,9 +106,9 @@ def test_checkpoints_convert_and_the_export_loads_tied(fsdp_run, tmp_path):
 
 def test_resume_from_a_mid_run_checkpoint_gives_the_uninterrupted_weights(fsdp_run, runs):
     cfg = load_config(recipe("smoke_trl"), name="stopped", output_dir=str(runs), save_steps=3, **BASE)
-    first = sft.run(cfg.replace(stop_at_step=3), capture=True, timeout=600)
+    first = runner.run(cfg.replace(stop_at_step=3), capture=True, timeout=600)
     assert first.summary["metrics"]["stopped_early"] and first.summary["final_model"] is None
-    resumed = sft.run(cfg.replace(resume_from="latest"), capture=True, timeout=600)
+    resumed = runner.run(cfg.replace(resume_from="latest"), capture=True, timeout=600)
     assert resumed.summary["effective"]["strategy"] == "fsdp1"
     assert resumed.summary["metrics"]["resumed_from"].endswith("step-000003")
     a = load_file(f"{fsdp_run.summary['final_model']}/model.safetensors")
@@ -119,8 +121,8 @@ def test_the_full_recipe_runs_with_only_model_data_and_steps_swapped(runs, token
     """configs/runs/smollm3_3b_medical.yaml as committed (bf16, FSDP activation checkpointing, 8
     accumulation steps, max_length 2048, reasoning), with a tiny SmolLM3 loaded through
     from_pretrained like the hub model, the bundled medical-o1 rows, 2 steps and 4 eval rows."""
-    from smolfsdp.data.prepare import bundled_data_path
     from smolfsdp.models.modeling import build_model
+    from smolfsdp.paths import bundled_data_path
 
     local_model = runs / "tiny_pretrained"
     build_model("tiny", tokenizer).save_pretrained(local_model)
@@ -133,7 +135,7 @@ def test_the_full_recipe_runs_with_only_model_data_and_steps_swapped(runs, token
         eval_size=4,
         output_dir=str(runs),
     )
-    s = sft.run(cfg, capture=True, timeout=900).summary
+    s = runner.run(cfg, capture=True, timeout=900).summary
     ev = s["effective"]["evidence"]
     assert s["effective"]["strategy"] == "fsdp1" and ev["fsdp_units"] == 5
     assert ev["activation_checkpoint_wrappers"] == 4  # one per decoder layer, applied by accelerate

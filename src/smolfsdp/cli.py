@@ -21,7 +21,8 @@ import sys
 
 import yaml
 
-from smolfsdp.config import ConfigError, load_config
+from smolfsdp.config import load_config
+from smolfsdp.errors import ConfigError
 
 
 def parse_overrides(tokens: list[str]) -> dict:
@@ -44,6 +45,8 @@ def parse_overrides(tokens: list[str]) -> dict:
 
 
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
+    # deferred, as every command's imports here: they pull in torch, which `smolfsdp memory` never needs
+    from smolfsdp.launch.validate import validate
     from smolfsdp.sharding.distributed import is_launched
 
     overrides = parse_overrides(rest)
@@ -51,7 +54,7 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         resume = overrides.pop("resume")
         if resume not in (False, None):
             overrides["resume_from"] = "latest" if resume is True else str(resume)
-    cfg = load_config(args.config, **overrides)
+    cfg = validate(load_config(args.config, **overrides))  # model, mesh, launch fields: before any work
     if is_launched():
         from smolfsdp.launch.torchrun import resume_on_restart
         from smolfsdp.sharding.distributed import init_distributed, name_collective_errors
@@ -62,8 +65,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         with name_collective_errors():
             train(cfg)
         return 0
+    from smolfsdp.launch.runner import preflight
     from smolfsdp.launch.torchrun import launch
-    from smolfsdp.train.sft import preflight
 
     found = preflight(cfg)
     print(
@@ -155,14 +158,14 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     summary (``--json``: the summary, MFU reason and trace paths as JSON)."""
     import json
 
-    from smolfsdp.measure.benchmark import run_benchmark
+    from smolfsdp.launch.runner import run_benchmark  # deferred: imports torch (see cmd_train)
 
     overrides = parse_overrides(rest)
     overrides.setdefault("benchmark_steps", 5)
     overrides.setdefault("profile", True)
     overrides.setdefault("name", "bench")
     cfg = load_config(args.config, **overrides)
-    bench = run_benchmark(cfg)
+    bench = run_benchmark(cfg)  # validates cfg first (runner.preflight)
     if args.json:
         keys = ("strategy", "summary", "mfu_reason", "memory_per_rank", "traces")
         print(json.dumps({k: bench.get(k) for k in keys}, indent=2))

@@ -2,9 +2,15 @@
 
 Every chapter and every CLI command resolves a run the same way:
 ``configs/runs/<name>.yaml`` (keys are the fields below) overridden by CLI flags
-(``--key value``), validated in ``__post_init__`` before any process is launched: each field holds its
-declared type (a YAML boolean is ``true``/``false`` unquoted; a quoted ``"false"`` is refused, never read
-as true; ``max_steps: 2.5`` is refused) and a value in its range.
+(``--key value``). ``__post_init__`` checks what the fields alone decide: each field holds its declared
+type (a YAML boolean is ``true``/``false`` unquoted; a quoted ``"false"`` is refused, never read as true;
+``max_steps: 2.5`` is refused), a value in its range, and the combinations among them.
+
+What needs the model presets, the sharding mesh or the launcher (the model name, ``wrap_class``, the
+strategy and mesh sizes, the node and rendezvous fields) is checked above this module, by
+:func:`smolfsdp.launch.validate.validate`, wherever a run starts (``smolfsdp train``/``bench``,
+``smolfsdp.launch.runner.run`` and ``preflight``). This module imports only ``smolfsdp.errors`` and
+``smolfsdp.secrets``.
 
     smolfsdp train --config configs/runs/smoke.yaml --max_steps 20
 """
@@ -12,12 +18,14 @@ as true; ``max_steps: 2.5`` is refused) and a value in its range.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.secrets import redact
 
 ENGINES = ("native", "trl")
 FSDP_VERSIONS = (1, 2)
@@ -36,22 +44,6 @@ SCHEDULERS = (
     "constant_with_warmup",
     "inverse_sqrt",
 )
-
-
-class ConfigError(ValueError):
-    """A run configuration that cannot work; the message names the problem and the fix."""
-
-
-def nearest(name: str, options, n: int = 1) -> list[str]:
-    """Closest spellings of ``name`` among ``options`` (case-insensitive), best first."""
-    by_lower = {str(o).lower(): str(o) for o in options}
-    hits = difflib.get_close_matches(str(name).lower(), list(by_lower), n=n, cutoff=0.5)
-    return [by_lower[h] for h in hits]
-
-
-def _did_you_mean(name: str, options) -> str:
-    hits = nearest(name, options)
-    return f" Did you mean {hits[0]!r}?" if hits else ""
 
 
 @dataclass
@@ -164,7 +156,7 @@ class TrainConfig:
         self._check_types()
         if self.engine not in ENGINES:
             raise ConfigError(
-                f"engine={self.engine!r} is not known; use one of {ENGINES}.{_did_you_mean(self.engine, ENGINES)}"
+                f"engine={self.engine!r} is not known; use one of {ENGINES}.{did_you_mean(self.engine, ENGINES)}"
             )
         if int(self.fsdp_version) not in FSDP_VERSIONS:
             raise ConfigError(
@@ -175,7 +167,7 @@ class TrainConfig:
         if self.backward_prefetch not in BACKWARD_PREFETCH:
             raise ConfigError(
                 f"backward_prefetch={self.backward_prefetch!r}: use one of {BACKWARD_PREFETCH}."
-                f"{_did_you_mean(self.backward_prefetch, BACKWARD_PREFETCH)}"
+                f"{did_you_mean(self.backward_prefetch, BACKWARD_PREFETCH)}"
             )
         self.state_dict_type = str(self.state_dict_type).upper()
         if self.state_dict_type not in STATE_DICT_TYPES:
@@ -245,15 +237,7 @@ class TrainConfig:
                 "Set max_steps > 0 or num_train_epochs > 0; as given the run would train nothing."
             )
         self._check_benchmark()
-        from smolfsdp.launch.torchrun import check_launch
-
-        check_launch(self)
-        self._check_sharding()
-        from smolfsdp.models.modeling import check_model_name, normalise_wrap_class_name
-
-        check_model_name(self.model)
-        if self.wrap_class is not None:
-            self.wrap_class = normalise_wrap_class_name(self.wrap_class)
+        self.sharding_strategy = str(self.sharding_strategy).upper()
 
     # ------------------------------------------------------------------ types and ranges
     def _check_types(self) -> None:
@@ -287,7 +271,7 @@ class TrainConfig:
         if self.lr_scheduler_type not in SCHEDULERS:
             raise ConfigError(
                 f"lr_scheduler_type={self.lr_scheduler_type!r} is not a scheduler smolfsdp can build; use one of "
-                f"{SCHEDULERS}.{_did_you_mean(self.lr_scheduler_type, SCHEDULERS)}"
+                f"{SCHEDULERS}.{did_you_mean(self.lr_scheduler_type, SCHEDULERS)}"
             )
         if self.weight_decay < 0:
             raise ConfigError(f"weight_decay={self.weight_decay} must be >= 0 (0.0 or 0.01 are usual).")
@@ -310,29 +294,6 @@ class TrainConfig:
             raise ConfigError(f"max_rows={self.max_rows} must be >= 1 (or unset for all rows).")
         if self.lora and not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"lora_dropout={self.lora_dropout} must be in [0, 1).")
-
-    # ------------------------------------------------------------------ sharding strategy and mesh (HSDP)
-    def _check_sharding(self) -> None:
-        """Strategy name, mesh sizes and engine support; the mesh is checked against ``nproc`` here
-        (the processes smolfsdp launches) and against the real world size again in ``build_mesh``."""
-        from smolfsdp.sharding.fsdp2 import resolve_mesh_shape
-
-        self.sharding_strategy = str(self.sharding_strategy).upper()
-        world = self.nproc  # one node: smolfsdp launches torchrun --standalone --nproc-per-node nproc
-        resolve_mesh_shape(self.sharding_strategy, world, self.replicate_size, self.shard_size, world)
-        if self.engine == "trl" and self.sharding_strategy in ("HYBRID_SHARD", "NO_SHARD"):
-            if self.fsdp_version == 2:
-                raise ConfigError(
-                    f"sharding_strategy={self.sharding_strategy} with engine: trl and fsdp_version: 2: the "
-                    "Trainer's FSDP2 takes only reshard_after_forward true/false in fsdp_config (HSDP needs "
-                    "accelerate's ParallelismConfig). Use engine: native, or fsdp_version: 1."
-                )
-            if self.replicate_size is not None or self.shard_size is not None:
-                raise ConfigError(
-                    "replicate_size/shard_size with engine: trl: the Trainer's FSDP1 builds the HYBRID_SHARD "
-                    "groups itself (shard over the GPUs of a node, replicate across nodes); leave both unset, "
-                    "or use engine: native to choose the mesh."
-                )
 
     def _check_benchmark(self) -> None:
         if self.benchmark_steps < 0:
@@ -373,32 +334,19 @@ class TrainConfig:
         With ``redact_secrets`` (the default, for every file a person or a later run reads: the run
         folder's and each checkpoint's ``config.yaml``) values under secret-looking keys, values of secret
         environment variables and token-shaped substrings become ``<redacted>``
-        (:func:`smolfsdp.launch.torchrun.redact`). That also hits a token-shaped part of a file path (a dataset
+        (:func:`smolfsdp.secrets.redact`). That also hits a token-shaped part of a file path (a dataset
         named ``hf_medicalquestionanswers2024.jsonl`` is written as ``<redacted>.jsonl``): a deliberate
         trade, since a written config must never leak a real token, at the price of a path that no longer
         loads as written. ``redact_secrets=False`` writes the config exactly as resolved; only the launcher
         uses it, for the short-lived file its ranks TRAIN with (a private temporary folder).
         """
         data = self.to_dict()
-        if redact_secrets:
-            from smolfsdp.launch.torchrun import redact  # tokens and secrets never reach a written config
-
+        if redact_secrets:  # tokens and secrets never reach a written config
             data = redact(data)
         Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
     def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
-
-
-def recipe(name: str) -> Path:
-    """Path of the named run recipe ``configs/runs/<name>.yaml`` in this repository."""
-    from smolfsdp.data.prepare import repo_root
-
-    path = repo_root() / "configs" / "runs" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise ConfigError(f"No run recipe {name!r}; known: {known}.{_did_you_mean(name, known)}")
-    return path
 
 
 def field_names() -> list[str]:
@@ -411,7 +359,7 @@ def check_keys(keys, where: str) -> None:
     for key in keys:
         if key not in valid:
             raise ConfigError(
-                f"Unknown key {key!r} in {where}.{_did_you_mean(key, valid)} Valid keys: {', '.join(valid)}."
+                f"Unknown key {key!r} in {where}.{did_you_mean(key, valid)} Valid keys: {', '.join(valid)}."
             )
 
 

@@ -15,13 +15,20 @@ navigation, which only Quarto makes).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import yaml
 
-from smolfsdp.data.prepare import repo_root
+from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.paths import repo_root
 
 
 def _book_entries(root: Path) -> list[str]:
@@ -45,8 +52,6 @@ def select_chapters(names=None) -> list[Path]:
     notebook (relative to the current directory or the repository root). Repeats count once. Raises
     ConfigError for a name that is no chapter of ``_quarto.yml``, with the nearest stems.
     """
-    from smolfsdp.config import ConfigError, nearest
-
     book = chapters()
     if not names:
         return book
@@ -58,10 +63,9 @@ def select_chapters(names=None) -> list[Path]:
         hit = by_stem.get(path.stem) if path.name == str(name) else None
         hit = hit or by_path.get(path.resolve()) or by_path.get((repo_root() / path).resolve())
         if hit is None:
-            hint = nearest(path.stem, by_stem, n=3)
             raise ConfigError(
                 f"--chapter {name!r} is no chapter of _quarto.yml"
-                + (f" (did you mean {' or '.join(map(repr, hint))}?)" if hint else "")
+                + did_you_mean(path.stem, by_stem, 3, form=" (did you mean {}?)")
                 + f"; give a stem or path of one of: {', '.join(by_stem)}."
             )
         picked.add(hit)
@@ -185,10 +189,6 @@ def prepare_render_project(profile: str, scratch_root: Path | None = None) -> Pa
 
     ``scratch_root`` defaults to ``<repo>/_render``. Raises ValueError for an unknown profile.
     """
-    import hashlib
-    import json
-    import shutil
-
     if profile not in PROFILES:
         raise ValueError(f"profile {profile!r} is not one of {', '.join(PROFILES)}")
     root = repo_root()
@@ -218,11 +218,6 @@ def render_book(
     kernel, papermill and the pre-render guard are this environment's. Raises FileNotFoundError when
     ``quarto`` is not installed, CalledProcessError when the render fails.
     """
-    import os
-    import shutil
-    import subprocess
-    import sys
-
     exe = shutil.which(quarto)
     if exe is None:
         raise FileNotFoundError(

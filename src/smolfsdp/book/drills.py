@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from smolfsdp.checkpoint import dcp as checkpoint
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
+from smolfsdp.launch.runner import preflight, run
+from smolfsdp.launch.torchrun import launch
+from smolfsdp.measure.results import load_run
 
 
 def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
@@ -51,8 +54,6 @@ def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str,
     checkpoint resumed from, tensors compared and the largest absolute difference (0.0 = bitwise
     equal). Raises ConfigError when ``stop_at`` is not inside the run.
     """
-    from smolfsdp.train.sft import run
-
     _check_inside(cfg, stop_at)
     whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
     part = cfg.replace(name=f"{cfg.name}_resumed", save_steps=1, save_total_limit=2)
@@ -118,9 +119,6 @@ def kill_rank_drill(
     left alone. Raises ConfigError when ``after_step`` is not inside the run, RuntimeError when the
     kill came too late (the run finished first).
     """
-    from smolfsdp.launch.torchrun import launch
-    from smolfsdp.train.sft import preflight, run
-
     _check_inside(cfg, after_step)
     whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
     victim = cfg.replace(name=f"{cfg.name}_killed", save_steps=1, save_total_limit=cfg.max_steps)
@@ -140,8 +138,6 @@ def kill_rank_drill(
     if first.returncode != 0:
         resumed = run(victim.replace(resume_from="latest"), capture=True, timeout=timeout)
     else:
-        from smolfsdp.measure.results import load_run
-
         resumed = load_run(victim.run_dir)
     m = resumed.summary["metrics"]
     if not m.get("resumed_from"):

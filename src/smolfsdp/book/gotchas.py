@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 
 DIST, LOCAL, CRASH = "dist", "local", "crash"  # how a gotcha runs: 2 ranks, 1 process, own launch
 
@@ -268,14 +268,14 @@ def gradient_checkpointing(rank: int, world: int) -> dict[str, Any]:
 
     from smolfsdp.book.mechanics import collective_kind
     from smolfsdp.sharding.fsdp1 import wrap_fsdp1
-    from smolfsdp.train.native import _apply_activation_checkpointing
+    from smolfsdp.sharding.shards import apply_activation_checkpointing
 
     batch, rows = _batch(rank), {}
     for version in (1, 2):
         for mode in ("none", "fsdp_ac", "hf_use_reentrant_false", "hf_use_reentrant_true"):
             model = _tiny()[0]
             if mode == "fsdp_ac":
-                _apply_activation_checkpointing(model, _layer_cls())
+                apply_activation_checkpointing(model, _layer_cls())
             elif mode.startswith("hf"):
                 kw = {"use_reentrant": mode.endswith("true")}
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)

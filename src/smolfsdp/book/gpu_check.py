@@ -40,10 +40,10 @@ from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.memory_measure import count_state_bytes
 from smolfsdp.models.modeling import resolve_wrap_class
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, default_mp_policy
-from smolfsdp.traces import analysis as ta
-from smolfsdp.train.native import (
-    _apply_activation_checkpointing,  # the engine's own FSDP2 activation checkpointing
+from smolfsdp.sharding.shards import (
+    apply_activation_checkpointing,  # the engine's own FSDP2 activation checkpointing
 )
+from smolfsdp.traces import analysis as ta
 
 #: What ``smolfsdp.measure.memory`` calls this recipe: fp32 sharded parameters, gradients and AdamW m, v;
 #: bf16 compute (FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
@@ -176,7 +176,7 @@ def build(config, shape: Shape, device: torch.device):
     model.train()
     wrap = resolve_wrap_class(model)
     if shape.activation_checkpointing:
-        _apply_activation_checkpointing(model, wrap)
+        apply_activation_checkpointing(model, wrap)
     apply_fsdp2(model, build_mesh(device.type, 1), wrap, mp_policy=default_mp_policy("bf16"))
     # the Trainer's default optimizer since transformers 5 with torch >= 2.8 is adamw_torch_fused
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,24 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp._flat_param import FlatParameter
+from torch.profiler import ProfilerActivity, profile
+
+from smolfsdp.launch.torchrun import launch_env, torchrun_command
+from smolfsdp.models.modeling import (
+    build_meta_model,
+    build_model,
+    count_parameters,
+    load_tokenizer,
+    resolve_wrap_class,
+)
+from smolfsdp.sharding.distributed import init_distributed, teardown
+from smolfsdp.sharding.fsdp1 import wrap_fsdp1
+from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, describe_sharding
+from smolfsdp.sharding.shards import local_tensors, storage_bytes
+from smolfsdp.train.native import PadCollator, forward_backward
 
 COLLECTIVES = {
     "allgather": "all-gather",
@@ -42,40 +62,10 @@ def collective_kind(name: str) -> str | None:
     return "other"
 
 
-def storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (what the rank really allocated)."""
-    from torch.distributed.tensor import DTensor
-
-    seen, total = set(), 0
-    for t in tensors:
-        st = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
-
-
-def local_tensors(model: nn.Module) -> list[torch.Tensor]:
-    from torch.distributed.tensor import DTensor
-
-    from smolfsdp.sharding import fsdp1
-
-    units = fsdp1.fsdp_units(model)
-    if units:  # FSDP1: the FlatParameter shards
-        return [u._flat_param for u in units if getattr(u, "_flat_param", None) is not None]
-    return [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
-
-
 def _wrap(model: nn.Module, version: int, world: int, use_orig_params: bool = True) -> nn.Module:
-    from smolfsdp.models.modeling import resolve_wrap_class
-
     wrap_cls = resolve_wrap_class(model)
     if version == 1:
-        from smolfsdp.sharding.fsdp1 import wrap_fsdp1
-
         return wrap_fsdp1(model, wrap_cls, device=torch.device("cpu"), use_orig_params=use_orig_params)
-    from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
-
     return apply_fsdp2(model, build_mesh("cpu", world), wrap_cls)
 
 
@@ -97,13 +87,8 @@ def _events(prof, t0: float) -> list[dict[str, Any]]:
 
 
 def _state_dict_facts(model: nn.Module, version: int) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         if version == 1:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-            from torch.distributed.fsdp import StateDictType
-
             with FSDP.state_dict_type(model, StateDictType.SHARDED_STATE_DICT):
                 sd = model.state_dict()
         else:
@@ -124,8 +109,6 @@ def _state_dict_facts(model: nn.Module, version: int) -> dict[str, Any]:
 
 def _freeze_one(version: int, world: int, use_orig_params: bool) -> dict[str, Any]:
     """Freeze layer 0's q_proj.weight only, wrap, and take a step: does FSDP accept it?"""
-    from smolfsdp.models.modeling import build_model, load_tokenizer
-
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0)
     model.model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
@@ -138,15 +121,11 @@ def _freeze_one(version: int, world: int, use_orig_params: bool) -> dict[str, An
 
 
 def _batch(tok):
-    from smolfsdp.train.native import PadCollator
-
     ids = list(range(1, 65))
     return PadCollator(tok.pad_token_id)([{"input_ids": ids, "labels": ids}] * 2)
 
 
 def _one_step(model: nn.Module, tok, world: int) -> float:
-    from smolfsdp.train.native import forward_backward
-
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     loss, _ = forward_backward(model, [_batch(tok)], world, torch.device("cpu"))
     opt.step()
@@ -156,12 +135,6 @@ def _one_step(model: nn.Module, tok, world: int) -> float:
 
 def record(version: int, out_dir: Path, steps: int = 5) -> dict[str, Any]:
     """Body of one rank (inside torchrun): measure everything and write ``fsdp{v}_rank{r}.json``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from smolfsdp.models.modeling import build_model, count_parameters, load_tokenizer
-    from smolfsdp.sharding.distributed import init_distributed, teardown
-    from smolfsdp.sharding.fsdp2 import describe_sharding
-
     info = init_distributed()
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0)
@@ -171,7 +144,6 @@ def record(version: int, out_dir: Path, steps: int = 5) -> dict[str, Any]:
     model = _wrap(model, version, info.world_size)
     table = describe_sharding(model) if version == 2 else describe_flat_parameters(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    from smolfsdp.train.native import forward_backward
 
     def step():
         forward_backward(model, [_batch(tok)], info.world_size, info.device)
@@ -218,9 +190,6 @@ def record(version: int, out_dir: Path, steps: int = 5) -> dict[str, Any]:
 
 def describe_flat_parameters(model: nn.Module) -> pd.DataFrame:
     """FSDP1: one row per FlatParameter (one per FSDP unit): local and unpadded global numel."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp._flat_param import FlatParameter
-
     rows = []
     for name, unit in model.named_modules():
         flat = getattr(unit, "_flat_param", None) if isinstance(unit, FullyShardedDataParallel) else None
@@ -252,10 +221,6 @@ def measure_mechanics(
     fsdp_version: int, out_dir: str | Path, nproc: int = 2, timeout: float = 600
 ) -> list[dict]:
     """Launch :func:`record` on ``nproc`` CPU processes and return each rank's result (by rank)."""
-    import subprocess
-
-    from smolfsdp.launch.torchrun import launch_env, torchrun_command
-
     out_dir = Path(out_dir)
     args = ["--fsdp-version", str(fsdp_version), "--out", str(out_dir)]
     cmd = torchrun_command(nproc, args, module="smolfsdp.book.mechanics")
@@ -287,10 +252,6 @@ def fsdp_unit_table(model: str = "tiny", world_size: int = 2, bytes_per_param: i
     parameter bytes a rank holds while that unit computes in forward: every shard, plus this unit
     and the next one gathered in full (the current unit and the prefetched one).
     """
-    import math
-
-    from smolfsdp.models.modeling import build_meta_model, count_parameters, load_tokenizer
-
     tok = load_tokenizer("tiny") if model == "tiny" else None
     net = build_meta_model(model, tok)
     layers = list(net.model.layers)

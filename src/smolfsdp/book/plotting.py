@@ -16,6 +16,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from smolfsdp.paths import repo_root
+
 log = logging.getLogger(__name__)
 
 # The one place where the book changes how plotly displays figures, and why. Plotly's `notebook`
@@ -165,8 +167,6 @@ def save_figure(fig: go.Figure, name: str, out_dir: str | Path | None = None) ->
 
     The HTML loads ``plotly.min.js`` from the same folder (written once, beside it): offline, no CDN.
     """
-    from smolfsdp.data.prepare import repo_root
-
     out = Path(out_dir) if out_dir is not None else repo_root() / "figures"
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.html", out / f"{name}.json"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -56,7 +55,12 @@ from smolfsdp.checkpoint.verify import (  # noqa: F401
     verify_checkpoint,
     write_marker,
 )
-from smolfsdp.config import ConfigError
+from smolfsdp.config import load_config
+from smolfsdp.errors import ConfigError
+from smolfsdp.models.modeling import build_model, load_tokenizer
+from smolfsdp.paths import umask_modes
+from smolfsdp.secrets import redact
+from smolfsdp.sharding.lora import apply_lora
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -257,8 +261,6 @@ def check_resume_settings(path: str | Path, cfg) -> None:
     """
     import yaml
 
-    from smolfsdp.launch.torchrun import redact
-
     path = Path(path)
     saved_file = path / "config.yaml"
     if saved_file.is_file():
@@ -313,21 +315,6 @@ def check_matches_model(ckpt: str | Path, model, model_name: str = "the model") 
         )
 
 
-def umask_modes(folder: str | Path) -> None:
-    """Give every file in ``folder`` (recursively) the mode the process umask gives a new file (0644
-    under umask 022).
-
-    Why: safetensors 0.8 writes ``*.safetensors`` through a temporary file created 0600 and renamed
-    into place, so ``model.safetensors`` would be readable only by its owner while the config and
-    tokenizer next to it are 0644 (a model folder shared or served by another user fails to load).
-    """
-    mask = os.umask(0)  # the only portable way to read the umask: set it, then put it back at once
-    os.umask(mask)
-    for path in Path(folder).rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            path.chmod(0o666 & ~mask)
-
-
 def config_of(ckpt: str | Path) -> Path:
     """The run config that describes a checkpoint: the copy saved in it, else ``runs/<name>/config.yaml``
     (the run folder's may have changed since the save). The path may not exist."""
@@ -345,9 +332,6 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
         ConfigError: not a checkpoint, an incomplete one, one from another model (the differing keys
             are named), or a non-empty ``out_dir`` without ``overwrite``.
     """
-    from smolfsdp.config import load_config
-    from smolfsdp.models.modeling import build_model, load_tokenizer
-
     ckpt, out = Path(checkpoint), Path(out_dir)
     if not ckpt.exists():
         raise ConfigError(f"{ckpt} does not exist; checkpoints live in runs/<name>/checkpoints/step-N/.")
@@ -370,8 +354,6 @@ def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     if cfg.lora:
-        from smolfsdp.sharding.lora import apply_lora
-
         model = apply_lora(model, cfg)
     check_matches_model(ckpt, model, f"the model {cfg.model!r} of {run_config}")
     state = model.state_dict()

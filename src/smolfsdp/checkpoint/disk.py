@@ -15,7 +15,7 @@ from pathlib import Path
 import torch.distributed.checkpoint as dcp
 
 from smolfsdp.checkpoint.verify import newest_good_checkpoint
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, each the size of its parameter (torch.optim.AdamW)
 

@@ -33,7 +33,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 
 MARKER = "COMPLETE"
 MARKER_FORMAT = 1

@@ -21,21 +21,13 @@ import json
 import logging
 from pathlib import Path
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
+from smolfsdp.paths import bundled_data_path
 
 log = logging.getLogger(__name__)
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 TEXT_SUFFIXES = (".jsonl", ".json", ".csv")
-
-
-def repo_root() -> Path:
-    """The repository root (this package is installed in editable mode from ``src/``)."""
-    return Path(__file__).resolve().parents[3]
-
-
-def bundled_data_path() -> Path:
-    return repo_root() / "data" / "medical_qa" / "medical_qa_sample.jsonl"
 
 
 def find_bad_utf8(path: Path) -> tuple[int, int, bytes] | None:

@@ -46,11 +46,11 @@ import random
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from smolfsdp.config import ConfigError
-from smolfsdp.data.files import FILE_FORMATS, bundled_data_path, load_rows, repo_root
+from smolfsdp.data.files import FILE_FORMATS, load_rows
+from smolfsdp.errors import ConfigError
+from smolfsdp.paths import bundled_data_path, repo_root
 
 __all__ = ["FILE_FORMATS", "bundled_data_path", "load_rows", "repo_root"]  # re-exported: data's public face
 
@@ -78,10 +78,6 @@ COLUMN_MAPPINGS: dict[str, dict[str, str]] = {
     # Alpaca-style instruction sets (e.g. medalpaca/medical_meadow_*)
     "instruction": {"question": "instruction", "context": "input", "answer": "output"},
 }
-
-
-def bundled_tokenizer_path() -> Path:
-    return repo_root() / "data" / "tokenizer"
 
 
 def resolve_mapping(columns, name: str = "auto") -> tuple[str, dict[str, str]]:

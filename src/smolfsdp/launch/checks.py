@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from smolfsdp.config import ConfigError, TrainConfig
-
 #: A CPU run refuses more than this many ranks per core on one node: each rank needs a core to make
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
+
 #: progress, and beyond a few per core they mostly wait on each other (gloo collectives) and on memory.
 #: Above one rank per core the launcher still starts them, with a warning.
 MAX_RANKS_PER_CORE = 4
@@ -196,8 +198,6 @@ def checkpoint_tensor_names(model_dir: Path) -> dict[str, Path]:
 
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        import json
-
         return {k: model_dir / v for k, v in json.loads(index.read_text())["weight_map"].items()}
     names: dict[str, Path] = {}
     for path in sorted(model_dir.glob("*.safetensors")):

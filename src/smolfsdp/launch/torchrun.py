@@ -40,7 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.checkpoint.dcp import checkpoint_dir, latest_checkpoint, newest_good_checkpoint
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
 from smolfsdp.launch.checks import check_resources, run_lock
 
 #: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
@@ -116,42 +118,6 @@ def command_for(cfg: TrainConfig, args: list[str], module: str = "smolfsdp.cli")
         max_restarts=cfg.max_restarts,
         rdzv_timeout_s=cfg.rdzv_timeout_s,
     )
-
-
-def check_launch(cfg: TrainConfig) -> None:
-    """Validate the launch fields of ``cfg`` (called by ``TrainConfig.__post_init__``).
-
-    Raises:
-        ConfigError: ``nnodes`` < 1 or not dividing ``nproc``; ``node_rank`` outside ``[0, nnodes)``;
-            several nodes without ``rdzv_endpoint``; an endpoint that is not ``host:port``;
-            negative ``max_restarts``; non-positive timeouts.
-    """
-    if cfg.nnodes < 1:
-        raise ConfigError(f"nnodes={cfg.nnodes}: need at least one node.")
-    if cfg.nproc % cfg.nnodes:
-        lo, hi = (cfg.nproc // cfg.nnodes) * cfg.nnodes, -(-cfg.nproc // cfg.nnodes) * cfg.nnodes
-        raise ConfigError(
-            f"nproc={cfg.nproc} processes cannot be split evenly over nnodes={cfg.nnodes} nodes: nproc is the "
-            f"total (world size) and every node starts nproc/nnodes. Use nproc={hi}"
-            + (f" or {lo}" if lo else "")
-            + ", or another node count."
-        )
-    if not 0 <= cfg.node_rank < cfg.nnodes:
-        raise ConfigError(
-            f"node_rank={cfg.node_rank}: must be in 0..{cfg.nnodes - 1} for nnodes={cfg.nnodes}."
-        )
-    if cfg.nnodes > 1:
-        if not cfg.rdzv_endpoint:
-            raise ConfigError(
-                f"nnodes={cfg.nnodes} needs rdzv_endpoint=host:port: the address of node_rank 0, where the "
-                "rendezvous runs (e.g. --rdzv-endpoint node0:29400)."
-            )
-        parse_endpoint(cfg.rdzv_endpoint)
-    if cfg.max_restarts < 0:
-        raise ConfigError(f"max_restarts={cfg.max_restarts} must be >= 0 (0: a failed rank ends the run).")
-    for name in ("rdzv_timeout_s", "collective_timeout_s"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must be > 0 seconds.")
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -409,8 +375,6 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     A rendezvous that timed out, was closed or lost its store (nodes that never all joined, a node that
     ended the run) is explained by :func:`explain_rendezvous`.
     """
-    from smolfsdp.checkpoint.dcp import checkpoint_dir, newest_good_checkpoint
-
     failures = parse_failures(output)
     parts = []
     for i, f in enumerate(failures):
@@ -516,81 +480,8 @@ def resume_on_restart(cfg: TrainConfig, env: dict[str, str] | None = None) -> Tr
     env = os.environ if env is None else env
     if int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0:
         return cfg
-    from smolfsdp.checkpoint.dcp import latest_checkpoint
-
     if latest_checkpoint(cfg.run_dir) is not None:
         return cfg.replace(resume_from="latest")
     if cfg.resume_from:
         return cfg
     return cfg.replace(overwrite=True)
-
-
-# ------------------------------------------------------------------------------ secrets
-#: Names of environment variables and mapping keys whose values are secrets: HF_TOKEN, hub_token, GH_TOKEN,
-#: AWS_SESSION_TOKEN, a bare TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ... A name is cut
-#: into words at ``_``, ``-`` and ``.``; a last word ``TOKEN`` (:data:`TOKEN_NAME`) makes it secret unless the
-#: word before it says it is a rate, a position or a special token (:data:`NOT_SECRET_TOKEN`). ``tokens``,
-#: ``num_tokens`` and ``max_new_tokens`` (plural) never match.
-SECRET_NAME = re.compile(
-    r"SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|(^|[_.-])KEY$", re.I
-)
-#: The ``TOKEN`` rule, apart from :data:`SECRET_NAME` so that its exceptions never excuse a ``*PASSWORD*``.
-TOKEN_NAME = re.compile(r"(^|[_.-])TOKEN$", re.I)
-#: ``*_token`` names that are not secrets: rates and positions (``flops_per_token``, ``cost_per_token``,
-#: ``time_to_first_token``) and tokenizer special tokens (``pad_token``, ``eos_token``,
-#: ``chat_template_token``, ...). Deliberately a short list of exceptions rather than a list of secret
-#: prefixes: an unknown ``*_TOKEN`` (``MY_SERVICE_TOKEN``) stays secret; a harmless key wrongly redacted
-#: shows as ``<redacted>`` and is fixed by adding its word here, a leaked token cannot be taken back.
-NOT_SECRET_TOKEN = re.compile(
-    r"(^|[_.-])(per|first|last|next|pad|bos|eos|unk|sep|cls|mask|special|template|start|end|eot|image"
-    r"|audio|video|tool|think)[_.-]token$",
-    re.I,
-)
-#: Values that look like secrets wherever they appear (Hugging Face, OpenAI-style, GitHub, AWS access keys).
-SECRET_VALUE = re.compile(
-    r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|\bgh[pousr]_[A-Za-z0-9]{36,}|\bAKIA[0-9A-Z]{16}\b"
-)
-REDACTED = "<redacted>"
-
-
-def is_secret_name(name: str) -> bool:
-    """True for names like ``HF_TOKEN``, ``hub_token``, ``TOKEN``, ``WANDB_API_KEY``, ``DB_PASSWORD``; False for
-    ``tokens``, ``num_tokens``, ``flops_per_token``, ``pad_token``, ``chat_template_token``."""
-    if SECRET_NAME.search(name):
-        return True
-    return bool(TOKEN_NAME.search(name)) and not NOT_SECRET_TOKEN.search(name)
-
-
-def secret_values(env: dict[str, str] | None = None, min_len: int = 8) -> list[str]:
-    """Values of environment variables whose names look secret (``HF_TOKEN``, ``WANDB_API_KEY``, ...), longest first."""
-    env = os.environ if env is None else env
-    vals = {v for k, v in env.items() if is_secret_name(k) and len(v) >= min_len}
-    return sorted(vals, key=len, reverse=True)
-
-
-def redact(obj: Any, secrets: list[str] | None = None) -> Any:
-    """A copy of ``obj`` (dicts, lists, strings, scalars) with secrets replaced by ``<redacted>``.
-
-    A mapping key that looks secret has its value replaced; in every string the values of secret
-    environment variables (:func:`secret_values`) and token-shaped substrings (:data:`SECRET_VALUE`) are
-    replaced, also inside file paths (``/data/hf_medicalquestionanswers2024.jsonl`` becomes
-    ``/data/<redacted>.jsonl``): safety first, so use it on what is written for people, never on the
-    config the ranks train with (``TrainConfig.save(path, redact_secrets=False)`` in :func:`launch`).
-    """
-    secrets = secret_values() if secrets is None else secrets
-    if isinstance(obj, dict):
-        return {
-            k: (
-                REDACTED
-                if isinstance(k, str) and is_secret_name(k) and v not in (None, "", False)
-                else redact(v, secrets)
-            )
-            for k, v in obj.items()
-        }
-    if isinstance(obj, list | tuple):
-        return type(obj)(redact(v, secrets) for v in obj)
-    if isinstance(obj, str):
-        for s in secrets:
-            obj = obj.replace(s, REDACTED)
-        return SECRET_VALUE.sub(REDACTED, obj)
-    return obj

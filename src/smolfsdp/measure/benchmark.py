@@ -38,6 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from smolfsdp.measure.hardware import gpu_from_device_name
+from smolfsdp.sharding.distributed import all_gather_object
+from smolfsdp.sharding.shards import storage_bytes
 
 BENCH_FILE = "bench.json"
 TOKENS_COUNTED = "non-padding input tokens (attention_mask == 1) of the global batch, prompt and answer"
@@ -92,8 +97,6 @@ def peak_tflops(device_name: str | None) -> tuple[float | None, str]:
     Returns ``(tflops, source)`` or ``(None, reason)`` for a CPU (``None``) or a GPU the table in
     ``smolfsdp.measure.hardware`` does not know; never raises.
     """
-    from smolfsdp.measure.hardware import gpu_from_device_name
-
     if not device_name:
         return None, "CPU run: smolfsdp.measure.hardware has no peak FLOP/s for CPUs, so MFU is not defined"
     g = gpu_from_device_name(device_name)
@@ -178,8 +181,6 @@ class StepMeter:
 
     def after_optimizer(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Bytes of parameter shards, gradients and optimizer state held now (before zero_grad)."""
-        from smolfsdp.book.mechanics import storage_bytes
-
         tensors = [_local(p) for p in model.parameters()]
         tensors += [_local(p.grad) for p in model.parameters() if p.grad is not None]
         tensors += [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
@@ -214,8 +215,6 @@ class StepMeter:
         was asked for: the TRL engine on CPU asks for FSDP and runs DDP. ``layout``: how it sharded
         (``sharding_strategy``, ``mesh_shape``, ``mesh_dim_names`` where known), copied as given.
         """
-        from smolfsdp.sharding.distributed import all_gather_object
-
         per_rank = all_gather_object(self.memory())
         if not self.info.is_main:
             return None
@@ -285,8 +284,6 @@ def start_profiler(cfg, info, run_dir: Path):
     """
     if not cfg.profile:
         return None
-    from torch.profiler import ProfilerActivity, profile, schedule
-
     out = Path(run_dir) / "traces"
     out.mkdir(parents=True, exist_ok=True)
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if info.device.type == "cuda" else [])
@@ -340,17 +337,3 @@ def steps_frame(bench: dict[str, Any]):
     import pandas as pd
 
     return pd.DataFrame(bench["steps"])
-
-
-def run_benchmark(cfg, *, timeout: float | None = None) -> dict[str, Any]:
-    """Launch ``cfg`` (with ``benchmark_steps > 0``) through ``smolfsdp.train.sft.run``; return its bench.json.
-
-    Raises ConfigError if ``cfg`` is not in benchmark mode, RuntimeError if the run fails.
-    """
-    from smolfsdp.config import ConfigError
-    from smolfsdp.train.sft import run
-
-    if cfg.benchmark_steps <= 0:
-        raise ConfigError("run_benchmark needs benchmark_steps > 0.")
-    run(cfg, capture=True, timeout=timeout)
-    return load_bench(cfg.run_dir)

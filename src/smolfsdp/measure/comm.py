@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 from smolfsdp.measure.hardware import GPU, Network, get_gpu, get_network
 
 STRATEGIES = ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "HYBRID_SHARD")

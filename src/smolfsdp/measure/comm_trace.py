@@ -10,12 +10,13 @@ only when the profiler ran with ``record_shapes=True``).
 
 from __future__ import annotations
 
+import bisect
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 from smolfsdp.traces.load import read_trace
 
 # --------------------------------------------------------------------------- trace check
@@ -107,7 +108,6 @@ def trace_collectives(path) -> pd.DataFrame:
         )
     df = pd.DataFrame(rows, columns=["ts_us", "name", "kind", "group_size", "dtype", "numel"])
     starts = [s for s, _, _ in steps]
-    import bisect
 
     def step_of(ts):
         i = bisect.bisect_right(starts, ts) - 1

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from smolfsdp.config import ConfigError, nearest
+from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.measure.memory import estimate_memory
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,11 @@ def _compact(name) -> str:
 
 def _did_you_mean(name, options) -> str:
     """' (did you mean 'A' or 'B'?)': the known names that start with, then contain, ``name`` (so 'a100'
-    points at both A100s, not at 'A10G'); else the nearest spelling (``config.nearest``); else ''."""
+    points at both A100s, not at 'A10G'); else the nearest spelling (``errors.did_you_mean``); else ''."""
     q = _compact(name)
     hits = [o for o in options if q and _compact(o).startswith(q)]
     hits += [o for o in options if q and q in _compact(o) and o not in hits]
-    hits = hits or nearest(str(name), options)
-    return f" (did you mean {' or '.join(repr(h) for h in hits)}?)" if hits else ""
+    return did_you_mean(str(name), options, form=" (did you mean {}?)", hits=hits or None)
 
 
 def get_network(name: str) -> Network:
@@ -219,8 +219,6 @@ def recommend(
        holds the offloaded shards) -> offload;
     4. else the smallest world size (powers of two up to ``max_gpus``) where FULL_SHARD fits.
     """
-    from smolfsdp.measure.memory import estimate_memory
-
     g = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
     kwargs = {k: v for k, v in kwargs.items() if k not in ("strategy", "offload", "world_size")}
     replica = estimate_memory(model, world_size=gpus, strategy="NO_SHARD", **kwargs)

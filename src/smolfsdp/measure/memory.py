@@ -15,7 +15,7 @@ import functools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from smolfsdp.config import ConfigError, nearest
+from smolfsdp.errors import ConfigError, nearest
 
 GIB = 2**30
 
@@ -111,7 +111,7 @@ def resolve_model_config(model, local_files_only: bool | None = None):
 
         return tiny_config(load_tokenizer("tiny"))
     if model in SHIPPED_MODELS:
-        from smolfsdp.data.prepare import repo_root
+        from smolfsdp.paths import repo_root
 
         return AutoConfig.from_pretrained(repo_root() / SHIPPED_MODELS[model])
     path = Path(str(model)).expanduser()

@@ -14,6 +14,15 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
+
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+from smolfsdp.sharding.fsdp1 import wrap_fsdp1
+from smolfsdp.sharding.fsdp2 import apply_fsdp2
 
 #: The cases the chapter and the test measure: engine x (full fine-tune | LoRA) x parameter dtype.
 #: ``mixed`` = fp32 parameters with bf16 compute (FSDP1 ``MixedPrecision`` / FSDP2
@@ -49,8 +58,6 @@ class Measured:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
     return t.to_local() if isinstance(t, DTensor) else t
 
 
@@ -82,8 +89,6 @@ def count_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     them as 0-d fp32 tensors on the host unless ``capturable``/``fused`` is set, so they are never
     device memory (and are 4 bytes per parameter tensor).
     """
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
     params = list(model.parameters())
     flat = [u._flat_param for u in FSDP.fsdp_modules(model) if getattr(u, "_flat_param", None) is not None]
     seen: set[int] = set()
@@ -108,8 +113,6 @@ def count_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
 
 def _build_case(fsdp_version: int, lora: bool, params: str, world_size: int):
     """The tiny model, optionally with LoRA (peft), sharded as asked, with its AdamW optimizer."""
-    from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
-
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0, dtype=torch.bfloat16 if params == "bf16" else None)
     wrap = resolve_wrap_class(model)
@@ -125,15 +128,8 @@ def _build_case(fsdp_version: int, lora: bool, params: str, world_size: int):
         )
     compute = torch.bfloat16 if params == "mixed" else None
     if fsdp_version == 1:
-        from smolfsdp.sharding.fsdp1 import wrap_fsdp1
-
         model = wrap_fsdp1(model, wrap, device=torch.device("cpu"), param_dtype=compute)
     else:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        from smolfsdp.sharding.fsdp2 import apply_fsdp2
-
         mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) if compute else None
         apply_fsdp2(model, init_device_mesh("cpu", (world_size,)), wrap, mp_policy=mp)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -166,8 +162,6 @@ def compare_with_estimate(rows: list[dict]):
     ``rows``: what ``measure_all`` returned on every rank (or ``scripts/measure_memory.py`` wrote).
     """
     import pandas as pd
-
-    from smolfsdp.measure.memory import estimate_memory
 
     out = []
     for m in rows:

@@ -26,12 +26,13 @@ from typing import Any
 
 import pandas as pd
 
+from smolfsdp.paths import repo_root
+from smolfsdp.secrets import redact
+
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 
 
 def git_sha(cwd: str | Path | None = None) -> str | None:
-    from smolfsdp.data.prepare import repo_root
-
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd or repo_root(), capture_output=True, text=True, timeout=10
@@ -42,8 +43,6 @@ def git_sha(cwd: str | Path | None = None) -> str | None:
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {"python": platform.python_version()}
     for pkg in ("torch", "transformers", "trl", "peft", "accelerate", "datasets"):
         try:
@@ -140,7 +139,7 @@ class RunWriter:
 
     def log(self, record: dict[str, Any]) -> None:
         if self._fh is not None:
-            from smolfsdp.launch.torchrun import redact  # no token or secret reaches a file a run writes
+            from smolfsdp.secrets import redact  # no token or secret reaches a file a run writes
 
             self._fh.write(json.dumps(redact({**record, "time_s": round(time.time() - self.t0, 3)})) + "\n")
 
@@ -148,8 +147,6 @@ class RunWriter:
         path = self.run_dir / "summary.json"
         if self.enabled:
             tmp = path.with_suffix(".json.tmp")
-            from smolfsdp.launch.torchrun import redact
-
             tmp.write_text(json.dumps(redact(summary), indent=2, default=str))
             tmp.replace(path)  # atomic: a reader never sees half a summary
         return path
@@ -231,8 +228,6 @@ def load_gpu_results(path: str | Path = GPU_RESULTS_DIR) -> GpuResults | None:
     without its provenance is not shown), and ValueError for a CPU simulation's files (they are
     not a GPU measurement).
     """
-    from smolfsdp.data.prepare import repo_root
-
     path = Path(path)
     path = path if path.is_absolute() else repo_root() / path
     if not (path / "bench.json").is_file():
@@ -287,8 +282,6 @@ def provenance(device, command: str | None) -> dict[str, Any]:
     code either way.
     """
     import torch  # deferred, as in hardware(): reading a run folder needs no torch
-
-    from smolfsdp.data.prepare import repo_root
 
     root = repo_root()
     sha = git_sha()

@@ -9,13 +9,14 @@ small enough to train on two CPU processes in seconds. Used by every chapter.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from smolfsdp.config import ConfigError, nearest
-from smolfsdp.data.prepare import bundled_tokenizer_path
+from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.paths import bundled_tokenizer_path
 
 SMOLLM3_3B = "HuggingFaceTB/SmolLM3-3B"
 
@@ -37,14 +38,11 @@ PRESETS = ("tiny",)
 
 def check_model_name(model: str) -> str:
     """A preset name, a local path or an ``owner/name`` hub id; anything else is an unknown preset."""
-    from pathlib import Path
-
     if model in PRESETS or "/" in model or Path(model).expanduser().exists():
         return model
-    hint = nearest(model, PRESETS)
     raise ConfigError(
         f"Unknown model preset {model!r}"
-        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + did_you_mean(model, PRESETS, form=" (did you mean {}?)")
         + f"; presets are {list(PRESETS)}, or give a hub id like {SMOLLM3_3B!r} or a local path."
     )
 
@@ -203,8 +201,8 @@ def resolve_wrap_class(model: nn.Module, name: str | None = None) -> type[nn.Mod
     classes = {type(m).__name__: type(m) for m in model.modules()}
     if name in classes:
         return classes[name]
-    right = [c for c in classes if c.lower() == name.lower()] or nearest(name, classes)
-    hint = f" Did you mean {right[0]!r}?" if right else ""
+    right = [c for c in classes if c.lower() == name.lower()]
+    hint = did_you_mean(name, classes, hits=right[:1] or None)
     raise ConfigError(
         f"wrap_class={name!r} is not a module class of {type(model).__name__}.{hint} "
         f"Its decoder layer is {discover_wrap_class(model)!r}."

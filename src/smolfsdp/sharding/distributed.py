@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,8 +27,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import _dump_fr_trace_json
 
-from smolfsdp.config import ConfigError
+from smolfsdp.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,6 @@ def last_collective() -> dict | None:
     ``gloo:all_reduce``), ``collective_seq_id``, ``input_sizes``, ``timeout_ms``, ``process_group``.
     None when the recorder is off (``TORCH_FR_BUFFER_SIZE`` unset or 0) or empty."""
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json
-
         entries = json.loads(_dump_fr_trace_json(True, True)).get("entries", [])
     except (ImportError, RuntimeError, ValueError):
         return None
@@ -179,8 +179,6 @@ def teardown() -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-from smolfsdp.config import ConfigError, nearest
+from smolfsdp.errors import ConfigError, did_you_mean
 from smolfsdp.sharding.fsdp2 import SHARDING_STRATEGIES
 
 #: The keys transformers 5.24's ``TrainingArguments._process_fsdp_args`` reads from ``fsdp_config``
@@ -148,10 +148,9 @@ def check_hf_fsdp_config(fsdp_config: dict[str, Any]) -> dict[str, Any]:
     for key, value in dict(fsdp_config).items():
         bare = key[5:] if key.startswith("fsdp_") else key
         if bare not in HF_FSDP_CONFIG_KEYS:
-            hint = nearest(bare, HF_FSDP_CONFIG_KEYS)
             raise ConfigError(
                 f"Unknown FSDP config key {key!r}"
-                + (f"; did you mean {hint[0]!r}?" if hint else ".")
+                + (did_you_mean(bare, HF_FSDP_CONFIG_KEYS, form="; did you mean {}?") or ".")
                 + f" Valid keys: {', '.join(sorted(HF_FSDP_CONFIG_KEYS))}."
             )
         out[bare] = list(value) if isinstance(value, list) else value

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -25,7 +27,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from smolfsdp.config import ConfigError, nearest
+from smolfsdp.errors import ConfigError, did_you_mean
 
 
 def apply_fsdp2(
@@ -102,10 +104,9 @@ def resolve_mesh_shape(
     """
     strategy = str(sharding_strategy).upper()
     if strategy not in SHARDING_STRATEGIES:
-        hint = nearest(strategy, SHARDING_STRATEGIES)
         raise ConfigError(
             f"sharding_strategy={sharding_strategy!r} is not known; use one of {SHARDING_STRATEGIES}."
-            + (f" Did you mean {hint[0]!r}?" if hint else "")
+            + did_you_mean(strategy, SHARDING_STRATEGIES)
         )
     for name, size in (("replicate_size", replicate_size), ("shard_size", shard_size)):
         if size is not None and int(size) < 1:
@@ -163,9 +164,6 @@ def build_mesh(device_type: str, shard_size: int, replicate_size: int | None = N
 
     Raises ConfigError when ``replicate_size x shard_size`` is not the process group's world size.
     """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
     world = dist.get_world_size()
     size = shard_size * (replicate_size or 1)
     if size != world:

@@ -17,10 +17,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from smolfsdp.checkpoint.dcp import umask_modes
-from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
+from smolfsdp.models.modeling import build_meta_model, build_model, discover_wrap_class
+from smolfsdp.paths import umask_modes
 
 ADAPTER_DIR = "adapter"
 
@@ -66,8 +69,6 @@ def apply_lora(model: nn.Module, cfg: TrainConfig):
 def check_trainable_dtypes(model: nn.Module, wrap_cls: type[nn.Module] | None = None) -> None:
     """FSDP reduces the gradients of one group in one dtype: trainable parameters of a group (a
     decoder layer, or the root) must share a dtype. Raises ConfigError naming them otherwise."""
-    from smolfsdp.models.modeling import discover_wrap_class
-
     wrap_name = wrap_cls.__name__ if wrap_cls else discover_wrap_class(model)
     groups: dict[str, dict[str, list[str]]] = {}
     layer_prefixes = [n for n, m in model.named_modules() if type(m).__name__ == wrap_name]
@@ -94,9 +95,6 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
     """
     from peft import get_peft_model
     from peft.utils.constants import EMBEDDING_LAYER_NAMES
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from smolfsdp.models.modeling import build_meta_model
 
     offload = info.device.type == "cuda"  # see native.save_final_model for why not on CPU
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
@@ -138,8 +136,6 @@ def load_adapter_model(base_model: str, adapter_dir: str | Path, tokenizer, seed
     """Base model + saved adapter in one process (no distributed set-up), in eval mode."""
     from peft import PeftModel
 
-    from smolfsdp.models.modeling import build_model
-
     base = build_model(base_model, tokenizer, seed=seed)
     return PeftModel.from_pretrained(base, str(adapter_dir)).eval()
 
@@ -161,10 +157,3 @@ def generate(model: nn.Module, **kwargs):
     kwargs.setdefault("synced_gpus", dist.is_initialized() and dist.get_world_size() > 1)
     with torch.no_grad():
         return model.generate(**kwargs)
-
-
-def run(cfg: TrainConfig, **kwargs):
-    """A LoRA run (``cfg.lora`` forced on) through ``smolfsdp.train.sft.run``; returns the ``results.Run``."""
-    from smolfsdp.train import sft
-
-    return sft.run(cfg.replace(lora=True), **kwargs)

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from smolfsdp.checkpoint.dcp import umask_modes
 from smolfsdp.data.prepare import IGNORE_INDEX, prepare_data
 from smolfsdp.models.modeling import (
     build_model,
@@ -31,7 +30,12 @@ from smolfsdp.models.modeling import (
     load_tokenizer,
     resolve_wrap_class,
 )
+from smolfsdp.paths import umask_modes
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
+from smolfsdp.sharding.shards import (
+    apply_activation_checkpointing as _apply_activation_checkpointing,
+)
+from smolfsdp.sharding.shards import local_tensors, storage_bytes
 
 log = logging.getLogger(__name__)
 
@@ -128,30 +132,6 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         "reshard_after_forward": reshard,
     }
     return model, {**evidence, "local_numel": local}
-
-
-def _apply_activation_checkpointing(model: nn.Module, wrap_cls: type[nn.Module]) -> None:
-    """Recompute each ``wrap_cls`` layer in backward (non-reentrant); turns the model's KV cache off.
-
-    Why ``use_cache=False``: SmolLM3's config keeps ``use_cache=True``, so a training forward builds a
-    ``DynamicCache`` and every layer appends its keys and values to it; the recompute in backward
-    appends them a second time, and with a padding mask the attention then sees twice the key length
-    ("The size of tensor a (2n) must match the size of tensor b (n)").
-    """
-    config = getattr(model, "config", None)  # the HF config, through FSDP1's and peft's wrappers
-    if config is not None:
-        config.use_cache = False
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        apply_activation_checkpointing,
-        checkpoint_wrapper,
-    )
-
-    apply_activation_checkpointing(
-        model,
-        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda m: isinstance(m, wrap_cls),
-    )
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -469,8 +449,6 @@ def run_native(cfg, info: DistInfo, writer) -> dict[str, Any]:
         else:
             save_final_model(model, tokenizer, final_dir, info)
     opt_steps = [int(st["step"]) for st in optimizer.state.values() if "step" in st]
-    from smolfsdp.book.mechanics import local_tensors, storage_bytes
-
     # bytes this rank really holds after training (storage, not numel): parameter shards, Adam m and v
     held = {
         "param_bytes": storage_bytes(local_tensors(model)),

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -39,6 +40,7 @@ from transformers import TrainerCallback
 from trl import SFTTrainer
 
 from smolfsdp.checkpoint import dcp as checkpoint
+from smolfsdp.measure.benchmark import StepMeter
 
 SCHEDULER_FILE = "scheduler.json"
 
@@ -146,8 +148,6 @@ class BenchmarkCallback(TrainerCallback):
     """
 
     def __init__(self, cfg, info, model, n_params: int, trainable: int, prof=None):
-        from smolfsdp.measure.benchmark import StepMeter
-
         self.meter = StepMeter(cfg, info, model, n_params, trainable)
         self.info, self.prof = info, prof
         self.trainer: SmolSFTTrainer | None = None
@@ -166,8 +166,6 @@ class BenchmarkCallback(TrainerCallback):
         self._scan_s = time.perf_counter() - t
 
     def on_step_end(self, args, state, control, **kwargs):
-        import torch.distributed as dist
-
         if self.info.device.type == "cuda":
             torch.cuda.synchronize(self.info.device)
         step_ms = (time.perf_counter() - self._t0 - self._scan_s + self.trainer.fetch_s) * 1e3

@@ -1,0 +1,57 @@
+"""Where the repository's files are (bundled data, tokenizer, run recipes) and how written files get their modes.
+
+Bottom layer: imports only :mod:`smolfsdp.errors`, so the data loader, the model builder and the
+results writer reach the same paths without importing each other.
+
+    python -c "from smolfsdp.paths import recipe; print(recipe('smoke'))"
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from smolfsdp.errors import ConfigError, did_you_mean
+
+
+def repo_root() -> Path:
+    """The repository root (this package is installed in editable mode from ``src/``)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def bundled_data_path() -> Path:
+    """The bundled medical Q&A sample (``dataset: bundled``), a JSON-lines file."""
+    return repo_root() / "data" / "medical_qa" / "medical_qa_sample.jsonl"
+
+
+def bundled_tokenizer_path() -> Path:
+    """The bundled byte-level BPE tokenizer folder the ``tiny`` model uses."""
+    return repo_root() / "data" / "tokenizer"
+
+
+def recipe(name: str) -> Path:
+    """Path of the named run recipe ``configs/runs/<name>.yaml`` in this repository.
+
+    Raises:
+        ConfigError: no such recipe, naming the known ones and the nearest.
+    """
+    path = repo_root() / "configs" / "runs" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ConfigError(f"No run recipe {name!r}; known: {known}.{did_you_mean(name, known)}")
+    return path
+
+
+def umask_modes(folder: str | Path) -> None:
+    """Give every file in ``folder`` (recursively) the mode the process umask gives a new file (0644
+    under umask 022).
+
+    Why: safetensors 0.8 writes ``*.safetensors`` through a temporary file created 0600 and renamed
+    into place, so ``model.safetensors`` would be readable only by its owner while the config and
+    tokenizer next to it are 0644 (a model folder shared or served by another user fails to load).
+    """
+    mask = os.umask(0)  # the only portable way to read the umask: set it, then put it back at once
+    os.umask(mask)
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
