@@ -17,8 +17,7 @@ from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.checkpoint import disk as checkpoint_disk
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
-from smolfsdp.launch import runner
-from smolfsdp.launch import torchrun as launch
+from smolfsdp.launch import failures, runner
 
 BASE = TrainConfig(
     max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
@@ -261,7 +260,7 @@ def test_flipped_bytes_are_refused_naming_the_file_and_offering_the_older_checkp
     assert f"{shard} does not match" in str(err.value)
     assert f"convert it instead (smolfsdp convert {older} OUT)" in str(err.value)
     assert not (tmp_path / "out").exists()
-    line = launch.explain_failure("", 1, cfg)
+    line = failures.explain_failure("", 1, cfg)
     assert f"the newest checkpoint that verifies is {older} ({shard} does not match" in line
     assert f"--resume {older}" in line
 
@@ -276,7 +275,7 @@ def test_missing_shard_is_refused_before_launch(stopped, tmp_path):
     assert f"{shard} is missing (the COMPLETE marker lists it" in str(err.value)
     assert f"--resume_from {ckpts / 'step-000002'}" in str(err.value)
     # the failure line of the run that wrote them recommends the good one, never the broken one
-    line = launch.explain_failure("", 1, cfg)
+    line = failures.explain_failure("", 1, cfg)
     assert f"the newest checkpoint that verifies is {ckpts / 'step-000002'}" in line
     assert "resume with: smolfsdp train <the same flags> --resume " + str(ckpts / "step-000002") in line
     # the ranks' own check (sizes only, no hashing) refuses it too

@@ -11,6 +11,7 @@ from smolfsdp import cli
 from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND
 from smolfsdp.checkpoint.dcp import MARKER
 from smolfsdp.config import TrainConfig
+from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
 from smolfsdp.paths import umask_modes
 from smolfsdp.train import sft
@@ -76,7 +77,7 @@ def test_bench_table_gpu_memory_in_gib_and_mfu_percent():
 
 
 def test_bench_json_flag(monkeypatch, capsys):
-    monkeypatch.setattr(benchmark, "run_benchmark", lambda cfg: CPU_BENCH | {"traces": []})
+    monkeypatch.setattr(runner, "run_benchmark", lambda cfg: CPU_BENCH | {"traces": []})
     assert cli.main(["bench", "--json", "--output_dir", "/tmp/unused"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["summary"]["step_time_ms_median"] == CPU_BENCH["summary"]["step_time_ms_median"]

@@ -25,8 +25,10 @@ from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch import failures as launch_failures
 from smolfsdp.launch import runner
 from smolfsdp.launch import torchrun as launch
+from smolfsdp.launch.validate import validate
 
 # 4 rows x 256 tokens per rank: steps long enough (~0.3 s on 2 cores) for the killer to act between them
 BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=4, max_length=256)
@@ -109,7 +111,7 @@ def test_torchrun_commands_single_and_multi_node():
 )
 def test_bad_launch_settings_are_refused(changes, needle):
     with pytest.raises(ConfigError, match=needle):
-        BASE.replace(**changes)
+        validate(BASE.replace(**changes))
 
 
 def test_cli_refuses_node_count_that_does_not_divide(capsys):
@@ -163,7 +165,7 @@ def test_torchrun_rendezvous_times_out_instead_of_waiting(tmp_path):
     assert "RendezvousTimeoutError" in out.stderr
     assert 5 <= took < 60, took
     # what `smolfsdp train` prints last: the timeout named, not only "torchrun exited with code 1"
-    why = launch.explain_failure(out.stdout + out.stderr, out.returncode, cfg)
+    why = launch_failures.explain_failure(out.stdout + out.stderr, out.returncode, cfg)
     assert why.startswith(
         f"run 'smoke' failed: the rendezvous at {cfg.rdzv_endpoint} timed out after 5 s (rdzv_timeout_s): "
         "not all of the nnodes=2 nodes joined; start the same command on every node (node_rank 0..1)"
@@ -174,16 +176,16 @@ def test_torchrun_rendezvous_times_out_instead_of_waiting(tmp_path):
 def test_rendezvous_closed_and_lost_store_are_explained():
     cfg = BASE.replace(nproc=2, nnodes=2, node_rank=1, rdzv_endpoint="node0:29400")
     closed = "raise RendezvousClosedError\ntorch.distributed.elastic.rendezvous.api.RendezvousClosedError\n"
-    assert "the rendezvous at node0:29400 was closed by another node" in launch.explain_failure(
+    assert "the rendezvous at node0:29400 was closed by another node" in launch_failures.explain_failure(
         closed, 1, cfg
     )
     lost = (
         "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store"
     )
-    assert "the connection to the rendezvous store at node0:29400 failed" in launch.explain_failure(
+    assert "the connection to the rendezvous store at node0:29400 failed" in launch_failures.explain_failure(
         lost, 1, cfg
     )
-    assert launch.explain_rendezvous("ChildFailedError", cfg) is None
+    assert launch_failures.explain_rendezvous("ChildFailedError", cfg) is None
 
 
 # ------------------------------------------------------------------ a rank killed mid-run
@@ -199,7 +201,7 @@ def test_rank_killed_after_step_3_then_resume_equals_uninterrupted(uninterrupted
     latest = checkpoint.latest_checkpoint(cfg.run_dir)
     assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
     assert not (cfg.run_dir / "final_model").exists()
-    failures = launch.parse_failures(proc.stdout)
+    failures = launch_failures.parse_failures(proc.stdout)
     assert failures[0] == {
         **failures[0],
         "rank": 1,
@@ -314,7 +316,7 @@ def test_hung_collective_times_out_naming_rank_and_collective(tmp_path):
     assert 2.9 <= waited < 10, waited
     assert took < 30, took  # torchrun stopped the sleeping rank instead of waiting its 30 s
     cfg = BASE.replace(output_dir=str(tmp_path))
-    line = launch.explain_failure(text, out.returncode, cfg)
+    line = launch_failures.explain_failure(text, out.returncode, cfg)
     assert "rank 0 (local rank 0" in line and "exited with code 1" in line
     assert "rank 0 of 2: collective all_reduce" in line
 
@@ -394,7 +396,7 @@ Root Cause (first observed failure):
 def test_stopped_rank_is_not_reported_as_killed_by_oom(tmp_path):
     """Before: 'rank 1 ... was killed by SIGKILL (the out-of-memory killer ...)' came first."""
     cfg = BASE.replace(output_dir=str(tmp_path))
-    line = launch.explain_failure(STOPPED_RANK_OUTPUT, 1, cfg)
+    line = launch_failures.explain_failure(STOPPED_RANK_OUTPUT, 1, cfg)
     assert line.startswith(
         f"run {cfg.name!r} failed: rank 0 (local rank 0 on localhost, pid 19035) exited with code 1"
     )
@@ -404,7 +406,7 @@ def test_stopped_rank_is_not_reported_as_killed_by_oom(tmp_path):
     killed = STOPPED_RANK_OUTPUT.replace("Unable to shutdown process 19036", "Unable to shutdown process 4")
     assert (
         "rank 1 (local rank 1 on localhost, pid 19036) was killed by SIGKILL (the out-of-memory killer"
-        in (launch.explain_failure(killed, 1, cfg))
+        in (launch_failures.explain_failure(killed, 1, cfg))
     )
 
 
@@ -423,7 +425,7 @@ def test_rendezvous_port_in_use_is_named_not_a_lost_connection(tmp_path):
         )
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode != 0
-    line = launch.explain_failure(proc.stdout + proc.stderr, proc.returncode, cfg)
+    line = launch_failures.explain_failure(proc.stdout + proc.stderr, proc.returncode, cfg)
     assert f"port {port} is already in use on this machine (EADDRINUSE" in line
     assert "network between the nodes failed" not in line
 

@@ -15,6 +15,7 @@ from test_gradients import _clean, _reference, _rows
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.validate import validate
 from smolfsdp.sharding.fsdp1 import hf_fsdp_config, pin_plugin_sharding_strategy
 from smolfsdp.sharding.fsdp2 import resolve_mesh_shape
 
@@ -219,7 +220,7 @@ def test_replicas_hold_identical_shards_after_a_step(hsdp):
 )
 def test_bad_mesh_is_refused_at_config_time(kwargs, needle):
     with pytest.raises(ConfigError) as err:
-        TrainConfig(nproc=4, **kwargs)
+        validate(TrainConfig(nproc=4, **kwargs))  # the run-start check (launch.validate), before any work
     assert needle in str(err.value)
 
 

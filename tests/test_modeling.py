@@ -4,6 +4,7 @@ import pytest
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.validate import validate
 from smolfsdp.models.modeling import (
     build_meta_model,
     build_model,
@@ -56,13 +57,13 @@ def test_wrong_case_wrap_class_suggests_right_one(tokenizer):
 )
 def test_wrap_class_with_stray_spaces_or_commas(bad):
     with pytest.raises(ConfigError, match="stray spaces or commas.*'SmolLM3DecoderLayer'"):
-        TrainConfig(wrap_class=bad)
+        validate(TrainConfig(wrap_class=bad))
 
 
 @pytest.mark.parametrize("empty", ["", "  ", ","])
 def test_empty_wrap_class(empty):
     with pytest.raises(ConfigError, match="wrap_class is empty"):
-        TrainConfig(wrap_class=empty)
+        validate(TrainConfig(wrap_class=empty))
 
 
 def test_unknown_preset(tokenizer):

@@ -18,9 +18,9 @@ import yaml
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
-from smolfsdp.launch import runner
-from smolfsdp.launch import torchrun as launch
+from smolfsdp.launch import failures, runner
 from smolfsdp.paths import bundled_data_path
+from smolfsdp.secrets import is_secret_name, redact, secret_values
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRETS = {
@@ -30,7 +30,7 @@ SECRETS = {
 }
 
 
-#: "hf_" + 26 letters/digits: matches launch.SECRET_VALUE, as a real dataset name did
+#: "hf_" + 26 letters/digits: matches smolfsdp.secrets.SECRET_VALUE, as a real dataset name did
 TOKEN_SHAPED_FILE = "hf_medicalquestionanswers2024.jsonl"
 
 
@@ -121,7 +121,7 @@ def test_redact():
         "TOKENIZERS_PARALLELISM": "false",
         "PATH": "/usr/bin:/bin",
     }
-    secrets = launch.secret_values(env)
+    secrets = secret_values(env)
     assert secrets == ["hf_abcdefghijklmnopqrstuvwxyz"]
     record = {
         "tokens": 3072,
@@ -132,7 +132,7 @@ def test_redact():
         "cmd": "curl -H 'Authorization: Bearer hf_abcdefghijklmnopqrstuvwxyz' https://hf.co",
         "nested": [{"WANDB_API_KEY": "k" * 40}, "sk-ABCDEFGHIJKLMNOPQRSTUVWXYZ0123"],
     }
-    assert launch.redact(record, secrets) == {
+    assert redact(record, secrets) == {
         "tokens": 3072,
         "tokens_per_s": 1507.5,
         "pad_token": "<|pad|>",
@@ -167,8 +167,8 @@ def test_redact():
     ],
 )
 def test_secret_names(name):
-    assert launch.is_secret_name(name)
-    assert launch.redact({name: "v"}, []) == {name: "<redacted>"}
+    assert is_secret_name(name)
+    assert redact({name: "v"}, []) == {name: "<redacted>"}
 
 
 @pytest.mark.parametrize(
@@ -192,13 +192,13 @@ def test_secret_names(name):
     ],
 )
 def test_harmless_names_are_kept(name):
-    assert not launch.is_secret_name(name)
-    assert launch.redact({name: 1}, []) == {name: 1}
+    assert not is_secret_name(name)
+    assert redact({name: 1}, []) == {name: 1}
 
 
 def test_redact_keeps_rates_and_template_tokens():
     # the newcomer's two cases; bench metrics.jsonl showed "flops_per_token": "<redacted>"
-    assert launch.redact({"cost_per_token": 1, "chat_template_token": "y"}, []) == {
+    assert redact({"cost_per_token": 1, "chat_template_token": "y"}, []) == {
         "cost_per_token": 1,
         "chat_template_token": "y",
     }
@@ -311,7 +311,7 @@ def test_planted_metadata_runs_nothing_through_any_entry_point(planted, tmp_path
         checkpoint.load_checkpoint(ckpt, model, opt, sched)  # what the ranks call
     with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system"):
         checkpoint.check_matches_model(ckpt, model)
-    line = launch.explain_failure("", 1, cfg)  # the failure line never recommends it
+    line = failures.explain_failure("", 1, cfg)  # the failure line never recommends it
     assert "no checkpoint of this run verifies" in line and "posix.system" in line
     (ckpt / "COMPLETE").write_text("ok\n")  # a marker from before checksums: the allow-list still holds
     with pytest.raises(checkpoint.UnsafeCheckpointError, match="asks to load posix.system"):

@@ -6,11 +6,8 @@ Every chapter and every CLI command resolves a run the same way:
 type (a YAML boolean is ``true``/``false`` unquoted; a quoted ``"false"`` is refused, never read as true;
 ``max_steps: 2.5`` is refused), a value in its range, and the combinations among them.
 
-What needs the model presets, the sharding mesh or the launcher (the model name, ``wrap_class``, the
-strategy and mesh sizes, the node and rendezvous fields) is checked above this module, by
-:func:`smolfsdp.launch.validate.validate`, wherever a run starts (``smolfsdp train``/``bench``,
-``smolfsdp.launch.runner.run`` and ``preflight``). This module imports only ``smolfsdp.errors`` and
-``smolfsdp.secrets``.
+What needs the model presets, the mesh or the launcher (model name, ``wrap_class``, strategy and mesh,
+node and rendezvous fields) is checked where a run starts, by :func:`smolfsdp.launch.validate.validate`.
 
     smolfsdp train --config configs/runs/smoke.yaml --max_steps 20
 """
@@ -68,9 +65,8 @@ class TrainConfig:
     columns: str = "auto"  # "auto" or a mapping name in smolfsdp.data.prepare.COLUMN_MAPPINGS
     include_reasoning: bool = False
     system_prompt: str | None = None
-    max_length: int = (
-        256  # tokens per row; at most the model's max_position_embeddings (checked before launch)
-    )
+    # tokens per row; at most the model's max_position_embeddings (checked before launch)
+    max_length: int = 256
     # rows longer than max_length: "drop" (counted; with include_reasoning the reasoning is cut first, never
     # the answer) or "truncate" (cut at the end: the answer loses its end-of-turn token; drills only)
     too_long: str = "drop"
@@ -115,9 +111,7 @@ class TrainConfig:
     learning_rate: float = 3e-3
     weight_decay: float = 0.0  # >= 0 (AdamW's decoupled decay; negative would grow the weights)
     warmup_ratio: float = 0.05  # in [0, 1]
-    lr_scheduler_type: str = (
-        "cosine"  # one of SCHEDULERS (transformers' SchedulerType that need no extra kwargs)
-    )
+    lr_scheduler_type: str = "cosine"  # one of SCHEDULERS (SchedulerType names needing no extra kwargs)
     # > 0: clip the global gradient norm to this. HF's Trainer reads <= 0 as "no clipping" while
     # torch's clip_grad_norm_ (the native engine) would scale gradients by it (0 freezes, -1 climbs), so
     # <= 0 is refused for both engines; for no clipping in effect give a large value (1e6).
@@ -154,26 +148,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
-        if self.engine not in ENGINES:
-            raise ConfigError(
-                f"engine={self.engine!r} is not known; use one of {ENGINES}.{did_you_mean(self.engine, ENGINES)}"
-            )
-        if int(self.fsdp_version) not in FSDP_VERSIONS:
-            raise ConfigError(
-                f"fsdp_version={self.fsdp_version!r}: use 1 (FullyShardedDataParallel) or 2 (fully_shard)."
-            )
-        self.fsdp_version = int(self.fsdp_version)
-        self.backward_prefetch = str(self.backward_prefetch).upper()
-        if self.backward_prefetch not in BACKWARD_PREFETCH:
-            raise ConfigError(
-                f"backward_prefetch={self.backward_prefetch!r}: use one of {BACKWARD_PREFETCH}."
-                f"{did_you_mean(self.backward_prefetch, BACKWARD_PREFETCH)}"
-            )
-        self.state_dict_type = str(self.state_dict_type).upper()
-        if self.state_dict_type not in STATE_DICT_TYPES:
-            raise ConfigError(f"state_dict_type={self.state_dict_type!r}: use one of {STATE_DICT_TYPES}.")
-        if self.mixed_precision not in MIXED_PRECISION:
-            raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {MIXED_PRECISION}.")
+        self._check_choices()
         if self.nproc < 1:
             raise ConfigError(f"nproc={self.nproc}: need at least one process.")
         if self.too_long not in ("drop", "truncate"):
@@ -185,37 +160,11 @@ class TrainConfig:
             raise ConfigError(
                 f"max_length={self.max_length} is too small; use at least 8 (256 for the smoke run)."
             )
-        for name in (
-            "per_device_train_batch_size",
-            "per_device_eval_batch_size",
-            "gradient_accumulation_steps",
-            "logging_steps",
-        ):
+        batch = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps")
+        for name in (*batch, "logging_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
-        if self.lora:
-            if self.lora_r <= 0:
-                raise ConfigError(
-                    f"lora_r={self.lora_r}: the LoRA rank must be a positive integer (8 is usual)."
-                )
-            if isinstance(self.lora_target_modules, str):
-                self.lora_target_modules = [
-                    m.strip() for m in self.lora_target_modules.split(",") if m.strip()
-                ]
-            if not self.lora_target_modules:
-                raise ConfigError(
-                    "lora_target_modules is empty; name the linear layers to adapt, e.g. q_proj,v_proj."
-                )
-            if self.engine != "native":
-                raise ConfigError(
-                    "lora=true runs on the native engine (plain PyTorch loop + FSDP); set engine: native."
-                )
-            if self.fsdp_version == 1 and not self.use_orig_params:
-                raise ConfigError(
-                    "LoRA with FSDP1 needs use_orig_params=true: with use_orig_params=false FSDP1 flattens each unit "
-                    "into one FlatParameter with a single requires_grad, so frozen base weights and trainable "
-                    "adapters cannot share a unit. Set use_orig_params: true, or use fsdp_version: 2."
-                )
+        self._check_lora()
         if not self.name or self.name != self.name.strip() or "/" in self.name or self.name.startswith("."):
             raise ConfigError(
                 f"name={self.name!r}: a run name is one plain folder name (no '/', not empty, "
@@ -238,6 +187,51 @@ class TrainConfig:
             )
         self._check_benchmark()
         self.sharding_strategy = str(self.sharding_strategy).upper()
+
+    def _check_choices(self) -> None:
+        """Fields that name one of a fixed set (engine, FSDP version, prefetch, state dict, precision)."""
+        if self.engine not in ENGINES:
+            raise ConfigError(
+                f"engine={self.engine!r} is not known; use one of {ENGINES}.{did_you_mean(self.engine, ENGINES)}"
+            )
+        if int(self.fsdp_version) not in FSDP_VERSIONS:
+            raise ConfigError(
+                f"fsdp_version={self.fsdp_version!r}: use 1 (FullyShardedDataParallel) or 2 (fully_shard)."
+            )
+        self.fsdp_version = int(self.fsdp_version)
+        self.backward_prefetch = str(self.backward_prefetch).upper()
+        if self.backward_prefetch not in BACKWARD_PREFETCH:
+            raise ConfigError(
+                f"backward_prefetch={self.backward_prefetch!r}: use one of {BACKWARD_PREFETCH}."
+                f"{did_you_mean(self.backward_prefetch, BACKWARD_PREFETCH)}"
+            )
+        self.state_dict_type = str(self.state_dict_type).upper()
+        if self.state_dict_type not in STATE_DICT_TYPES:
+            raise ConfigError(f"state_dict_type={self.state_dict_type!r}: use one of {STATE_DICT_TYPES}.")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {MIXED_PRECISION}.")
+
+    def _check_lora(self) -> None:
+        if not self.lora:
+            return
+        if self.lora_r <= 0:
+            raise ConfigError(f"lora_r={self.lora_r}: the LoRA rank must be a positive integer (8 is usual).")
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
+        if not self.lora_target_modules:
+            raise ConfigError(
+                "lora_target_modules is empty; name the linear layers to adapt, e.g. q_proj,v_proj."
+            )
+        if self.engine != "native":
+            raise ConfigError(
+                "lora=true runs on the native engine (plain PyTorch loop + FSDP); set engine: native."
+            )
+        if self.fsdp_version == 1 and not self.use_orig_params:
+            raise ConfigError(
+                "LoRA with FSDP1 needs use_orig_params=true: with use_orig_params=false FSDP1 flattens each unit "
+                "into one FlatParameter with a single requires_grad, so frozen base weights and trainable "
+                "adapters cannot share a unit. Set use_orig_params: true, or use fsdp_version: 2."
+            )
 
     # ------------------------------------------------------------------ types and ranges
     def _check_types(self) -> None:

@@ -141,7 +141,7 @@ def execute_chapter(
     left out of the HTML, as Quarto leaves them out of the book. Returns the executed notebook.
     Raises ``nbclient.exceptions.CellExecutionError`` on the first failing cell, with its traceback.
     """
-    from nbclient import NotebookClient
+    from nbclient import NotebookClient  # deferred: dev extra, book tooling only
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
@@ -150,8 +150,8 @@ def execute_chapter(
         nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     ).execute()
     if html_dir is not None:
-        from nbconvert import HTMLExporter
-        from traitlets.config import Config
+        from nbconvert import HTMLExporter  # deferred: dev extra, book tooling only
+        from traitlets.config import Config  # deferred: dev extra (nbconvert's), book tooling only
 
         cfg = Config()
         cfg.TagRemovePreprocessor.enabled = True

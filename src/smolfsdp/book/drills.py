@@ -28,7 +28,7 @@ def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
 
     Raises RuntimeError when the two models do not have the same keys.
     """
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: only reading a saved model needs it
 
     a = load_file(str(Path(run_a) / "final_model" / "model.safetensors"))
     b = load_file(str(Path(run_b) / "final_model" / "model.safetensors"))
@@ -74,7 +74,7 @@ def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str,
 
 def find_rank_process(rank: int, deadline: float, cmd_hint: str = "smolfsdp.cli"):
     """The ``psutil.Process`` of this process tree's worker with ``RANK=<rank>``, or None at the deadline."""
-    import psutil
+    import psutil  # deferred: only this drill needs it (a dependency of accelerate)
 
     while time.time() < deadline:
         for p in psutil.Process().children(recursive=True):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import yaml
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -228,8 +229,6 @@ def check_engine(path: str | Path, engine: str) -> None:
     path = Path(path)
     written_by = "trl" if (path / "scheduler.json").is_file() else "native"
     if (path / "config.yaml").is_file():
-        import yaml
-
         written_by = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("engine", written_by)
     if written_by != engine:
         raise ConfigError(
@@ -259,8 +258,6 @@ def check_resume_settings(path: str | Path, cfg) -> None:
     Trainer would train one step past ``max_steps``; nothing is left to resume). A checkpoint without
     ``config.yaml`` (written before it was saved there) is not compared.
     """
-    import yaml
-
     path = Path(path)
     saved_file = path / "config.yaml"
     if saved_file.is_file():

@@ -57,7 +57,7 @@ def check_utf8(path: Path) -> None:
 def _json_rows(path: Path):
     """A ``.json`` file's rows, whatever its top-level layout, as a ``datasets.Dataset``; None when the file
     is not one JSON document (e.g. JSON lines saved as .json: ``datasets`` reads those)."""
-    import datasets
+    import datasets  # deferred: datasets takes seconds to import; only loading rows needs it
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -98,7 +98,7 @@ def _json_rows(path: Path):
 
 def _load_local(path: Path):
     """Rows of an existing local file (see the module docstring for the layouts)."""
-    import datasets
+    import datasets  # deferred: datasets takes seconds to import; only loading rows needs it
 
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
@@ -134,7 +134,7 @@ def load_rows(
         ConfigError: the file does not exist, has an unsupported extension or JSON layout, is not UTF-8
             (naming the line), or holds no rows.
     """
-    import datasets
+    import datasets  # deferred: datasets takes seconds to import; only loading rows needs it
 
     datasets.disable_progress_bars()  # row counts are logged instead; bars from every rank are noise
     if dataset == "bundled":

@@ -233,7 +233,7 @@ def check_tied_head(model: str, meta_model) -> None:
             "embedding), or use a checkpoint saved with its head."
         )
     if tied and head is not None:
-        from safetensors import safe_open
+        from safetensors import safe_open  # deferred: only reading a saved model needs it
 
         tensors = []
         for name in (head, embed):

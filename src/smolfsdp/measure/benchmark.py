@@ -334,6 +334,6 @@ def load_bench(run_dir: str | Path) -> dict[str, Any]:
 
 def steps_frame(bench: dict[str, Any]):
     """The per-step rows of a bench.json as a DataFrame (one row per optimizer step)."""
-    import pandas as pd
+    import pandas as pd  # deferred: only the tables need pandas
 
     return pd.DataFrame(bench["steps"])

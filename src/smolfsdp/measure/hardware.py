@@ -177,7 +177,7 @@ def fits(estimate, gpu: GPU) -> bool:
 
 def fit_table(estimates: dict[str, object], gpus=None):
     """Rows of (setting, GPU, peak GiB, memory GiB, fits) for each named estimate and GPU."""
-    import pandas as pd
+    import pandas as pd  # deferred: only the tables need pandas
 
     rows = []
     for label, est in estimates.items():

@@ -117,7 +117,7 @@ def _build_case(fsdp_version: int, lora: bool, params: str, world_size: int):
     model = build_model("tiny", tok, seed=0, dtype=torch.bfloat16 if params == "bf16" else None)
     wrap = resolve_wrap_class(model)
     if lora:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model  # deferred: peft is needed by LoRA runs only
 
         # peft upcasts adapters to fp32 by default; FSDP1 cannot flatten a bf16 base with fp32
         # adapters into one FlatParameter, so a bf16 model keeps bf16 adapters.
@@ -161,7 +161,7 @@ def compare_with_estimate(rows: list[dict]):
 
     ``rows``: what ``measure_all`` returned on every rank (or ``scripts/measure_memory.py`` wrote).
     """
-    import pandas as pd
+    import pandas as pd  # deferred: only the tables need pandas
 
     out = []
     for m in rows:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from smolfsdp.paths import repo_root
 from smolfsdp.secrets import redact
@@ -53,7 +54,7 @@ def versions() -> dict[str, str]:
 
 
 def hardware() -> dict[str, Any]:
-    import torch
+    import torch  # deferred: reading a run folder needs no torch
 
     info: dict[str, Any] = {"platform": platform.platform(), "cpu_count": os.cpu_count()}
     if torch.cuda.is_available():
@@ -139,8 +140,7 @@ class RunWriter:
 
     def log(self, record: dict[str, Any]) -> None:
         if self._fh is not None:
-            from smolfsdp.secrets import redact  # no token or secret reaches a file a run writes
-
+            # no token or secret reaches a file a run writes
             self._fh.write(json.dumps(redact({**record, "time_s": round(time.time() - self.t0, 3)})) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
@@ -189,8 +189,6 @@ class Run:
 
 def load_run(path: str | Path) -> Run:
     """Read ``runs/<name>/``. Raises FileNotFoundError naming the missing file."""
-    import yaml
-
     path = Path(path)
     for name in RUN_FILES:
         if not (path / name).is_file():

@@ -52,7 +52,9 @@ def load_tokenizer(model: str = "tiny", tokenizer: str | None = None, trust_remo
 
     Raises ConfigError if the tokenizer cannot be found (offline hub ids included).
     """
-    from transformers import AutoTokenizer
+    from transformers import (
+        AutoTokenizer,  # deferred: transformers takes seconds to import; `smolfsdp memory` and the launcher need none
+    )
 
     check_model_name(model)
     source = tokenizer or (str(bundled_tokenizer_path()) if model == "tiny" else model)
@@ -70,7 +72,9 @@ def load_tokenizer(model: str = "tiny", tokenizer: str | None = None, trust_remo
 
 def tiny_config(tokenizer, **overrides: Any):
     """A ``SmolLM3Config`` for the tiny preset whose vocabulary and special-token ids fit ``tokenizer``."""
-    from transformers import SmolLM3Config
+    from transformers import (
+        SmolLM3Config,  # deferred: transformers takes seconds to import; `smolfsdp memory` and the launcher need none
+    )
 
     geometry = {**TINY_GEOMETRY, **overrides}
     if geometry["num_hidden_layers"] % geometry["no_rope_layer_interval"]:
@@ -110,7 +114,10 @@ def build_model(
     ``tiny`` is built from config with weights drawn from ``torch.manual_seed(seed)``, so every rank
     builds the same model. Others load with ``from_pretrained``.
     """
-    from transformers import AutoModelForCausalLM, SmolLM3ForCausalLM
+    from transformers import (  # deferred: transformers takes seconds to import; `smolfsdp memory` and the launcher need none
+        AutoModelForCausalLM,
+        SmolLM3ForCausalLM,
+    )
 
     if model == "tiny":
         torch.manual_seed(seed)
@@ -132,7 +139,10 @@ def build_model(
 
 def build_meta_model(model: str, tokenizer=None, trust_remote_code: bool = False) -> nn.Module:
     """The model's module tree on the meta device (no weights, no memory): for checks before launch."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import (  # deferred: transformers takes seconds to import; `smolfsdp memory` and the launcher need none
+        AutoConfig,
+        AutoModelForCausalLM,
+    )
 
     if model == "tiny":
         config = tiny_config(tokenizer)

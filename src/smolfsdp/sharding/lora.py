@@ -30,7 +30,7 @@ ADAPTER_DIR = "adapter"
 
 def lora_config(cfg: TrainConfig):
     """peft ``LoraConfig`` from the run config (defaults r=8, alpha=16, dropout 0.05, q/k/v/o)."""
-    from peft import LoraConfig
+    from peft import LoraConfig  # deferred: peft is needed by LoRA runs only
 
     return LoraConfig(
         r=cfg.lora_r,
@@ -52,7 +52,7 @@ def apply_lora(model: nn.Module, cfg: TrainConfig):
 
     Raises ConfigError when a target module matches nothing in the model (listing what exists).
     """
-    from peft import get_peft_model
+    from peft import get_peft_model  # deferred: peft is needed by LoRA runs only
 
     names = linear_module_names(model)
     missing = [t for t in cfg.lora_target_modules if t not in names]
@@ -93,8 +93,8 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
     process. With ``cfg.lora_merge`` the base model with the adapter merged in is saved too
     (``merged/``). Returns ``{"adapter": path, "merged": path | None, "tensors": n}``.
     """
-    from peft import get_peft_model
-    from peft.utils.constants import EMBEDDING_LAYER_NAMES
+    from peft import get_peft_model  # deferred: peft is needed by LoRA runs only
+    from peft.utils.constants import EMBEDDING_LAYER_NAMES  # deferred: peft is needed by LoRA runs only
 
     offload = info.device.type == "cuda"  # see native.save_final_model for why not on CPU
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
@@ -134,7 +134,7 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
 
 def load_adapter_model(base_model: str, adapter_dir: str | Path, tokenizer, seed: int = 0):
     """Base model + saved adapter in one process (no distributed set-up), in eval mode."""
-    from peft import PeftModel
+    from peft import PeftModel  # deferred: peft is needed by LoRA runs only
 
     base = build_model(base_model, tokenizer, seed=seed)
     return PeftModel.from_pretrained(base, str(adapter_dir)).eval()
