@@ -5,7 +5,7 @@ accelerate 1.15, peft 0.21) that a learner would otherwise read on each run with
 on it. :func:`install` adds one narrow filter per entry of :data:`KNOWN`: the exact message (a regex
 anchored at the start), the logger or warning category and module that emit it. Anything else, our
 own warnings and a truncation notice included, still prints. The CLI and every launched process
-(``sft.train``) call :func:`install` first; ``sft.preflight`` too (it builds the LoRA model in the
+(``sft.train``) call :func:`install` first; ``launch.runner.preflight`` too (it builds the LoRA model in the
 caller's process).
 
 Warnings fixed at their cause instead (nothing filtered):

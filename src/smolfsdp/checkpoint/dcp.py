@@ -176,7 +176,7 @@ def resolve_resume(resume_from: str, run_dir: str | Path, *, hashes: bool = Fals
 
     ``"latest"`` is the newest complete checkpoint; if it fails verification the error names the file and
     offers the newest one that passes (explicit: nothing is skipped silently). The pre-launch check
-    (``sft.preflight``) passes ``hashes=True``; the ranks check presence and sizes only (cheap).
+    (``launch.runner.preflight``) passes ``hashes=True``; the ranks check presence and sizes only (cheap).
     """
     path = latest_checkpoint(run_dir) if resume_from == "latest" else Path(resume_from)
     if path is None:

@@ -1,6 +1,6 @@
 """Disk space for checkpoints: the estimate checked before a run, and the message of a save that hits ENOSPC.
 
-``smolfsdp.train.sft.preflight`` compares :func:`estimate_checkpoint_bytes` (times the checkpoints a run will
+``smolfsdp.launch.runner.preflight`` compares :func:`estimate_checkpoint_bytes` (times the checkpoints a run will
 hold at once) with :func:`free_bytes`; ``smolfsdp.checkpoint.dcp.atomic_save`` turns an ENOSPC during a save
 into :class:`DiskFullError` (:func:`explain_disk_full`). The chapter on gotchas shows both.
 """

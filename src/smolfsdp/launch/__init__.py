@@ -1,1 +1,10 @@
-"""launch"""
+"""Starting a run: the checks composed before it starts, the torchrun launcher, and why a run failed.
+
+``validate`` (config checks that need the model presets, the mesh or the launcher: :func:`validate.validate`),
+``runner`` (``run``, ``preflight``, ``run_benchmark``: what chapters, tests and the CLI call), ``torchrun``
+(the command, the subprocess, signals, elastic restart), ``checks`` (output folder, run lock, cores, memory,
+GPUs, model against data), ``failures`` (torchrun's failure report in one line).
+
+Layer: below ``book``; may import ``train``, ``checkpoint``, ``measure``, ``sharding``, ``traces``,
+``models``, ``data``, ``config`` and the bottom modules (errors, paths, secrets, quiet).
+"""

@@ -2,7 +2,7 @@
 whether this node has the cores, memory and GPUs for ``nproc`` ranks.
 
 ``smolfsdp.launch.torchrun.launch`` holds :func:`run_lock` for the run's whole life and calls
-:func:`check_resources`; ``smolfsdp.train.sft.preflight`` calls :func:`check_output_dir` (which also fails fast
+:func:`check_resources`; ``smolfsdp.launch.runner.preflight`` calls :func:`check_output_dir` (which also fails fast
 when the run is already running) before it tokenizes anything.
 
     python -c "from smolfsdp.launch.checks import check_resources; from smolfsdp.config import TrainConfig; \
