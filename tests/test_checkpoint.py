@@ -18,6 +18,7 @@ from smolfsdp.checkpoint import disk as checkpoint_disk
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch import failures, runner
+from smolfsdp.models.modeling import build_meta_model, load_tokenizer
 
 BASE = TrainConfig(
     max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
@@ -170,12 +171,7 @@ def test_disk_too_small_is_refused_before_training(tmp_path):
         with pytest.raises(checkpoint.DiskSpaceError) as err:
             runner.preflight(cfg)
         msg = str(err.value)
-        needed = runner.bytes_to_write(
-            cfg,
-            __import__("smolfsdp.models.modeling").modeling.build_meta_model(
-                "tiny", __import__("smolfsdp.models.modeling").modeling.load_tokenizer("tiny")
-            ),
-        )
+        needed = runner.bytes_to_write(cfg, build_meta_model("tiny", load_tokenizer("tiny")))
         assert f"{needed:,} bytes" in msg and "bytes free" in msg
         assert not any(mnt.iterdir())  # nothing was started or written
     finally:
