@@ -144,7 +144,9 @@ def test_only_the_options_given_override_the_yaml(tmp_path):
 
 
 def test_misspelt_option_names_the_nearest():
-    with pytest.raises(ConfigError, match=r"unknown option '--max_step' for train. Did you mean --max_steps\?"):
+    with pytest.raises(
+        ConfigError, match=r"unknown option '--max_step' for train. Did you mean --max_steps\?"
+    ):
         parse_overrides(["--max_step", "3"])
     with pytest.raises(ConfigError, match="Did you mean --learning_rate"):
         parse_overrides(["--learning-rat=0.1"])  # no abbreviation: argparse would take --learning as a prefix
