@@ -210,7 +210,8 @@ def test_train_help_has_description_default_and_section_per_field(capsys):
         text.index(" launch and faults: ") < text.index("--nnodes INT") < text.index("--collective_timeout_s")
     )
     assert "(default: None)" not in text and "==SUPPRESS==" not in text
-    assert "--benchmark_steps INT" in _help(capsys, ["bench", "--help"])
+    bench = _help(capsys, ["bench", "--help"])  # bench's own defaults, shown where they differ
+    assert "bench.json, no saves (default: 5)" in bench and "runs/<name>/traces/ (default: true)" in bench
 
 
 def test_top_level_help_is_plain_text(capsys):
@@ -268,9 +269,9 @@ def test_train_json_is_one_document_and_the_log_goes_to_stderr(monkeypatch, tmp_
         print("rank 0: step 1/2 loss 6.9")  # what the ranks stream while training
         return subprocess.CompletedProcess([], 0)
 
-    monkeypatch.setattr(
-        sft, "preflight", lambda cfg: {"wrap_class": "SmolLM3DecoderLayer", "data": "bundled"}
-    )
+    data = {"mapping": "medical_o1", "rows_in": 180, "kept": 160, "dropped_empty_question": 0}
+    data |= {"dropped_too_long": 20, "reasoning_cut": 0, "train_rows": 144, "eval_rows": 16}
+    monkeypatch.setattr(sft, "preflight", lambda cfg: {"wrap_class": "SmolLM3DecoderLayer", "data": data})
     monkeypatch.setattr(torchrun, "launch", fake_launch)
     summary = {"metrics": {"steps": 2, "stopped_early": False}}
     monkeypatch.setattr(results, "load_run", lambda path: type("Run", (), {"summary": summary})())
@@ -278,6 +279,8 @@ def test_train_json_is_one_document_and_the_log_goes_to_stderr(monkeypatch, tmp_
     out, err = capsys.readouterr()
     assert json.loads(out) == {"returncode": 0, "run_dir": str(tmp_path / "smoke"), "summary": summary}
     assert "rank 0: step 1/2 loss 6.9" in err and "[smolfsdp] smoke: engine=native" in err
+    # the preflight's row accounting as a sentence, not a dict
+    assert "data: 160 of 180 rows kept (dropped: 20 too long), 144 train / 16 eval, columns medical_o1" in err
 
 
 def test_convert_json(monkeypatch, tmp_path, capsys):

@@ -23,7 +23,7 @@ import shlex
 import sys
 
 from smolfsdp.cli_args import field_parser, option_names, overrides_from, refuse_unknown
-from smolfsdp.cli_output import format_bench, format_trace
+from smolfsdp.cli_output import format_bench, format_data, format_trace
 from smolfsdp.config import ConfigError, TrainConfig, load_config
 
 # Only light modules above: a misspelt option is answered before torch and transformers load. Each
@@ -57,7 +57,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     found = preflight(cfg)
     print(
         f"[smolfsdp] {cfg.name}: engine={cfg.engine} fsdp_version={cfg.fsdp_version} nproc={cfg.nproc} "
-        f"model={cfg.model} wrap={found['wrap_class']} data={found['data']}",
+        f"model={cfg.model} wrap={found['wrap_class']}; data: {format_data(found['data'])}",
         file=log,
         flush=True,
     )
@@ -111,16 +111,16 @@ def resume_command(config: str | None, overrides: list[str]) -> str:
     return shlex.join(words)
 
 
+#: bench's own defaults: they override a --config recipe too (a run named bench unless --name is given)
+BENCH_DEFAULTS = {"benchmark_steps": 5, "profile": True, "name": "bench"}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Benchmark mode: warm-up + timed steps (default 5, profiled), then a table of bench.json's
     summary (``--json``: the summary, MFU reason and trace paths as JSON)."""
     from smolfsdp.measure.benchmark import run_benchmark  # deferred: torch
 
-    overrides = overrides_from(args)
-    overrides.setdefault("benchmark_steps", 5)
-    overrides.setdefault("profile", True)
-    overrides.setdefault("name", "bench")
-    cfg = load_config(args.config, **overrides)
+    cfg = load_config(args.config, **(BENCH_DEFAULTS | overrides_from(args)))
     bench = run_benchmark(cfg)
     if args.json:
         keys = ("strategy", "summary", "mfu_reason", "memory_per_rank", "traces")
@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.subcommands = sub.choices  # name -> subparser, for refuse_unknown's list of options
-    fields = field_parser()
+    fields, bench_fields = field_parser(), field_parser(BENCH_DEFAULTS)
     common = {
         "formatter_class": argparse.RawDescriptionHelpFormatter,
         "allow_abbrev": False,
@@ -274,10 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser(
         "bench",
-        parents=[fields],
+        parents=[bench_fields],
         help="benchmark mode: timed steps, bench.json, profiler traces",
         usage="smolfsdp bench [--config YAML] [--<field> VALUE ...] [--json]",
-        description="Benchmark mode: benchmark_steps 5, profile true and name bench unless given.",
+        description="Benchmark mode: warm-up, timed steps and profiler traces; no checkpoints.",
         **common,
     )
     p.add_argument("--config", **recipe)

@@ -78,10 +78,10 @@ def _cli_field(f: dataclasses.Field, hint: Any) -> tuple[str, Any, dataclasses.F
     return f.name, hint, dataclasses.field(default=f.default, metadata=meta)
 
 
-def field_parser() -> argparse.ArgumentParser:
+def field_parser(defaults: dict[str, Any] | None = None) -> argparse.ArgumentParser:
     """A parent parser (``add_help=False``) with one option per TrainConfig field, in the help sections
     of ``config.GROUPS``. Defaults are shown in the help but suppressed in the parsed namespace, so only
-    the options given appear there."""
+    the options given appear there; ``defaults`` are a command's own (``bench``), shown instead."""
     hints = typing.get_type_hints(TrainConfig)
     classes = []
     for i, title in enumerate(GROUPS):
@@ -98,6 +98,7 @@ def field_parser() -> argparse.ArgumentParser:
     # argparse keeps its actions in _actions (no public accessor): show each default in the help text
     # rather than in the namespace, and make HfArgumentParser's --no_<flag> say what it does
     for action in parser._actions:
+        action.default = (defaults or {}).get(action.dest, action.default)
         if action.option_strings[0].startswith("--no_"):
             action.help = f"same as --{action.dest} false"
         elif action.default not in (None, [], {}):

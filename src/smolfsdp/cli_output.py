@@ -57,6 +57,25 @@ def size(n: float | None) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+# ------------------------------------------------------------------------------ train
+def format_data(d: dict) -> str:
+    """The preflight's row accounting (``sft.preflight``'s ``data``) in one line, e.g. ``160 of 180 rows
+    kept (dropped: 20 too long), 144 train / 16 eval, columns medical_o1``."""
+    if not isinstance(d, dict) or "rows_in" not in d:
+        return str(d)
+    dropped = [
+        f"{d[k]:,} {k.removeprefix('dropped_').replace('_', ' ')}"
+        for k in d
+        if k.startswith("dropped_") and d[k]
+    ]
+    text = f"{d['kept']:,} of {d['rows_in']:,} rows kept" + (
+        f" (dropped: {', '.join(dropped)})" if dropped else ""
+    )
+    if "train_rows" in d:
+        text += f", {d['train_rows']:,} train / {d.get('eval_rows', 0):,} eval"
+    return text + (f", columns {d['mapping']}" if d.get("mapping") else "")
+
+
 # ------------------------------------------------------------------------------ bench
 def format_bench(bench: dict) -> str:
     """bench.json as a small table with units: step time, throughput, TFLOP/s, MFU (or why there is
