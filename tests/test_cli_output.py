@@ -283,6 +283,21 @@ def test_train_json_is_one_document_and_the_log_goes_to_stderr(monkeypatch, tmp_
     assert "data: 160 of 180 rows kept (dropped: 20 too long), 144 train / 16 eval, columns medical_o1" in err
 
 
+def test_resume_flag_is_resume_from(monkeypatch, tmp_path):
+    """``--resume`` alone is the latest complete checkpoint; ``--resume PATH`` that one."""
+    from smolfsdp.launch import torchrun
+
+    seen = []
+    monkeypatch.setattr(sft, "preflight", lambda cfg: {"wrap_class": "X", "data": "bundled"})
+    monkeypatch.setattr(
+        torchrun, "launch", lambda cfg: seen.append(cfg.resume_from) or subprocess.CompletedProcess([], 1)
+    )
+    assert cli.main(["train", "--resume", "--output_dir", str(tmp_path)]) == 1
+    assert cli.main(["train", "--resume", "runs/x/checkpoints/step-2", "--max_steps", "4"]) == 1
+    assert cli.main(["train", "--max_steps", "4"]) == 1
+    assert seen == ["latest", "runs/x/checkpoints/step-2", None]
+
+
 def test_convert_json(monkeypatch, tmp_path, capsys):
     from smolfsdp.checkpoint import dcp
 
