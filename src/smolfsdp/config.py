@@ -77,92 +77,46 @@ def _field(default: Any, group: str, help: str, factory: Any = dataclasses.MISSI
 class TrainConfig:
     """What to train and how to shard it. Defaults = the CPU smoke run (``make demo``)."""
 
-    # _field(default, group, help): the help line and help section live in each field's metadata, the
-    # one source of `smolfsdp train --help` (smolfsdp.cli builds the command line from them).
-
-    # --- run identity, logging, checkpoints
+    # _field(default, group, help): each field's help line and help section, the one source of
+    # `smolfsdp train --help` (smolfsdp.cli_args builds the options from them).
     name: str = _field("smoke", RUN, "run name: the folder runs/<name>/ (one plain folder name)")
     output_dir: str = _field("runs", RUN, "parent folder of the run folders")
     seed: int = _field(0, OPTIM, "seed of model init, data shuffle and dropout")
-
-    # --- model and tokenizer
-    model: str = _field(
-        "tiny", MODEL, "'tiny' (random SmolLM3 preset), a hub id (HuggingFaceTB/SmolLM3-3B) or a local folder"
-    )
-    tokenizer: str | None = _field(
-        None, MODEL, "tokenizer id or folder; unset: the bundled one for 'tiny', the model's own otherwise"
-    )
-    trust_remote_code: bool = _field(
-        False, MODEL, "run the hub repo's own Python on every rank (off unless you audited it)"
-    )
-    wrap_class: str | None = _field(
-        None, SHARDING, "decoder layer class FSDP wraps as a unit; unset: from the model's _no_split_modules"
-    )
-
-    # --- data
-    dataset: str = _field(
-        "bundled", MODEL, "'bundled' (sample in data/), a local .jsonl/.json/.csv/.parquet file, or a hub id"
-    )
+    model: str = _field("tiny", MODEL, "'tiny' (random SmolLM3), a hub id or a local folder")
+    tokenizer: str | None = _field(None, MODEL, "id or folder; unset: bundled for 'tiny', else the model's")
+    trust_remote_code: bool = _field(False, MODEL, "run the hub repo's Python on each rank (only if audited)")
+    wrap_class: str | None = _field(None, SHARDING, "class FSDP wraps as a unit; unset: _no_split_modules")
+    dataset: str = _field("bundled", MODEL, "'bundled', a .jsonl/.json/.csv/.parquet file, or a hub id")
     dataset_config: str | None = _field(None, MODEL, "hub data set configuration name")
     dataset_split: str = _field("train", MODEL, "split to read")
-    columns: str = _field(
-        "auto", MODEL, "'auto' or a column mapping name in smolfsdp.data.prepare.COLUMN_MAPPINGS"
-    )
+    columns: str = _field("auto", MODEL, "'auto' or a mapping name in data.prepare.COLUMN_MAPPINGS")
     include_reasoning: bool = _field(False, MODEL, "keep the data set's reasoning text in the answer")
     system_prompt: str | None = _field(None, MODEL, "system message put before every question")
-    max_length: int = _field(
-        256, MODEL, "tokens per row, at most the model's max_position_embeddings (checked before launch)"
-    )
+    max_length: int = _field(256, MODEL, "tokens per row, at most the model's max_position_embeddings")
     # "drop" never cuts the answer (with include_reasoning the reasoning is cut first); "truncate" cuts at
     # the end, so the answer loses its end-of-turn token: for drills only
-    too_long: str = _field(
-        "drop", MODEL, "rows over max_length: 'drop' (counted) or 'truncate' (cut at the end; drills only)"
-    )
+    too_long: str = _field("drop", MODEL, "rows over max_length: 'drop' (counted) or 'truncate' (drills)")
     eval_size: float = _field(0.1, MODEL, "held out for eval: a fraction (< 1) or a number of rows (>= 1)")
     max_rows: int | None = _field(None, MODEL, "use only the first N rows; unset: all")
-
-    # --- distribution
     engine: str = _field("native", SHARDING, "'native' (plain PyTorch loop) or 'trl' (TRL SFTTrainer)")
     fsdp_version: int = _field(1, SHARDING, "1 (FullyShardedDataParallel) or 2 (fully_shard, DTensor)")
     nproc: int = _field(2, LAUNCH, "total processes (world size), over all nodes")
-    backward_prefetch: str = _field(
-        "BACKWARD_PRE", SHARDING, "FSDP1: BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH"
-    )
-    state_dict_type: str = _field(
-        "SHARDED_STATE_DICT", CHECKPOINTS, "checkpoint layout: SHARDED_STATE_DICT (DCP) or FULL_STATE_DICT"
-    )
-    cpu_offload: bool = _field(
-        False, SHARDING, "keep parameters, gradients and optimizer state in CPU memory"
-    )
+    backward_prefetch: str = _field("BACKWARD_PRE", SHARDING, "FSDP1: BACKWARD_PRE/_POST or NO_PREFETCH")
+    state_dict_type: str = _field("SHARDED_STATE_DICT", CHECKPOINTS, "DCP shards per rank or FULL_STATE_DICT")
+    cpu_offload: bool = _field(False, SHARDING, "keep parameters, gradients, optimizer state in CPU memory")
     mixed_precision: str = _field("no", SHARDING, "'no' (fp32) or 'bf16'")
-    activation_checkpointing: bool = _field(
-        False,
-        SHARDING,
-        "recompute each decoder layer's activations in backward (less memory, ~1/3 more compute)",
-    )
+    # activation checkpointing: less memory for about one more forward per step
+    activation_checkpointing: bool = _field(False, SHARDING, "recompute each layer's activations in backward")
     reshard_after_forward: bool = _field(True, SHARDING, "FSDP2: free gathered layers after forward (ZeRO-3)")
-    use_orig_params: bool = _field(
-        True, SHARDING, "FSDP1: keep original parameters as views (needed for LoRA)"
-    )
+    use_orig_params: bool = _field(True, SHARDING, "FSDP1: original parameters as views (LoRA needs it)")
     # false = accelerate as shipped, which keeps the FSDP plugin only on accelerators and runs DDP on CPU
-    accelerate_fsdp_on_cpu: bool = _field(
-        True,
-        SHARDING,
-        "TRL engine on CPU: let the Trainer apply FSDP on gloo (smolfsdp.train.accelerate_cpu_fsdp)",
-    )
+    # (smolfsdp.train.accelerate_cpu_fsdp lifts that gate)
+    accelerate_fsdp_on_cpu: bool = _field(True, SHARDING, "TRL on CPU: FSDP on gloo (false: DDP, as shipped)")
     # FSDP1 names for both versions: SHARD_GRAD_OP is FSDP2's reshard_after_forward=False, HYBRID_SHARD a
     # 2-D mesh, NO_SHARD a mesh of world x 1 (smolfsdp.sharding.fsdp2.resolve_mesh_shape)
-    sharding_strategy: str = _field(
-        "FULL_SHARD", SHARDING, "FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2), HYBRID_SHARD (HSDP) or NO_SHARD"
-    )
-    replicate_size: int | None = _field(
-        None, SHARDING, "HSDP mesh rows (e.g. nodes); unset: from the strategy"
-    )
-    shard_size: int | None = _field(
-        None, SHARDING, "HSDP mesh columns (ranks per shard group); unset: from the strategy"
-    )
-
-    # --- LoRA (peft), trained with the native engine
+    sharding_strategy: str = _field("FULL_SHARD", SHARDING, "SHARD_GRAD_OP, HYBRID_SHARD (HSDP) or NO_SHARD")
+    replicate_size: int | None = _field(None, SHARDING, "HSDP mesh rows (e.g. nodes); unset: from strategy")
+    shard_size: int | None = _field(None, SHARDING, "HSDP mesh columns (ranks per shard group)")
     lora: bool = _field(False, LORA, "train LoRA adapters (peft) instead of all weights")
     lora_r: int = _field(8, LORA, "LoRA rank")
     lora_alpha: int = _field(16, LORA, "LoRA scaling numerator (scale = alpha / r)")
@@ -174,77 +128,42 @@ class TrainConfig:
         factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
     )
     lora_merge: bool = _field(False, LORA, "also save the base model with the adapter merged in")
-
-    # --- optimisation
     num_train_epochs: float = _field(6.0, OPTIM, "epochs over the training rows")
     max_steps: int = _field(-1, OPTIM, "optimizer steps; > 0 overrides num_train_epochs")
     per_device_train_batch_size: int = _field(4, OPTIM, "rows per rank per micro-batch")
     per_device_eval_batch_size: int = _field(8, OPTIM, "rows per rank per eval batch")
     gradient_accumulation_steps: int = _field(1, OPTIM, "micro-batches per optimizer step")
-    learning_rate: float = _field(3e-3, OPTIM, "peak AdamW learning rate")
+    learning_rate: float = _field(0.003, OPTIM, "peak AdamW learning rate")
     weight_decay: float = _field(0.0, OPTIM, "AdamW's decoupled weight decay, >= 0")
     warmup_ratio: float = _field(0.05, OPTIM, "fraction of the steps spent warming up, in [0, 1]")
-    lr_scheduler_type: str = _field(
-        "cosine", OPTIM, "one of " + ", ".join(SCHEDULERS) + " (transformers' names)"
-    )
+    lr_scheduler_type: str = _field("cosine", OPTIM, "one of " + ", ".join(SCHEDULERS))
     # HF's Trainer reads <= 0 as "no clipping" while torch's clip_grad_norm_ (the native engine) would scale
     # gradients by it (0 freezes, -1 climbs), so <= 0 is refused for both engines
-    max_grad_norm: float = _field(
-        1.0, OPTIM, "clip the global gradient norm to this (> 0; 1e6 for no clipping in effect)"
-    )
-
-    # --- logging, eval, checkpoints
+    max_grad_norm: float = _field(1.0, OPTIM, "clip the global grad norm to this (> 0; 1e6: no clipping)")
     logging_steps: int = _field(1, RUN, "log loss, grad norm and lr every N steps")
     eval_steps: int = _field(10, RUN, "evaluate every N steps (0: only at the end)")
-    save_steps: int = _field(
-        0, CHECKPOINTS, "checkpoint every N steps (0: none; the final model is always saved)"
-    )
+    save_steps: int = _field(0, CHECKPOINTS, "checkpoint every N steps (0: none; the final model is saved)")
     save_final_model: bool = _field(True, CHECKPOINTS, "write runs/<name>/final_model/ at the end")
-    save_total_limit: int = _field(
-        2, CHECKPOINTS, "complete checkpoints kept (older ones go once a newer one is complete)"
-    )
-    resume_from: str | None = _field(
-        None, CHECKPOINTS, "'latest' or a checkpoint folder to continue from (--resume: latest)"
-    )
+    save_total_limit: int = _field(2, CHECKPOINTS, "complete checkpoints kept (older ones are removed)")
+    resume_from: str | None = _field(None, CHECKPOINTS, "'latest' or a checkpoint folder to continue from")
     overwrite: bool = _field(False, CHECKPOINTS, "allow replacing a run folder that holds checkpoints")
-    stop_at_step: int | None = _field(
-        None, CHECKPOINTS, "end the run after this step, as if killed (resume drills)"
-    )
-
-    # --- benchmark mode and profiler (smolfsdp.measure.benchmark; chapter "Reading the profiler")
-    benchmark_steps: int = _field(
-        0, BENCH, "> 0: benchmark mode, warm-up + N timed steps into bench.json, no saves"
-    )
-    benchmark_warmup_steps: int = _field(
-        1, BENCH, "steps run before the timed ones (left out of the summary)"
-    )
-    profile: bool = _field(
-        False, BENCH, "torch.profiler: one gzip'd Chrome trace per rank in runs/<name>/traces/"
-    )
+    stop_at_step: int | None = _field(None, CHECKPOINTS, "end the run after this step, as if killed (drills)")
+    # benchmark mode and profiler: smolfsdp.measure.benchmark, chapter "Reading the profiler"
+    benchmark_steps: int = _field(0, BENCH, "> 0: benchmark mode, N timed steps into bench.json, no saves")
+    benchmark_warmup_steps: int = _field(1, BENCH, "steps before the timed ones (left out of the summary)")
+    profile: bool = _field(False, BENCH, "torch.profiler: one Chrome trace per rank in runs/<name>/traces/")
     profile_wait: int = _field(1, BENCH, "profiler schedule: steps skipped first")
     profile_warmup: int = _field(1, BENCH, "profiler schedule: steps traced, then discarded")
     profile_active: int = _field(3, BENCH, "profiler schedule: steps recorded")
     record_shapes: bool = _field(False, BENCH, "profiler: record input shapes (larger traces)")
-
-    # --- launch and faults (smolfsdp.launch.torchrun; chapter "Beyond two GPUs")
+    # launch and faults: smolfsdp.launch.torchrun, chapter "Beyond two GPUs"
     nnodes: int = _field(1, LAUNCH, "nodes; each starts nproc / nnodes processes")
     node_rank: int = _field(0, LAUNCH, "this node's index; node 0 serves the rendezvous")
-    rdzv_endpoint: str | None = _field(
-        None, LAUNCH, "host:port of node 0 (c10d rendezvous), required when nnodes > 1"
-    )
-    rdzv_timeout_s: float = _field(
-        300.0, LAUNCH, "seconds a node waits for the rendezvous, then fails naming it"
-    )
-    max_restarts: int = _field(
-        0, LAUNCH, "torchrun restarts of the workers after a rank fails (they resume from latest)"
-    )
-    collective_timeout_s: float = _field(
-        600.0, LAUNCH, "seconds before a hung collective fails, naming rank and op"
-    )
-
-    extra: dict[str, Any] = _field(
-        None, RUN, "free-form notes copied into summary.json (a YAML mapping)", factory=dict
-    )
+    rdzv_endpoint: str | None = _field(None, LAUNCH, "host:port of node 0 (c10d rendezvous) when nnodes > 1")
+    rdzv_timeout_s: float = _field(300.0, LAUNCH, "seconds a node waits for the rendezvous before failing")
+    max_restarts: int = _field(0, LAUNCH, "torchrun restarts after a rank fails (they resume from latest)")
+    collective_timeout_s: float = _field(600.0, LAUNCH, "seconds before a hung collective fails, naming it")
+    extra: dict[str, Any] = _field(None, RUN, "free-form notes copied into summary.json", factory=dict)
 
     def __post_init__(self) -> None:
         self._check_types()
