@@ -22,6 +22,7 @@ import json
 import shlex
 import sys
 
+from smolfsdp import quiet
 from smolfsdp.cli_args import field_parser, option_names, overrides_from, refuse_unknown
 from smolfsdp.cli_output import format_bench, format_data, format_trace
 from smolfsdp.config import ConfigError, TrainConfig, load_config
@@ -41,8 +42,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = load_config(args.config, **overrides)
     if is_launched():
         from smolfsdp.launch.torchrun import resume_on_restart  # deferred: the training stack
-        from smolfsdp.sharding.distributed import init_distributed, name_collective_errors
-        from smolfsdp.train.sft import train
+        from smolfsdp.sharding.distributed import init_distributed, name_collective_errors  # deferred: torch
+        from smolfsdp.train.sft import train  # deferred: the training stack
 
         cfg = resume_on_restart(cfg)  # after torchrun's elastic restart: continue from the latest checkpoint
         init_distributed(cfg.collective_timeout_s, cpu_offload=cfg.cpu_offload)  # train() joins this group
@@ -50,7 +51,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             train(cfg)
         return 0
     from smolfsdp.launch.torchrun import launch  # deferred: torch
-    from smolfsdp.train.sft import preflight
+    from smolfsdp.train.sft import preflight  # deferred: transformers, peft
 
     # with --json, stdout carries one JSON document: the ranks' log goes to stderr
     log = sys.stderr if args.json else sys.stdout
@@ -134,7 +135,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
     from smolfsdp.measure.hardware import fits, get_gpu, recommend  # deferred: transformers configs
-    from smolfsdp.measure.memory import estimate_memory, format_table
+    from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
 
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
     gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
@@ -335,8 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     except (argparse.ArgumentError, ConfigError) as err:
         print(f"smolfsdp: error: {err}", file=sys.stderr)
         return 2
-    from smolfsdp import quiet
-
     quiet.install()  # known harmless third-party warnings (the list and why: smolfsdp.quiet)
     try:
         if args.command == "train":
