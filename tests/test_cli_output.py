@@ -249,6 +249,9 @@ def test_argument_errors_exit_2_with_one_line(capsys):
     )
     assert cli.main(["bench", "--profil"]) == 2
     assert "Did you mean --profile?" in capsys.readouterr().err
+    assert cli.main(["trian", "--max_steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'trian'" in err and "Did you mean 'train'?" in err
     assert cli.main(["analyze-trace", "x.json", "--jsn"]) == 2
     assert "unknown option '--jsn' for analyze-trace. Did you mean --json?" in capsys.readouterr().err
 

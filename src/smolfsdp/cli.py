@@ -23,7 +23,7 @@ import shlex
 import sys
 
 from smolfsdp import quiet
-from smolfsdp.cli_args import field_parser, option_names, overrides_from, refuse_unknown
+from smolfsdp.cli_args import command_hint, field_parser, option_names, overrides_from, refuse_unknown
 from smolfsdp.cli_output import format_bench, format_data, format_trace
 from smolfsdp.config import ConfigError, TrainConfig, load_config
 
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         args, rest = parser.parse_known_args(argv)
         refuse_unknown(rest, args.command, option_names(parser.subcommands[args.command]))
     except (argparse.ArgumentError, ConfigError) as err:
-        print(f"smolfsdp: error: {err}", file=sys.stderr)
+        print(f"smolfsdp: error: {err}{command_hint(err, argv, COMMANDS)}", file=sys.stderr)
         return 2
     quiet.install()  # known harmless third-party warnings (the list and why: smolfsdp.quiet)
     try:
@@ -344,9 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"smolfsdp: error: {err}", file=sys.stderr)
         return 2
-    except (
-        KeyboardInterrupt
-    ) as err:  # Ctrl-C, or SIGTERM (smolfsdp.launch.torchrun.Terminated) to the launcher
+    except KeyboardInterrupt as err:
+        # Ctrl-C, or SIGTERM (smolfsdp.launch.torchrun.Terminated) to the launcher
         how = str(err) or "interrupted"
         print(
             f"smolfsdp: {how}; the ranks were asked to stop (checkpoints already complete are kept)",

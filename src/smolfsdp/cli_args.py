@@ -143,6 +143,14 @@ def refuse_unknown(tokens: list[str], command: str, valid: list[str]) -> None:
     )
 
 
+def command_hint(err: argparse.ArgumentError, argv: list[str], commands) -> str:
+    """`` Did you mean 'train'?`` for a misspelt command (argparse names only the valid choices)."""
+    if getattr(err, "argument_name", None) != "COMMAND" or not argv:
+        return ""
+    hits = nearest(argv[0], commands)
+    return f" Did you mean {hits[0]!r}?" if hits else ""
+
+
 def option_names(parser: argparse.ArgumentParser) -> list[str]:
     """Every ``--option`` a parser accepts (argparse's ``_option_string_actions``: no public accessor)."""
     return [o for o in parser._option_string_actions if o.startswith("--")]
