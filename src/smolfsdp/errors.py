@@ -10,7 +10,7 @@ nearest valid spelling the same way.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class ConfigError(ValueError):
@@ -31,12 +31,13 @@ def did_you_mean(
     *,
     form: str = " Did you mean {}?",
     hits: list[str] | None = None,
+    show: Callable[[str], str] = repr,
 ) -> str:
     """``form`` filled with the nearest option(s) to ``name`` (``'A' or 'B'``), or ``""`` when none is close.
 
     ``hits`` replaces the difflib search when the caller found candidates its own way (a prefix match);
     ``form`` keeps each message's wording: ``" Did you mean {}?"`` after a sentence, ``" (did you mean {}?)"``
-    inside one.
+    inside one. ``show`` writes each option (``repr``: quoted; ``"--{}".format``: a command-line flag).
     """
     hits = nearest(name, options, n) if hits is None else hits
-    return form.format(" or ".join(repr(h) for h in hits)) if hits else ""
+    return form.format(" or ".join(show(h) for h in hits)) if hits else ""
