@@ -1,13 +1,9 @@
 """Run configuration: one flat dataclass whose defaults are the CPU smoke run.
 
-Every chapter and every CLI command resolves a run the same way:
-``configs/runs/<name>.yaml`` (keys are the fields below) overridden by CLI flags
-(``--key value``). ``__post_init__`` checks what the fields alone decide: each field holds its declared
-type (a YAML boolean is ``true``/``false`` unquoted; a quoted ``"false"`` is refused, never read as true;
-``max_steps: 2.5`` is refused), a value in its range, and the combinations among them.
-
-What needs the model presets, the mesh or the launcher (model name, ``wrap_class``, strategy and mesh,
-node and rendezvous fields) is checked where a run starts, by :func:`smolfsdp.launch.validate.validate`.
+A run is ``configs/runs/<name>.yaml`` (keys are the fields below) overridden by CLI flags (``--key value``).
+``__post_init__`` checks what the fields alone decide: declared types (a quoted ``"false"`` is refused, never
+read as true; ``max_steps: 2.5`` is refused), ranges and combinations. The checks that need the model, the
+mesh or the launcher run where a run starts: :func:`smolfsdp.launch.validate.validate`.
 
     smolfsdp train --config configs/runs/smoke.yaml --max_steps 20
 """
@@ -32,14 +28,8 @@ MIXED_PRECISION = ("no", "bf16")
 #: transformers' SchedulerType names that get_scheduler builds from (warmup, total steps) alone: both engines
 #: pass nothing else (reduce_lr_on_plateau and greedy need an eval metric per step; cosine_with_min_lr,
 #: cosine_warmup_with_min_lr and warmup_stable_decay need lr_scheduler_kwargs).
-SCHEDULERS = (
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
+SCHEDULERS = tuple(
+    "linear cosine cosine_with_restarts polynomial constant constant_with_warmup inverse_sqrt".split()
 )
 
 #: Sections of ``smolfsdp train --help``, in order; each field names its own in ``metadata["group"]``.
