@@ -1,4 +1,8 @@
-"""smolfsdp: sharded fine-tuning of SmolLM3 (FSDP1, FSDP2, TRL, LoRA), the package behind the book."""
+"""smolfsdp: sharded fine-tuning of SmolLM3 (FSDP1, FSDP2, TRL, LoRA), the package behind the book.
+
+The subpackages and their layers (who may import whom) are listed in README.md "Layout" and enforced
+by ``lint-imports`` (``[tool.importlinter]`` in pyproject.toml).
+"""
 
 import warnings
 

@@ -50,9 +50,8 @@ from typing import Any
 
 from smolfsdp.data.files import FILE_FORMATS, load_rows
 from smolfsdp.errors import ConfigError
-from smolfsdp.paths import bundled_data_path, repo_root
 
-__all__ = ["FILE_FORMATS", "bundled_data_path", "load_rows", "repo_root"]  # re-exported: data's public face
+__all__ = ["FILE_FORMATS", "load_rows"]  # re-exported: data's public face (paths live in smolfsdp.paths)
 
 log = logging.getLogger(__name__)
 
