@@ -9,7 +9,6 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import (
     COLUMN_MAPPINGS,
     IGNORE_INDEX,
-    bundled_data_path,
     load_rows,
     prepare_data,
     resolve_mapping,
@@ -17,6 +16,7 @@ from smolfsdp.data.prepare import (
     tokenize_messages,
 )
 from smolfsdp.errors import ConfigError
+from smolfsdp.paths import bundled_data_path
 
 ROWS = [
     {"Question": f"What is condition {i}?", "Answer": f"Condition {i} is a common thing. " * (i + 1)}
