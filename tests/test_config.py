@@ -5,6 +5,8 @@ import pytest
 from smolfsdp.cli_args import parse_overrides
 from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch import runner
+from smolfsdp.launch.validate import validate
 
 
 def test_defaults_are_the_smoke_recipe():
@@ -160,3 +162,16 @@ def test_every_field_has_help_and_a_known_group():
 
     assert {f.metadata["group"] for f in fields(TrainConfig)} == set(GROUPS)
     assert all(len(f.metadata["help"]) > 8 for f in fields(TrainConfig))
+
+
+def test_run_start_checks_live_above_config_and_run_first(tmp_path):
+    """TrainConfig checks only what its fields decide; the model, mesh and launch checks
+    (launch.validate) run where a run starts, first: preflight refuses a misspelt model before it
+    creates the output folder or loads a tokenizer."""
+    cfg = TrainConfig(model="tinyy", output_dir=str(tmp_path / "out"))  # config alone: no model lookup
+    with pytest.raises(ConfigError, match=r"Unknown model preset 'tinyy' \(did you mean 'tiny'\?\)"):
+        validate(cfg)
+    with pytest.raises(ConfigError, match="Unknown model preset 'tinyy'"):
+        runner.preflight(cfg)
+    assert not (tmp_path / "out").exists()
+    assert validate(TrainConfig(wrap_class="SmolLM3DecoderLayer")).wrap_class == "SmolLM3DecoderLayer"
