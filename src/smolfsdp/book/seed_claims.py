@@ -108,11 +108,15 @@ def trainer_fsdp_view(fsdp_config: dict) -> tuple[dict, list[str]]:
     log = logging.getLogger("transformers.training_args")
     handler = Keep(logging.WARNING)
     log.addHandler(handler)
+    # the warnings are evidence here, kept by ``Keep``; not propagating stops transformers' own handler from
+    # printing them a second time (into the chapter's output, where they would read as a problem of the book)
+    propagate, log.propagate = log.propagate, False
     try:
         args = TrainingArguments(output_dir="unused", fsdp=True, fsdp_config=dict(fsdp_config), use_cpu=True,
                                  report_to="none")  # fmt: skip
     finally:
         log.removeHandler(handler)
+        log.propagate = propagate
     return dict(args.fsdp_plugin_args or {}), seen
 
 
