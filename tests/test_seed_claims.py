@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import transformers
 
+from smolfsdp.book import fsdp_versions
 from smolfsdp.book import seed_claims as sc
 from smolfsdp.book.dtype_rule import check_dtype_rule
 from smolfsdp.measure.hardware import GPUS
@@ -99,12 +100,23 @@ def test_source_line_names_a_changed_library():
 
 def test_dtype_rule_is_per_group_and_trainable_only(tmp_path):
     results = check_dtype_rule(tmp_path)
-    ok = {r["case"]: r["ok"] for r in results}
+    ok = {(r["fsdp"], r["case"]): r["ok"] for r in results}
     assert ok == {
-        "frozen_bf16_beside_trainable_fp32": True,
-        "trainable_fp32_and_bf16_same_group": False,
-        "trainable_fp32_and_bf16_own_groups": True,
+        ("FSDP2", "frozen_bf16_beside_trainable_fp32"): True,
+        ("FSDP2", "trainable_fp32_and_bf16_same_group"): False,
+        ("FSDP2", "trainable_fp32_and_bf16_own_groups"): True,
+        # FSDP1: one FlatParameter per unit, one dtype for all of it, frozen or not
+        ("FSDP1", "frozen_bf16_beside_trainable_fp32"): False,
+        ("FSDP1", "trainable_fp32_and_bf16_same_group"): False,
+        ("FSDP1", "trainable_fp32_and_bf16_own_groups"): True,
     }
+    refusals = {r["error"].split(" but ")[0] for r in results if not r["ok"]}
+    assert refusals == {
+        "FSDP expects uniform original parameter dtype",
+        "Must flatten tensors with uniform dtype",
+    }
+    table = fsdp_versions.dtype_rule_table(results)
+    assert table.shape == (3, 2) and table.iloc[0].tolist()[1] == "trains"
     j = sc.dtype_rule(results)
     assert "uniform original parameter dtype" in j.evidence
     table = sc.summary_table(sc.judge_all(results))

@@ -2,14 +2,16 @@
 
 Used by the chapters "What the seeds say" and "FSDP1 vs FSDP2". ``check_dtype_rule`` launches this module
 with torchrun on one CPU process (gloo; never a process group in the notebook kernel). The process
-builds three small models, shards each with ``fully_shard`` and runs one forward and backward:
+builds three small models, shards each with ``fully_shard`` (then with FSDP1) and runs one forward and backward:
 
 * ``frozen_bf16_beside_trainable_fp32``: one group holds trainable fp32 weights and a frozen bf16 one;
 * ``trainable_fp32_and_bf16_same_group``: one group holds trainable weights of both dtypes;
 * ``trainable_fp32_and_bf16_own_groups``: the same weights, each dtype in its own ``fully_shard`` group.
 
 torch 2.13 checks the rule in ``FSDPParamGroup._init_mp_dtypes`` (torch/distributed/fsdp/_fully_shard/
-_fsdp_param_group.py): the *trainable* parameters of one group must share their original dtype.
+_fsdp_param_group.py): the *trainable* parameters of one group must share their original dtype. FSDP1 flattens
+every parameter of a unit, frozen or not, into one FlatParameter, which has one dtype
+(torch/distributed/fsdp/_flat_param.py, ``_validate_tensors_to_flatten``).
 
     python -m torch.distributed.run --standalone --nproc-per-node 1 -m smolfsdp.book.dtype_rule --out OUT
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
 from smolfsdp.launch.torchrun import launch_env, torchrun_command
 
@@ -47,25 +49,36 @@ class _Pair(nn.Module):
         return self.second(self.first(x).to(self.second.weight.dtype)).float()
 
 
-def _try(case: str) -> dict:
+def _shard(model: _Pair, version: int, own_group: bool) -> nn.Module:
+    if version == 2:
+        if own_group:
+            fully_shard(model.second)  # the bf16 weights get their own group
+        fully_shard(model)
+        return model
+    cpu = torch.device("cpu")
+    if own_group:  # FSDP1: the bf16 weights get their own unit, hence their own FlatParameter
+        model.second = FullyShardedDataParallel(model.second, device_id=cpu, use_orig_params=True)
+    return FullyShardedDataParallel(model, device_id=cpu, use_orig_params=True)
+
+
+def _try(case: str, version: int) -> dict:
     torch.manual_seed(0)
     model = _Pair()
     model.second.to(torch.bfloat16)
     if case == "frozen_bf16_beside_trainable_fp32":
         model.second.requires_grad_(False)
-    if case == "trainable_fp32_and_bf16_own_groups":
-        fully_shard(model.second)  # the bf16 weights get their own group
-    fully_shard(model)
-    try:
-        model(torch.randn(2, 8)).sum().backward()
-        return {"case": case, "ok": True, "error": None}
-    except AssertionError as err:  # FSDP2 raises AssertionError for the dtype rule (torch 2.13)
-        return {"case": case, "ok": False, "error": str(err).splitlines()[0]}
+    out = {"fsdp": f"FSDP{version}", "case": case}
+    try:  # FSDP1 refuses when it flattens (ValueError), FSDP2 at the first forward (AssertionError)
+        wrapped = _shard(model, version, own_group=case == "trainable_fp32_and_bf16_own_groups")
+        wrapped(torch.randn(2, 8)).sum().backward()
+        return {**out, "ok": True, "error": None}
+    except (AssertionError, ValueError) as err:
+        return {**out, "ok": False, "error": str(err).splitlines()[0]}
 
 
 def record(out: Path) -> None:
     dist.init_process_group("gloo")
-    results = [_try(c) for c in CASES]
+    results = [_try(c, v) for v in (2, 1) for c in CASES]
     if dist.get_rank() == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "dtype_rule.json").write_text(json.dumps(results, indent=1))
@@ -74,8 +87,8 @@ def record(out: Path) -> None:
 
 
 def check_dtype_rule(out_dir: str | Path, timeout: float = 300) -> list[dict]:
-    """Run the three cases on one gloo process; each result is ``{"case", "ok", "error"}`` (error: the
-    first line of FSDP2's message, or None). Raises RuntimeError with the output if the launch fails."""
+    """Run the three cases with FSDP2, then FSDP1 (``use_orig_params=True``), on one gloo process; each result
+    is ``{"fsdp", "case", "ok", "error"}`` (error: the first line of FSDP's message, or None). Raises RuntimeError with the output if the launch fails."""
     out_dir = Path(out_dir)
     cmd = torchrun_command(1, ["--out", str(out_dir)], module="smolfsdp.book.dtype_rule")
     proc = subprocess.run(cmd, env=launch_env(1), capture_output=True, text=True, timeout=timeout)

@@ -268,7 +268,7 @@ def offload_policy() -> Judgement:
 
 def dtype_rule(results: list[dict]) -> Judgement:
     """``results``: :func:`smolfsdp.book.dtype_rule.check_dtype_rule`'s list (a launched run)."""
-    ok = {r["case"]: r for r in results}
+    ok = {r["case"]: r for r in results if r.get("fsdp", "FSDP2") == "FSDP2"}
     where = source_line(
         "torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDP expects uniform original"
     )
