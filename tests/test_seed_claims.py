@@ -121,3 +121,10 @@ def test_dtype_rule_is_per_group_and_trainable_only(tmp_path):
     assert "uniform original parameter dtype" in j.evidence
     table = sc.summary_table(sc.judge_all(results))
     assert len(table) == 10 and table.index[7] == "FSDP2 and parameter dtypes"
+
+
+def test_verdict_summary_counts():
+    js = [sc.bytes_per_param(), sc.offload_policy(), sc.lora_size()]
+    text = sc.verdict_summary(js)
+    assert text.startswith("Of 3 claims, 2 are wrong (1 of them because of how the pinned libraries behave)")
+    assert "size of the LoRA update: right in size, wrong in what it names" in text

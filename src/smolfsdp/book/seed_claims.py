@@ -367,3 +367,15 @@ def claim_markdown(j: Judgement) -> str:
         f"**The seed says:** {j.says}\n\n**Verdict:** {j.verdict}.\n\n"
         f"**Evidence, computed now:** {j.evidence}\n\n**Correction:** {j.correction}\n"
     )
+
+
+def verdict_summary(judgements: list[Judgement]) -> str:
+    """One sentence counting the verdicts, e.g. "Of 10 claims, 6 are wrong (2 of them because of ...), ..."."""
+    wrong = [j for j in judgements if j.verdict.startswith("wrong")]
+    stack = [j for j in wrong if j.verdict == "wrong on this stack"]
+    rest = [j for j in judgements if not j.verdict.startswith("wrong")]
+    parts = "; ".join(f"{j.topic}: {j.verdict}" for j in rest)
+    return (
+        f"Of {len(judgements)} claims, {len(wrong)} are wrong ({len(stack)} of them because of how the pinned "
+        f"libraries behave), and none of the other {len(rest)} holds exactly as written ({parts})."
+    )
