@@ -128,3 +128,10 @@ def test_verdict_summary_counts():
     text = sc.verdict_summary(js)
     assert text.startswith("Of 3 claims, 2 are wrong (1 of them because of how the pinned libraries behave)")
     assert "size of the LoRA update: right in size, wrong in what it names" in text
+
+
+def test_book_recipe_table_reads_as_text():
+    t = sc.book_recipe_table()
+    col = t.iloc[:, 0]
+    assert col["tokens per GPU per micro-batch"] == "4,096" and col["activation checkpointing"] == "on"
+    assert col["FSDP version"] == "FSDP1" and col["LoRA"] == "no (full fine-tune)"

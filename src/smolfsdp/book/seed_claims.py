@@ -81,6 +81,22 @@ def book_recipe_kwargs(name: str = "smollm3_3b_medical") -> dict:
     )  # fmt: skip
 
 
+def book_recipe_table(name: str = "smollm3_3b_medical") -> pd.DataFrame:
+    """The recipe settings the estimates use, as a reader's table (units, words, separators)."""
+    kw = book_recipe_kwargs(name)
+    return pd.Series(
+        {
+            "sequence length (tokens, max_length)": f"{kw['seq_len']:,}",
+            "micro-batch per GPU (sequences)": f"{kw['micro_batch']:,}",
+            "tokens per GPU per micro-batch": f"{kw['seq_len'] * kw['micro_batch']:,}",
+            "activation checkpointing": "on" if kw["activation_checkpointing"] else "off",
+            "FSDP version": f"FSDP{kw['fsdp_version']}",
+            "LoRA": "yes" if kw["lora"] else "no (full fine-tune)",
+        },
+        name=f"configs/runs/{name}.yaml",
+    ).to_frame()
+
+
 def llama3_8b_config():
     """A Llama-3-8B geometry as a ``LlamaConfig`` (meta-llama/Meta-Llama-3-8B config.json: hidden 4096,
     32 layers, 32 heads, 8 KV heads, MLP 14336, vocab 128256, untied): 8.03 B parameters, 16.1 GB in
