@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from smolfsdp.models.modeling import (
     load_tokenizer,
     resolve_wrap_class,
 )
+from smolfsdp.sharding import fsdp1, fsdp2
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
 from smolfsdp.sharding.lora import apply_lora, save_adapter
 from smolfsdp.train import steps
@@ -67,10 +69,6 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
     ``reshard_after_forward=False`` for SHARD_GRAD_OP; FSDP1 gets the strategy by name and, for
     HYBRID_SHARD, the 2-D mesh. Raises ConfigError when the mesh does not fit the world size.
     """
-    import os
-
-    from smolfsdp.sharding import fsdp2
-
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     n_layers = len(decoder_layers(model, wrap_cls))
     param_dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
@@ -85,8 +83,6 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
     if cfg.activation_checkpointing and cfg.fsdp_version == 2:
         _apply_activation_checkpointing(model, wrap_cls)
     if cfg.fsdp_version == 1:
-        from smolfsdp.sharding import fsdp1
-
         model = fsdp1.wrap_fsdp1(
             model,
             wrap_cls,
