@@ -21,7 +21,14 @@ def test_every_gotcha_ran_with_versions(results):
     assert list(results) == list(gotchas.GOTCHAS)
     for r in results.values():
         assert r.versions["torch"].startswith("2.13.0") and r.explanation
-        assert {r.failing["outcome"], r.fixed["outcome"]} <= {"ok", "error", "crash", "measured", "skipped"}
+        assert {r.failing["outcome"], r.fixed["outcome"]} <= {
+            "ok",
+            "error",
+            "crash",
+            "measured",
+            "skipped",
+            gotchas.WRONG,
+        }
     frame = gotchas.summary_frame(results)
     assert list(frame["gotcha"]) == list(gotchas.GOTCHAS)
     assert frame.set_index("gotcha").loc["tied_embeddings"].to_dict() == {
@@ -111,6 +118,9 @@ def test_tied_embeddings_in_separate_groups(results):
 
 def test_optimizer_before_sharding_never_updates(results):
     r = results["optimizer_before_sharding"]
+    # the failing form raises nothing: its outcome must name the symptom, never read "ok"
+    assert r.failing["outcome"] == gotchas.WRONG and "no weight changed" in r.failing["symptom"]
+    assert r.fixed["outcome"] == "ok"
     assert r.failing["max_param_change"] == 0.0 and r.failing["optimizer_params_with_grad"] == 0
     assert r.fixed["max_param_change"] > 1e-3 and r.fixed["optimizer_params_with_grad"] > 0
     assert r.failing["loss"] == r.fixed["loss"]  # same model, same batch: only the optimizer differs

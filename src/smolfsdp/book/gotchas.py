@@ -31,6 +31,7 @@ from torch import nn
 from smolfsdp.config import ConfigError
 
 DIST, LOCAL, CRASH = "dist", "local", "crash"  # how a gotcha runs: 2 ranks, 1 process, own launch
+WRONG = "wrong result"  # outcome of a form that raised nothing but measurably did the wrong thing
 
 
 @dataclass
@@ -349,7 +350,11 @@ def optimizer_before_sharding(rank: int, world: int) -> dict[str, Any]:
         with_grad = sum(p.grad is not None for g in opt.param_groups for p in g["params"])
         return {"max_param_change": change, "optimizer_params_with_grad": with_grad, "loss": round(loss, 4)}
 
-    return {"failing": attempt(run, True), "fixed": attempt(run, False)}
+    failing = attempt(run, True)
+    if failing["outcome"] == "ok" and failing["max_param_change"] == 0.0:
+        # no exception is the whole trap: attempt() says "ok", so name the measured symptom instead
+        failing.update(outcome=WRONG, symptom="optimizer.step() ran and no weight changed")
+    return {"failing": failing, "fixed": attempt(run, False)}
 
 
 @gotcha(
