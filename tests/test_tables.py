@@ -38,6 +38,7 @@ def test_cell_text_never_shows_a_repr():
     assert tables.cell_text([0, 1, 2, 3]) == "0, 1, 2, 3"
     assert tables.cell_text({"rank0": -11, "ok_now": True}) == "rank0: -11; ok now: yes"
     assert tables.cell_text([]) == "—"
+    assert tables.cell_text(3.2e-8) == "3.2 × 10⁻⁸" and tables.cell_text(0.0) == "0.00"  # never a false 0.00
 
 
 def test_reader_frame_scales_and_labels_real_trace_steps(gpu):

@@ -20,9 +20,10 @@ from typing import Any
 import pandas as pd
 
 from smolfsdp.book import tables
-from smolfsdp.book.gotchas import WRONG, GotchaResult
+from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND, WRONG, GotchaResult
 
 FORMS = ("failing", "fixed")
+DECIMALS = 4  # a loss of 6.9995 or a change of 0.0101 must not read 7.00 / 0.01
 SAID = ("outcome", "error", "message", "symptom")  # folded into the outcome row, not rows of their own
 
 
@@ -33,12 +34,16 @@ def _signal_name(code: int) -> str:
         return f"exit code {code}"
 
 
-def outcome_text(form: Mapping[str, Any]) -> str:
+def outcome_text(form: Mapping[str, Any], refusal: bool = False) -> str:
     """What one form did, in words: ``"error: ValueError: <first line>"``, ``"wrong result: <symptom>"``,
-    ``"crash: rank0 killed by SIGSEGV"``, ``"skipped: <why>"``, ``"ran; measured below"`` or ``"ok"``."""
+    ``"crash: rank0 killed by SIGSEGV"``, ``"skipped: <why>"``, ``"ran; measured below"`` or ``"ok"``.
+
+    ``refusal``: the form is a fix, so an exception is the fix refusing early (``"refused: ..."``).
+    """
     outcome = form.get("outcome")
     if outcome == "error":
-        return f"error: {form.get('error')}: {form.get('message', '')}".rstrip(": ")
+        said = "refused" if refusal else "error"
+        return f"{said}: {form.get('error')}: {form.get('message', '')}".rstrip(": ")
     if outcome == WRONG:
         return f"wrong result: {form.get('symptom', '')}"
     if outcome == "crash":
@@ -57,8 +62,8 @@ def _value(value: Any) -> str:
     if isinstance(value, Mapping) and "outcome" in value:
         rest = {k: v for k, v in value.items() if k not in SAID}
         said = outcome_text(value)
-        return f"{said}; {tables.cell_text(rest)}" if rest else said
-    return tables.cell_text(value)
+        return f"{said}; {tables.cell_text(rest, DECIMALS)}" if rest else said
+    return tables.cell_text(value, DECIMALS)
 
 
 def is_grid(result: GotchaResult) -> bool:
@@ -89,7 +94,7 @@ def side_by_side(result: GotchaResult) -> pd.DataFrame:
     keys: list[str] = []
     for form in FORMS:
         keys += [k for k in getattr(result, form) if k not in SAID and k not in keys]
-    rows = {"outcome": [outcome_text(getattr(result, form)) for form in FORMS]}
+    rows = {"outcome": [outcome_text(getattr(result, form), refusal=form == "fixed") for form in FORMS]}
     for k in keys:
         rows[tables.readable_name(k)] = [
             _value(getattr(result, form)[k]) if k in getattr(result, form) else tables.MISSING
@@ -103,17 +108,30 @@ def side_by_side(result: GotchaResult) -> pd.DataFrame:
 def overview(results: Mapping[str, GotchaResult]) -> pd.DataFrame:
     """One row per gotcha: its title, and what the failing and the fixed form did (first words)."""
 
-    def short(form: Mapping[str, Any]) -> str:
+    def short(form: Mapping[str, Any], refusal: bool) -> str:
         if form.get("outcome") == "error":
-            return f"error ({form.get('error')})"
+            return f"{'refused' if refusal else 'error'} ({form.get('error')})"
         return outcome_text(form).split(";")[0]
 
     return pd.DataFrame(
         [
-            {"gotcha": r.title, "failing form": short(r.failing), "fixed form": short(r.fixed)}
+            {"gotcha": r.title, "failing form": short(r.failing, False), "fixed form": short(r.fixed, True)}
             for r in results.values()
         ]
     )
+
+
+def catalogue() -> pd.DataFrame:
+    """The registered gotchas: title, name (for ``smolfsdp gotchas --run NAME``) and how each runs."""
+    return pd.DataFrame(
+        [{"gotcha": g.title, "name": g.name, "how it runs": KIND_LEGEND[g.kind]} for g in GOTCHAS.values()]
+    )
+
+
+def versions_sentence(results: Mapping[str, GotchaResult]) -> str:
+    """The library versions the results were measured with, as one sentence (the gotchas are version-specific)."""
+    versions = next(iter(results.values())).versions
+    return "Measured with " + ", ".join(f"{name} {v}" for name, v in versions.items()) + "."
 
 
 class Section:

@@ -106,6 +106,38 @@ def trace_step_tables(report: TraceReport) -> dict[str, pd.DataFrame]:
     }
 
 
+def trace_sentence(trace: pd.DataFrame, report: TraceReport) -> str:
+    """How big the trace is, which kind, its steps, and any fallback the analysis took."""
+    notes = " ".join(f"Note: {n}." for n in report.notes)
+    return (
+        f"{len(trace):,} events, a {report.mode.upper()} trace; profiled steps "
+        f"{cell_text([int(s) for s in report.steps['step']])}. {notes}"
+    ).strip()
+
+
+def timeline_sentence(report: TraceReport) -> str:
+    """What to read in the CPU timeline: how busy the compute row is, and where communication runs."""
+    c = seed_checks(report).mean()
+    return (
+        f"Read the rows against each other: the row that computes is busy {c['compute_row_busy_pct']:.0f} % of a "
+        "step; the communication (red) runs on gloo's own threads, and the figure below says how much of it "
+        "has compute beside it."
+    )
+
+
+def gathers_sentence(report: TraceReport) -> str:
+    """What the per-unit all-gather figure holds: units, passes, gathers per pass over the profiled steps."""
+    g = report.gathers
+    per_pass = g.groupby("pass").size()
+    layers = sorted({int(x) for x in g.loc[g["layer"] >= 0, "layer"]})
+    counts = "; ".join(f"{n:,} in {p}" for p, n in per_pass.items())
+    return (
+        f"{len(g):,} all-gathers over {report.steps['step'].nunique()} profiled steps ({counts}), decoder layers "
+        f"{cell_text(layers)}. Read each unit's two bars: forward and backward gather the same bytes, so a large "
+        "difference between them is waiting (on CPU, gloo's queue), not size."
+    )
+
+
 def overlap_sentence(report: TraceReport, what: str) -> str:
     """How much communication was exposed over the report's complete steps, for the sentence under a figure."""
     share = exposed_share(report)

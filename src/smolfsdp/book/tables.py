@@ -34,6 +34,7 @@ SUFFIX_UNITS: dict[str, tuple[str, float]] = {
     "_per_s": ("/s", 1.0),
 }
 BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 WORDS = {"rss": "RSS", "mfu": "MFU", "tflops": "TFLOP/s", "gpu": "GPU", "cpu": "CPU", "fsdp": "FSDP"}
 
 
@@ -52,6 +53,9 @@ def number_text(value: float, decimals: int = 2) -> str:
         return f"{int(value):,}"
     if math.isinf(value):
         return "∞" if value > 0 else "-∞"
+    if value and abs(value) < 0.5 * 10**-decimals:  # would read 0.00: say its size instead
+        mantissa, exponent = f"{value:.1e}".split("e")
+        return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}"
     return f"{value:,.{decimals}f}"
 
 
@@ -94,8 +98,10 @@ def column_unit(name: str, values: pd.Series) -> tuple[str, str | None, float]:
         unit, factor = _bytes_unit(values)
         return readable_name(name.removesuffix("_bytes")), unit, factor
     for suffix, (unit, factor) in SUFFIX_UNITS.items():
-        if name.endswith(suffix) and pd.api.types.is_numeric_dtype(values):
+        if name.endswith(suffix):
             words = name.removesuffix(suffix)
+            # text columns (e.g. "1,290 – 1,310") keep their values; only the header gets the unit
+            factor = factor if pd.api.types.is_numeric_dtype(values) else 1.0
             if suffix == "_per_s":
                 return readable_name(words) + "/s", None, factor
             return readable_name(words), unit, factor
