@@ -61,6 +61,10 @@ def test_bytes_columns_get_a_binary_unit():
     )
     assert list(frame.columns) == ["RSS peak (MiB)", "tensor (MiB)"]
     assert frame.iloc[0, 0] == pytest.approx(631187072 / 2**20)
+    rates = tables.reader_frame(
+        pd.DataFrame({"tokens_per_s": [612.4], "step_time_ms": [2957.1], "wall_s": [3.0]})
+    )
+    assert list(rates.columns) == ["tokens/s", "step time (ms)", "wall (s)"]  # "_per_s" before "_s"
 
 
 def test_show_wraps_long_text_and_refuses_wide_tables(gpu):

@@ -20,6 +20,12 @@ from smolfsdp.traces.analysis import TraceReport
 from smolfsdp.traces.checks import exposed_share, seed_checks
 
 
+def _steps(steps) -> str:
+    """``[4]`` -> ``"step 4"``; ``[4, 5]`` -> ``"steps 4, 5"``."""
+    steps = [int(s) for s in steps]
+    return f"step{'s' if len(steps) != 1 else ''} {cell_text(steps)}"
+
+
 def _timed(bench: dict[str, Any]) -> pd.Series:
     steps = steps_frame(bench)
     return steps.loc[~steps["warmup"], "step_time_ms"]
@@ -110,8 +116,7 @@ def trace_sentence(trace: pd.DataFrame, report: TraceReport) -> str:
     """How big the trace is, which kind, its steps, and any fallback the analysis took."""
     notes = " ".join(f"Note: {n}." for n in report.notes)
     return (
-        f"{len(trace):,} events, a {report.mode.upper()} trace; profiled steps "
-        f"{cell_text([int(s) for s in report.steps['step']])}. {notes}"
+        f"{len(trace):,} events, a {report.mode.upper()} trace; profiled {_steps(report.steps['step'])}. {notes}"
     ).strip()
 
 
@@ -128,11 +133,12 @@ def timeline_sentence(report: TraceReport) -> str:
 def gathers_sentence(report: TraceReport) -> str:
     """What the per-unit all-gather figure holds: units, passes, gathers per pass over the profiled steps."""
     g = report.gathers
-    per_pass = g.groupby("pass").size()
+    per_pass = g.groupby("pass").size().reindex(["forward", "backward"]).dropna().astype(int)
     layers = sorted({int(x) for x in g.loc[g["layer"] >= 0, "layer"]})
-    counts = "; ".join(f"{n:,} in {p}" for p, n in per_pass.items())
+    counts = ", ".join(f"{n:,} in {p}" for p, n in per_pass.items())
+    n_steps = report.steps["step"].nunique()
     return (
-        f"{len(g):,} all-gathers over {report.steps['step'].nunique()} profiled steps ({counts}), decoder layers "
+        f"{len(g):,} all-gathers over {n_steps} profiled step{'s' if n_steps != 1 else ''} ({counts}), decoder layers "
         f"{cell_text(layers)}. Read each unit's two bars: forward and backward gather the same bytes, so a large "
         "difference between them is waiting (on CPU, gloo's queue), not size."
     )
@@ -144,7 +150,7 @@ def overlap_sentence(report: TraceReport, what: str) -> str:
     if share["exposed_pct"] is None:
         return f"{what}: the profiled steps hold no communication."
     return (
-        f"{what}, steps {cell_text(share['steps'])}: {number_text(share['comm_us'] / 1e3, 1)} ms of communication, "
+        f"{what}, {_steps(share['steps'])}: {number_text(share['comm_us'] / 1e3, 1)} ms of communication, "
         f"of which **{share['exposed_pct']:.0f} %** ({number_text(share['exposed_comm_us'] / 1e3, 1)} ms) ran "
         f"with no compute beside it and {share['overlap_pct']:.0f} % was hidden behind compute."
     )
@@ -177,7 +183,7 @@ def prefetch_sentence(prefetch: dict[str, Any]) -> str:
 def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
     """The real GPU trace's exposed communication, checked against HTA, and what it says about the seed."""
     share = exposed_share(report)
-    steps = cell_text(share["steps"])
+    steps = _steps(share["steps"])
     check = (
         f"HTA's `get_comm_comp_overlap` gives {hta_pct:.2f} % overlap for the same steps "
         f"(ours {share['overlap_pct']:.2f} %; the residual comes from HTA flooring nanosecond timestamps to whole "
@@ -187,7 +193,7 @@ def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
     )
     busy = seed_checks(report).loc[share["steps"], "compute_row_busy_pct"].mean()
     return (
-        f"Over the complete steps {steps}, **{share['exposed_pct']:.0f} % of the NCCL time is exposed**: "
+        f"Over the complete {steps}, **{share['exposed_pct']:.0f} % of the NCCL time is exposed**: "
         f"{number_text(share['exposed_comm_us'] / 1e3, 1)} of {number_text(share['comm_us'] / 1e3, 1)} ms ran while "
         "no compute kernel did. That is the opposite of the seed's picture of communication hidden behind "
         f"compute. The compute stream itself is busy only {busy:.0f} % of a step (the GPU mostly waits for "

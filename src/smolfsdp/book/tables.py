@@ -25,13 +25,13 @@ MAX_COLUMNS = 7  # more columns than this overflow the book's text column: split
 
 # Column-name suffix -> (unit shown in the header, factor applied to the values). Bytes are scaled per
 # column by the largest value (see _bytes_unit), so a column reads "(MiB)" or "(GiB)", not raw bytes.
-SUFFIX_UNITS: dict[str, tuple[str, float]] = {
+SUFFIX_UNITS: dict[str, tuple[str, float]] = {  # first match wins: "_per_s" before "_s"
+    "_per_s": ("/s", 1.0),
     "_us": ("ms", 1e-3),  # trace times are µs; a step is read in ms
     "_ms": ("ms", 1.0),
     "_s": ("s", 1.0),
     "_pct": ("%", 1.0),
     "_gib": ("GiB", 1.0),
-    "_per_s": ("/s", 1.0),
 }
 BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
