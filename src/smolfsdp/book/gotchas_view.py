@@ -141,6 +141,9 @@ class Section:
         self.result = result
         self.table = tables.show(grid(result) if is_grid(result) else side_by_side(result))
 
+    def __repr__(self) -> str:  # plain-text outputs (a terminal, a text-only notebook viewer)
+        return f"{self.result.title}\n{self.table.data.to_string()}\n\n{self.result.explanation}"
+
     def _repr_html_(self) -> str:
         return self.table.to_html() + f"<p>{html.escape(self.result.explanation)}</p>"
 
