@@ -117,3 +117,6 @@ def test_kernels_by_op_on_the_real_gpu_trace(gpu):
     ar = k[k["kind"] == "all-reduce"]
     assert set(ar["op"]) == {"nccl:all_reduce"} and ar["kernels"].tolist() == [5, 5, 5]
     assert not math.isnan(ar["gpu_us"].sum()) and ar["gpu_us"].gt(0).all()
+    by_step = tables.reader_frame(k.set_index("step"), rename={"gpu_us": "GPU time"})  # repeated index
+    html = tables.show(by_step).to_html()
+    assert html.count("nccl:all_reduce") == 3 and "GPU time (ms)" in html and ">step<" in html

@@ -190,15 +190,16 @@ def show(
             "split them with tables.split_wide or pivot with tables.to_long."
         )
     text = format_frame(df, decimals)
-    numeric = {c for c in df.columns if _is_number_column(df[c])}
-    classes = pd.DataFrame(
-        {c: ["num" if c in numeric else ""] * len(text) for c in text.columns}, index=text.index
-    )
-    styler = text.style.set_table_styles(TABLE_STYLES).set_td_classes(classes)
     if index is None:
         index = not isinstance(df.index, pd.RangeIndex)
-    if not index:
-        styler = styler.hide(axis="index")
+    if index:  # the index becomes the first column(s): Styler styles cells only under unique labels
+        text.index.names = [n if n is not None else "" for n in text.index.names]
+        text = text.reset_index()
+    else:
+        text = text.reset_index(drop=True)
+    numeric = {c for c in df.columns if _is_number_column(df[c])}
+    classes = pd.DataFrame({c: ["num" if c in numeric else ""] * len(text) for c in text.columns})
+    styler = text.style.set_table_styles(TABLE_STYLES).set_td_classes(classes).hide(axis="index")
     if caption:
         styler = styler.set_caption(caption)
     return styler
