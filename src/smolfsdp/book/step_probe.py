@@ -79,7 +79,13 @@ def _trace_rows(path: Path) -> tuple[list[dict], list[list[float]]]:
     rows = []
     for e in xs:
         name = e["name"]
-        kind = "phase" if name in PHASES else "annotation" if name.startswith("FSDP::") else collective_kind(name)
+        kind = (
+            "phase"
+            if name in PHASES
+            else "annotation"
+            if name.startswith("FSDP::")
+            else collective_kind(name)
+        )
         if kind is None:
             continue
         rows.append(
@@ -163,7 +169,9 @@ def measure_step_variants(out_dir: str | Path, nproc: int = 2, timeout: float = 
     cmd = torchrun_command(nproc, ["--out", str(out_dir)], module="smolfsdp.book.step_probe")
     proc = subprocess.run(cmd, env=launch_env(nproc), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"step probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"step probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return [json.loads((out_dir / f"step_probe_rank{r}.json").read_text()) for r in range(nproc)]
 
 
