@@ -42,16 +42,23 @@ VARIANTS: dict[str, tuple[bool, bool, bool]] = {
     "explicit prefetch": (True, False, True),
 }
 PHASES = ("forward", "loss", "backward", "optimizer")
+#: FSDP2's per-group ``record_function`` names, which it writes without a module name for the root
+#: group (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, ``_with_fqn``)
+ROOT_GROUP_ANNOTATIONS = (
+    "FSDP::pre_forward", "FSDP::post_forward", "FSDP::pre_backward", "FSDP::post_backward_reduce",
+    "FSDP::all_gather", "FSDP::post_backward_reshard",
+)  # fmt: skip
 _UNIT = re.compile(r"\((?P<unit>[^()]*)\)\s*$")
 
 
 def unit_of(name: str) -> str | None:
-    """The FSDP unit an annotation names: ``FSDP::all_gather (model.layers.1)`` -> ``model.layers.1``;
-    the root group's empty name ``()`` -> ``root``; None when the name carries no unit."""
+    """The FSDP unit an annotation names: ``FSDP::all_gather (model.layers.1)`` -> ``model.layers.1``. The
+    root group's annotations carry no name (``FSDP::pre_forward``, ``FSDP::post_backward_reduce``) ->
+    ``root``; None for annotations about no single group (``FSDP::root_pre_forward``, prefetch ranges)."""
     m = _UNIT.search(name)
-    if m is None:
-        return None
-    return m.group("unit") or "root"
+    if m is not None:
+        return m.group("unit") or "root"
+    return "root" if name in ROOT_GROUP_ANNOTATIONS else None
 
 
 def _batch(tok) -> dict[str, torch.Tensor]:
