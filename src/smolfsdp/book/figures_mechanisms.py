@@ -18,7 +18,7 @@ from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
 from smolfsdp.book.step_probe import PHASES, unit_of
 from smolfsdp.measure.benchmark import flops_per_token
 from smolfsdp.measure.comm import estimate_collectives
-from smolfsdp.measure.memory import count_parameters, resolve_model_config
+from smolfsdp.measure.memory import GIB, count_parameters, estimate_memory, resolve_model_config
 
 MIB = 2**20
 KIND_COLORS = {"all-gather": "#2ca02c", "reduce-scatter": "#ff7f0e", "all-reduce": "#9467bd"}
@@ -270,3 +270,82 @@ def mfu_hfu_table(model: str = "smollm3-3b", seq_len: int = 4096) -> pd.DataFram
     df["GFLOP per token"] = df["GFLOP per token"].map(lambda v: f"{v / 1e9:,.2f}")
     df.attrs["hfu_over_mfu"] = (model_flops + forward) / model_flops
     return df.set_index("quantity")
+
+
+def no_sync_table(model: str = "smollm3-3b", n_gpus: int = 2, accumulation: int = 4, seq_len: int = 2048):
+    """Gradient accumulation over ``accumulation`` micro-batches with FSDP1, reducing every micro-batch or
+    once under ``no_sync()``: the per-GPU peak (``estimate_memory(no_sync=...)``, activation
+    checkpointing on) and the reduce-scatters per step with the bytes sent (``estimate_collectives``)."""
+    config = resolve_model_config(model)
+    rows = []
+    for no_sync in (False, True):
+        est = estimate_memory(
+            config, world_size=n_gpus, fsdp_version=1, seq_len=seq_len, activation_checkpointing=True,
+            no_sync=no_sync,
+        )  # fmt: skip
+        coll = estimate_collectives(
+            config, n_gpus=n_gpus, fsdp_version=1, gradient_accumulation_steps=accumulation, no_sync=no_sync
+        )
+        rs = coll[coll["kind"] == "reduce-scatter"]
+        rows.append(
+            {
+                "gradients reduced": "once per step (no_sync)" if no_sync else "every micro-batch",
+                "unsharded gradients held (GiB)": f"{est.no_sync_grads_bytes / GIB:,.2f}",
+                "peak per GPU (GiB)": f"{est.peak_bytes / GIB:,.2f}",
+                "reduce-scatters per step": f"{int(rs['count'].sum()):,}",
+                "reduce-scatter sent per step (GiB)": f"{(rs['sent_bytes'] * rs['count']).sum() / GIB:,.2f}",
+            }
+        )
+    return pd.DataFrame(rows).set_index("gradients reduced")
+
+
+def meta_init_table(model: str = "smollm3-3b", n_gpus: int = 8) -> pd.DataFrame:
+    """Host bytes per node while the model loads (``estimate_memory(loading=...)``): every process
+    builds a full copy, only local rank 0 does, or everyone builds on the meta device and materialises
+    only its shard (``to_empty`` + init after ``fully_shard``), plus the largest unit held in full on
+    the device meanwhile."""
+    config = resolve_model_config(model)
+    what = {
+        "every-rank": "every process builds the full model, then shards it",
+        "rank0": "local rank 0 builds it, the others start on meta and receive (sync_module_states)",
+        "meta": "all build on meta, shard, then to_empty() and initialise or load their shard",
+    }
+    rows = []
+    for loading, text in what.items():
+        est = estimate_memory(config, world_size=n_gpus, loading=loading, gpus_per_node=n_gpus)
+        rows.append(
+            {
+                "loading": loading, "how": text,
+                "host memory per node while loading (GiB)": f"{est.load_peak_host_bytes_per_node / GIB:,.1f}",
+                "device peak while sharding (GiB)": f"{est.load_peak_device_bytes / GIB:,.2f}",
+            }
+        )  # fmt: skip
+    return pd.DataFrame(rows).set_index("loading")
+
+
+def shard_shapes_table(ranks: list[dict], n: int = 12) -> pd.DataFrame:
+    """The first ``n`` parameters of a ``measure_mechanics`` FSDP2 run: type, placement and the shape
+    each rank holds, written ``1,024 x 256`` (not as Python tuples)."""
+
+    def shape(s) -> str:
+        return " x ".join(f"{int(d):,}" for d in s)
+
+    r0, r1 = (pd.DataFrame(r["sharding"]).set_index("name") for r in ranks[:2])
+    return pd.DataFrame(
+        {
+            "type": r0["type"], "placement": r0["placement"].str.replace("(Shard(dim=0),)", "Shard(0)", regex=False),
+            "global shape": r0["global_shape"].map(shape), "rank 0 holds": r0["local_shape"].map(shape),
+            "rank 1 holds": r1["local_shape"].map(shape),
+        }
+    ).head(n)  # fmt: skip
+
+
+def unit_table(df: pd.DataFrame) -> pd.DataFrame:
+    """``mechanics.fsdp_unit_table`` for reading: parameters with separators, bytes in KiB or MiB."""
+    scale, unit = (2**20, "MiB") if df["full_bytes"].max() > 2**30 else (1024, "KiB")
+    out = pd.DataFrame(index=df.index)
+    out["parameters"] = df["parameters"].map(lambda v: f"{int(v):,}")
+    for col, label in (("full_bytes", "full"), ("shard_bytes_per_rank", "shard per rank"),
+                       ("held_while_computing_bytes", "held while it computes")):  # fmt: skip
+        out[f"{label} ({unit})"] = df[col].map(lambda v: f"{v / scale:,.0f}")
+    return out
