@@ -41,7 +41,8 @@ from smolfsdp.sharding.distributed import init_distributed, teardown
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, describe_sharding
 from smolfsdp.sharding.shards import local_tensors, storage_bytes
-from smolfsdp.train.native import PadCollator, forward_backward
+from smolfsdp.train.batches import PadCollator
+from smolfsdp.train.steps import forward_backward
 
 COLLECTIVES = {
     "allgather": "all-gather",

@@ -96,7 +96,7 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
     from peft import get_peft_model  # deferred: peft is needed by LoRA runs only
     from peft.utils.constants import EMBEDDING_LAYER_NAMES  # deferred: peft is needed by LoRA runs only
 
-    offload = info.device.type == "cuda"  # see native.save_final_model for why not on CPU
+    offload = info.device.type == "cuda"  # see smolfsdp.train.export.save_final_model for why not on CPU
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     result: dict[str, Any] = {"adapter": str(out_dir / ADAPTER_DIR), "merged": None}
     if info.is_main:
