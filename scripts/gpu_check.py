@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         run_shape,
     )
     from smolfsdp.measure import benchmark
-    from smolfsdp.measure.memory import resolve_model_config
+    from smolfsdp.measure.params import resolve_model_config
     from smolfsdp.measure.results import provenance
     from smolfsdp.sharding.distributed import init_distributed, teardown
 

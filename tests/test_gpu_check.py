@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT, SHARED
 
 from smolfsdp.book.gpu_check import SIM_SHAPES, check_trace, make_plan
-from smolfsdp.measure.memory import estimate_memory, resolve_model_config
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.traces import analysis as ta
 
 #: Hides trl and datasets the way the GPU machine lacks them: importlib.util.find_spec says None and
