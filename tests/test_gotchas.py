@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from smolfsdp.book import gotchas
+from smolfsdp.book import gotcha_cases_distributed, gotchas
 from smolfsdp.config import ConfigError
 
 
@@ -72,8 +72,8 @@ def test_check_wrapping_accepts_a_model_without_layers():
     import torch
 
     with pytest.raises(ConfigError, match="wrapped none of the 1"):
-        gotchas.check_wrapping(torch.nn.Sequential(torch.nn.Linear(2, 2)), "Linear")
-    assert gotchas.check_wrapping(torch.nn.Linear(2, 2), "Conv1d") == 0
+        gotcha_cases_distributed.check_wrapping(torch.nn.Sequential(torch.nn.Linear(2, 2)), "Linear")
+    assert gotcha_cases_distributed.check_wrapping(torch.nn.Linear(2, 2), "Conv1d") == 0
 
 
 def test_trainer_fsdp_runs_as_ddp_on_cpu(results):
