@@ -6,16 +6,10 @@ import pandas as pd
 import pytest
 
 from smolfsdp.config import ConfigError, TrainConfig
-from smolfsdp.data.prepare import (
-    COLUMN_MAPPINGS,
-    IGNORE_INDEX,
-    bundled_data_path,
-    load_rows,
-    prepare_data,
-    resolve_mapping,
-    to_messages,
-    tokenize_messages,
-)
+from smolfsdp.data.chat import IGNORE_INDEX, to_messages, tokenize_messages
+from smolfsdp.data.columns import COLUMN_MAPPINGS, resolve_mapping
+from smolfsdp.data.files import bundled_data_path, load_rows
+from smolfsdp.data.prepare import prepare_data
 
 ROWS = [
     {"Question": f"What is condition {i}?", "Answer": f"Condition {i} is a common thing. " * (i + 1)}

@@ -25,7 +25,7 @@ from smolfsdp.book.chapters import (
     render_book,
     select_chapters,
 )
-from smolfsdp.data.prepare import repo_root
+from smolfsdp.data.files import repo_root
 
 pytestmark = pytest.mark.notebooks
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

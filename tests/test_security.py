@@ -18,7 +18,7 @@ import yaml
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
-from smolfsdp.data.prepare import bundled_data_path
+from smolfsdp.data.files import bundled_data_path
 from smolfsdp.launch import torchrun as launch
 from smolfsdp.train import sft
 

@@ -118,7 +118,7 @@ def test_cli_refuses_bad_input_before_launch(args, needle):
 
 def test_bundled_tokenizer_matches_its_build_script():
     """data/tokenizer is what scripts/build_tokenizer.py produces from the bundled sample (no hub)."""
-    from smolfsdp.data.prepare import repo_root
+    from smolfsdp.data.files import repo_root
 
     out = subprocess.run(
         [sys.executable, str(repo_root() / "scripts" / "build_tokenizer.py"), "--check"],
@@ -166,7 +166,7 @@ def test_bad_run_names(name):
 def test_too_few_rows_for_one_step(tmp_path):
     import shutil as _sh
 
-    from smolfsdp.data.prepare import bundled_data_path
+    from smolfsdp.data.files import bundled_data_path
 
     small = tmp_path / "three.jsonl"
     small.write_text("".join(bundled_data_path().read_text().splitlines(keepends=True)[:3]))

@@ -119,7 +119,7 @@ def test_the_full_recipe_runs_with_only_model_data_and_steps_swapped(runs, token
     """configs/runs/smollm3_3b_medical.yaml as committed (bf16, FSDP activation checkpointing, 8
     accumulation steps, max_length 2048, reasoning), with a tiny SmolLM3 loaded through
     from_pretrained like the hub model, the bundled medical-o1 rows, 2 steps and 4 eval rows."""
-    from smolfsdp.data.prepare import bundled_data_path
+    from smolfsdp.data.files import bundled_data_path
     from smolfsdp.models.modeling import build_model
 
     local_model = runs / "tiny_pretrained"

@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import yaml
 
-from smolfsdp.data.prepare import repo_root
+from smolfsdp.data.files import repo_root
 
 
 def _book_entries(root: Path) -> list[str]:

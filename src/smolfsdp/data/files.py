@@ -34,6 +34,11 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
+def bundled_tokenizer_path() -> Path:
+    """The tokenizer shipped in ``data/tokenizer`` (SmolLM3's, with its chat template)."""
+    return repo_root() / "data" / "tokenizer"
+
+
 def bundled_data_path() -> Path:
     return repo_root() / "data" / "medical_qa" / "medical_qa_sample.jsonl"
 

@@ -30,7 +30,7 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 
 
 def git_sha(cwd: str | Path | None = None) -> str | None:
-    from smolfsdp.data.prepare import repo_root
+    from smolfsdp.data.files import repo_root
 
     try:
         out = subprocess.run(
@@ -231,7 +231,7 @@ def load_gpu_results(path: str | Path = GPU_RESULTS_DIR) -> GpuResults | None:
     without its provenance is not shown), and ValueError for a CPU simulation's files (they are
     not a GPU measurement).
     """
-    from smolfsdp.data.prepare import repo_root
+    from smolfsdp.data.files import repo_root
 
     path = Path(path)
     path = path if path.is_absolute() else repo_root() / path
@@ -288,7 +288,7 @@ def provenance(device, command: str | None) -> dict[str, Any]:
     """
     import torch  # deferred, as in hardware(): reading a run folder needs no torch
 
-    from smolfsdp.data.prepare import repo_root
+    from smolfsdp.data.files import repo_root
 
     root = repo_root()
     sha = git_sha()

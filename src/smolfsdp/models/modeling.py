@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from smolfsdp.config import ConfigError, nearest
-from smolfsdp.data.prepare import bundled_tokenizer_path
+from smolfsdp.data.files import bundled_tokenizer_path
 
 SMOLLM3_3B = "HuggingFaceTB/SmolLM3-3B"
 
