@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SHARED
 
-from smolfsdp.book.gpu_check import SIM_SHAPES, check_trace, make_plan
+from smolfsdp.book.gpu_check import SIM_SHAPES, make_plan
+from smolfsdp.book.gpu_check_trace import check_trace
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.traces import analysis as ta
