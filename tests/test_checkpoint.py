@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from _dist import kill_run_when, run_distributed
+from _dist import run_distributed
 from safetensors.torch import load_file
 
+from smolfsdp.book import drills
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.checkpoint import disk as checkpoint_disk
 from smolfsdp.config import ConfigError, TrainConfig
@@ -22,16 +23,6 @@ from smolfsdp.train import sft
 BASE = TrainConfig(
     max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
 )
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(runs):
-    return sft.run(BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600)
 
 
 def _failing_second_save(rank, world, run_dir):
@@ -144,8 +135,8 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     """SIGKILL every rank once step 3's checkpoint is complete; resume; same result as uninterrupted."""
     cfg = BASE.replace(name="killed", output_dir=str(runs), save_steps=1, save_total_limit=6)
     marker = runs / "killed" / "checkpoints" / "step-000003" / checkpoint.MARKER
-    returncode = kill_run_when(cfg, marker)
-    assert returncode != 0, "the run finished before it could be killed"
+    proc, _ = drills.launch_and_kill(cfg, 3)  # every process of the run
+    assert proc.returncode != 0 and marker.is_file(), "the run finished before it could be killed"
     latest = checkpoint.latest_checkpoint(runs / "killed")
     assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
     assert not (runs / "killed" / "final_model").exists()

@@ -19,11 +19,6 @@ BASE = dict(max_steps=6, eval_steps=3, per_device_train_batch_size=2, max_length
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("trl_fsdp")
-
-
-@pytest.fixture(scope="module")
 def fsdp_run(runs):
     cfg = load_config(recipe("smoke_trl"), name="fsdp", output_dir=str(runs), save_steps=3, **BASE)
     return sft.run(cfg, capture=True, timeout=600)

@@ -10,14 +10,21 @@ the final model of the same run left alone.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+from safetensors.torch import load_file
+
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import ConfigError
+from smolfsdp.launch.torchrun import launch
+from smolfsdp.measure.results import load_run
+from smolfsdp.train.sft import preflight, run
 
 
 def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
@@ -25,8 +32,6 @@ def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
 
     Raises RuntimeError when the two models do not have the same keys.
     """
-    from safetensors.torch import load_file
-
     a = load_file(str(Path(run_a) / "final_model" / "model.safetensors"))
     b = load_file(str(Path(run_b) / "final_model" / "model.safetensors"))
     if a.keys() != b.keys():
@@ -51,8 +56,6 @@ def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str,
     checkpoint resumed from, tensors compared and the largest absolute difference (0.0 = bitwise
     equal). Raises ConfigError when ``stop_at`` is not inside the run.
     """
-    from smolfsdp.train.sft import run
-
     _check_inside(cfg, stop_at)
     whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
     part = cfg.replace(name=f"{cfg.name}_resumed", save_steps=1, save_total_limit=2)
@@ -73,8 +76,6 @@ def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str,
 
 def find_rank_process(rank: int, deadline: float, cmd_hint: str = "smolfsdp.cli"):
     """The ``psutil.Process`` of this process tree's worker with ``RANK=<rank>``, or None at the deadline."""
-    import psutil
-
     while time.time() < deadline:
         for p in psutil.Process().children(recursive=True):
             try:
@@ -86,23 +87,66 @@ def find_rank_process(rank: int, deadline: float, cmd_hint: str = "smolfsdp.cli"
     return None
 
 
-def kill_rank_after_step(cfg, rank: int, step: int, result: dict, timeout: float = 300.0) -> None:
-    """Wait for ``rank``'s process and ``step``'s complete checkpoint, then SIGKILL that one process.
+def kill_after_step(cfg, step: int, result: dict, *, rank: int | None = None, timeout: float = 300.0) -> None:
+    """Wait for the run's workers and ``step``'s complete checkpoint, then SIGKILL: rank ``rank``'s process
+    alone, or with ``rank=None`` the whole run (every worker, then torchrun).
 
-    Runs in a thread beside :func:`smolfsdp.launch.torchrun.launch`; fills ``result`` with the victim's
-    ``pid`` and the latest complete checkpoint at the moment of the kill (``latest_at_kill``).
+    The one "kill a run" helper of the drills and the tests. Runs in a thread beside
+    :func:`smolfsdp.launch.torchrun.launch` (see :func:`launch_and_kill`) or ``sft.run``; fills ``result``
+    with the pids killed (``pids``; ``pid`` for one rank) and the latest complete checkpoint at the
+    moment of the kill (``latest_at_kill``), or ``error`` when no worker started before ``timeout``.
     """
     deadline = time.time() + timeout
     marker = cfg.run_dir / "checkpoints" / f"step-{step:06d}" / checkpoint.MARKER
-    victim = find_rank_process(rank, deadline)
+    victim = find_rank_process(0 if rank is None else rank, deadline)
     if victim is None:
-        result["error"] = f"rank {rank} never started"
+        result["error"] = f"rank {0 if rank is None else rank} never started"
         return
-    while not marker.exists() and time.time() < deadline:
+    while not marker.exists() and time.time() < deadline and victim.is_running():
         time.sleep(0.005)
-    result["pid"] = victim.pid
     result["latest_at_kill"] = checkpoint.latest_checkpoint(cfg.run_dir)
-    victim.send_signal(signal.SIGKILL)
+    if rank is not None:
+        result["pid"] = victim.pid
+        victim.send_signal(signal.SIGKILL)
+        return
+    run = [p for p in psutil.Process().children(recursive=True) if _runs(p, "smolfsdp.cli")]
+    workers = [p for p in run if _environ(p).get("RANK") is not None]
+    for p in workers + [p for p in run if p not in workers]:  # workers first: torchrun would restart them
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(run, timeout=30)
+    result["pids"] = [p.pid for p in run]
+
+
+def _runs(p: psutil.Process, cmd_hint: str) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return cmd_hint in " ".join(p.cmdline())
+    return False
+
+
+def _environ(p: psutil.Process) -> dict[str, str]:
+    with contextlib.suppress(psutil.Error):
+        return p.environ()
+    return {}
+
+
+def launch_and_kill(cfg, step: int, *, rank: int | None = None, timeout: float | None = 300.0):
+    """:func:`smolfsdp.launch.torchrun.launch` ``cfg`` (output captured) while :func:`kill_after_step` kills
+    rank ``rank`` (None: the whole run) once ``step``'s checkpoint is complete.
+
+    Returns ``(the launch's CompletedProcess, the kill's result dict)``. Raises RuntimeError when no
+    worker started.
+    """
+    killed: dict[str, Any] = {}
+    killer = threading.Thread(target=kill_after_step, args=(cfg, step, killed), kwargs={"rank": rank})
+    killer.start()
+    try:
+        proc = launch(cfg, capture=True, timeout=timeout)
+    finally:
+        killer.join()
+    if "error" in killed:
+        raise RuntimeError(killed["error"])
+    return proc, killed
 
 
 def kill_rank_drill(
@@ -118,20 +162,11 @@ def kill_rank_drill(
     left alone. Raises ConfigError when ``after_step`` is not inside the run, RuntimeError when the
     kill came too late (the run finished first).
     """
-    from smolfsdp.launch.torchrun import launch
-    from smolfsdp.train.sft import preflight, run
-
     _check_inside(cfg, after_step)
     whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
     victim = cfg.replace(name=f"{cfg.name}_killed", save_steps=1, save_total_limit=cfg.max_steps)
     preflight(victim)
-    killed: dict[str, Any] = {}
-    killer = threading.Thread(target=kill_rank_after_step, args=(victim, rank, after_step, killed))
-    killer.start()
-    first = launch(victim, capture=True, timeout=timeout)
-    killer.join()
-    if "error" in killed:
-        raise RuntimeError(killed["error"])
+    first, killed = launch_and_kill(victim, after_step, rank=rank, timeout=timeout)
     lines = (first.stdout or "").strip().splitlines()
     if first.returncode != 0:  # the launcher's own verdict is its last line
         verdict = lines[-1] if lines else ""
@@ -140,8 +175,6 @@ def kill_rank_drill(
     if first.returncode != 0:
         resumed = run(victim.replace(resume_from="latest"), capture=True, timeout=timeout)
     else:
-        from smolfsdp.measure.results import load_run
-
         resumed = load_run(victim.run_dir)
     m = resumed.summary["metrics"]
     if not m.get("resumed_from"):
