@@ -104,17 +104,40 @@ def estimate_collectives(
     config = resolve_model_config(model)
     c = DTYPE_BYTES["bf16"] if mixed_precision == "bf16" else 4
     r = DTYPE_BYTES[reduce_dtype] if mixed_precision == "bf16" else 4
-    rows = []
+    rows = _Rows(cl, latency)
+    reductions = 1 if no_sync else k
+    if strategy == "NO_SHARD":
+        total = count_parameters(config).total
+        buckets = max(1, math.ceil(total * r / DDP_BUCKET_BYTES))
+        per = math.ceil(total / buckets)
+        rows.add("all", "backward", "all-reduce", "world", n, reductions * buckets, per, per, r)
+    else:
+        keep_root = (fsdp_version == 2) if root_reshard_after_forward is None else root_reshard_after_forward
+        sizes = unit_sizes(config, shard, fsdp_version, c, use_orig_params)
+        _fsdp_rows(rows, sizes, strategy, shard, k, reductions, keep_root, c, r)
+    if include_loop:
+        _loop_rows(rows, config, fsdp_version, strategy)
+    df = pd.DataFrame(rows.rows, columns=COLUMNS)
+    df.attrs.update(strategy=strategy, n_gpus=n, shard_size=shard, replicas=n // shard,
+                    fsdp_version=fsdp_version, reductions_per_step=reductions)  # fmt: skip
+    return df
 
-    def add(unit, phase, kind, group, size, count, numel, real, nbytes):
+
+class _Rows:
+    """The rows of :func:`estimate_collectives`, each collective priced on ``cl`` as it is added."""
+
+    def __init__(self, cl: Cluster, latency: bool):
+        self.cl, self.latency, self.rows = cl, latency, []
+
+    def add(self, unit, phase, kind, group, size, count, numel, real, nbytes) -> None:
+        """One row; nothing when the collective does not run (``count`` 0) or has no peer (``size`` 1)."""
         if count == 0 or size == 1:
             return
         logical = numel * nbytes
         # ranks r = replica * shard + s: a shard group is contiguous, a replicate group strided by shard
-        sent, link, bw, lat, time_s = collective_cost(
-            cl, kind, size, n if group == "replicate" else size, logical, latency
-        )
-        rows.append(
+        span = self.cl.n_gpus if group == "replicate" else size
+        sent, link, bw, lat, time_s = collective_cost(self.cl, kind, size, span, logical, self.latency)
+        self.rows.append(
             dict(
                 unit=unit, phase=phase, kind=kind, group=group, group_size=size, count=count,
                 numel=numel, numel_unpadded=real, dtype_bytes=nbytes, logical_bytes=logical,
@@ -123,31 +146,29 @@ def estimate_collectives(
             )
         )  # fmt: skip
 
-    reductions = 1 if no_sync else k
-    if strategy == "NO_SHARD":
-        total = count_parameters(config).total
-        buckets = max(1, math.ceil(total * r / DDP_BUCKET_BYTES))
-        per = math.ceil(total / buckets)
-        add("all", "backward", "all-reduce", "world", n, reductions * buckets, per, per, r)
-    else:
-        keep_root = (fsdp_version == 2) if root_reshard_after_forward is None else root_reshard_after_forward
-        for unit, (numel, real) in unit_sizes(config, shard, fsdp_version, c, use_orig_params).items():
-            add(unit, "forward", "all-gather", "shard", shard, k, numel, real, c)
-            regather = strategy != "SHARD_GRAD_OP" and (unit != "root" or keep_root)
-            add(unit, "backward", "all-gather", "shard", shard, k if regather else 0, numel, real, c)
-            add(unit, "backward", "reduce-scatter", "shard", shard, reductions, numel, real, r)
-            add(unit, "backward", "all-reduce", "replicate", n // shard, reductions, numel // shard,
-                real // shard, r)  # fmt: skip
-    if include_loop:
-        n_tensors = sum(len(ps) for ps in model_units(config).values())
-        add("loop", "step", "all-reduce", "world", n, 1, 1, 1, 8)  # label tokens, int64
-        gn = n_tensors if fsdp_version == 2 and strategy != "NO_SHARD" else 1
-        add("loop", "step", "all-reduce", "world", n, 1, gn, gn, 4)  # gradient norm(s), fp32
-        add("loop", "step", "all-reduce", "world", n, 1, 2, 2, 8)  # loss and tokens, fp64
-    df = pd.DataFrame(rows, columns=COLUMNS)
-    df.attrs.update(strategy=strategy, n_gpus=n, shard_size=shard, replicas=n // shard,
-                    fsdp_version=fsdp_version, reductions_per_step=reductions)  # fmt: skip
-    return df
+
+def _fsdp_rows(rows: _Rows, sizes: dict, strategy: str, shard: int, k: int, reductions: int, keep_root: bool,
+               c: int, r: int) -> None:  # fmt: skip
+    """Per unit: forward all-gather, backward re-gather (not under SHARD_GRAD_OP, nor for a root kept
+    from forward), reduce-scatter, and the HSDP all-reduce across replicas (no row with one replica)."""
+    replicas = rows.cl.n_gpus // shard
+    for unit, (numel, real) in sizes.items():
+        rows.add(unit, "forward", "all-gather", "shard", shard, k, numel, real, c)
+        regather = strategy != "SHARD_GRAD_OP" and (unit != "root" or keep_root)
+        rows.add(unit, "backward", "all-gather", "shard", shard, k if regather else 0, numel, real, c)
+        rows.add(unit, "backward", "reduce-scatter", "shard", shard, reductions, numel, real, r)
+        rows.add(unit, "backward", "all-reduce", "replicate", replicas, reductions, numel // shard,
+                 real // shard, r)  # fmt: skip
+
+
+def _loop_rows(rows: _Rows, config, fsdp_version: int, strategy: str) -> None:
+    """The small all-reduces of ``smolfsdp.train.native``'s loop, once per step."""
+    n = rows.cl.n_gpus
+    n_tensors = sum(len(ps) for ps in model_units(config).values())
+    rows.add("loop", "step", "all-reduce", "world", n, 1, 1, 1, 8)  # label tokens, int64
+    gn = n_tensors if fsdp_version == 2 and strategy != "NO_SHARD" else 1
+    rows.add("loop", "step", "all-reduce", "world", n, 1, gn, gn, 4)  # gradient norm(s), fp32
+    rows.add("loop", "step", "all-reduce", "world", n, 1, 2, 2, 8)  # loss and tokens, fp64
 
 
 def _check_dtypes(fsdp_version: int, mixed_precision: str, reduce_dtype: str) -> None:

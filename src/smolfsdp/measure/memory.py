@@ -146,11 +146,7 @@ def estimate_memory(
     the model's ``max_position_embeddings``, or an unresolvable model.
     """
     rec = _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank)
-    config = resolve_model_config(model)
-    if seq_len > config.max_position_embeddings:
-        raise ConfigError(
-            f"seq_len={seq_len} is above the model's max_position_embeddings={config.max_position_embeddings}."
-        )
+    config = _check_seq_len(resolve_model_config(model), seq_len)
     spec = LoraSpec() if lora is True else (lora or None)
     group = shard_group_size(strategy, world_size, gpus_per_node)
     st = sharded_state(config, rec, group, rank % group, fsdp_version, spec)
@@ -199,6 +195,14 @@ def _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_bat
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank={rank} is outside world size {world_size}.")
     return rec
+
+
+def _check_seq_len(config, seq_len: int):
+    if seq_len > config.max_position_embeddings:
+        raise ConfigError(
+            f"seq_len={seq_len} is above the model's max_position_embeddings={config.max_position_embeddings}."
+        )
+    return config
 
 
 def shard_group_size(strategy: str, world_size: int, gpus_per_node: int) -> int:
