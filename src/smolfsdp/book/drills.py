@@ -114,7 +114,9 @@ def kill_after_step(cfg, step: int, result: dict, *, rank: int | None = None, ti
     for p in workers + [p for p in run if p not in workers]:  # workers first: torchrun would restart them
         with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGKILL)
-    psutil.wait_procs(run, timeout=30)
+    # wait for the workers only: waiting on torchrun (this process's child) here would reap it, and the
+    # launcher's own Popen.wait would then read exit code 0 instead of -9
+    psutil.wait_procs(workers, timeout=30)
     result["pids"] = [p.pid for p in run]
 
 
