@@ -24,6 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
 from smolfsdp.book.gotcha_registry import (
     DIST,
+    WRONG,
     attempt,
     decoder_layer_cls,
     full_tensor,
@@ -123,7 +124,12 @@ def wrap_class(rank: int, world: int) -> dict[str, Any]:
     model = tiny_model()[0]
     misspelt = attempt(lambda: {"class": resolve_wrap_class(model, "SmolLM3DecoderLayers").__name__})
     wrong = wrap_fsdp1(tiny_model()[0], LlamaDecoderLayer)
-    quiet = {"outcome": "measured", "fsdp_units": len(fsdp_units(wrong)), "decoder_layers": 4}
+    units = len(fsdp_units(wrong))
+    quiet = {"outcome": "measured", "fsdp_units": units, "decoder_layers": 4}
+    if units <= 1:  # nothing raised: say what went wrong instead of "measured"
+        quiet.update(
+            outcome=WRONG, symptom=f"no decoder layer wrapped: {units} FSDP unit (the root) for 4 layers"
+        )
     failing = {
         **quiet,
         "check_wrapping": attempt(lambda: {"units": check_wrapping(wrong, "SmolLM3DecoderLayer")}),
@@ -176,6 +182,10 @@ def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
             "parameter_type": eff["evidence"].get("parameter_type", "torch.nn.Parameter (full copy)"),
             "held_per_rank": fields["params"]["fraction_per_rank"][rank],
         }
+        if results[label]["strategy"] != results[label]["requested"]:  # trained, silently not as asked
+            results[label].update(
+                outcome=WRONG, symptom=f"asked for {results[label]['requested']}, ran {eff['strategy']}"
+            )
     return results
 
 
@@ -275,7 +285,11 @@ def optimizer_before_sharding(rank: int, world: int) -> dict[str, Any]:
         with_grad = sum(p.grad is not None for g in opt.param_groups for p in g["params"])
         return {"max_param_change": change, "optimizer_params_with_grad": with_grad, "loss": round(loss, 4)}
 
-    return {"failing": attempt(run, True), "fixed": attempt(run, False)}
+    failing = attempt(run, True)
+    if failing["outcome"] == "ok" and failing["max_param_change"] == 0.0:
+        # no exception is the whole trap: attempt() says "ok", so name the measured symptom instead
+        failing.update(outcome=WRONG, symptom="optimizer.step() ran and no weight changed")
+    return {"failing": failing, "fixed": attempt(run, False)}
 
 
 @gotcha(

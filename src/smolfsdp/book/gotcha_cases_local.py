@@ -23,6 +23,7 @@ from transformers import Trainer, TrainingArguments
 from smolfsdp.book.gotcha_registry import (
     CRASH,
     LOCAL,
+    WRONG,
     attempt,
     decoder_layer_cls,
     gotcha,
@@ -150,6 +151,8 @@ def trackio_form(form: str, out: Path) -> None:
     result = {"outcome": "measured", "train_loss_rows": found, "expected_project": project}
     result.update(loss_in_expected_project=any(k.startswith(project + "/") for k in losses))
     result.update(runs_with_loss=len(losses), final_finish=finish)
+    if not result["loss_in_expected_project"]:  # the Trainer ran fine; its metrics went elsewhere
+        result.update(outcome=WRONG, symptom=f"train/loss went to {', '.join(sorted(losses))}, not {project}")
     (out / f"trackio_{form}.json").write_text(json.dumps(result))
 
 

@@ -21,6 +21,7 @@ from smolfsdp.models.modeling import build_model, load_tokenizer
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
 
 DIST, LOCAL, CRASH = "dist", "local", "crash"  # how a gotcha runs: 2 ranks, 1 process, own launch
+WRONG = "wrong result"  # outcome of a form that raised nothing but measurably did the wrong thing
 
 
 @dataclass
