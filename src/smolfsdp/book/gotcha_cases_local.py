@@ -34,7 +34,7 @@ from smolfsdp.checkpoint.dcp import check_disk_space, estimate_checkpoint_bytes
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
-from smolfsdp.train.native import PadCollator
+from smolfsdp.train.batches import PadCollator
 
 
 @gotcha(
@@ -163,7 +163,7 @@ def trackio_form(form: str, out: Path) -> None:
     """get_model_state_dict(model, StateDictOptions(full_state_dict=True, cpu_offload=True)) on
     FSDP1 with gloo and no GPU kills rank 0 with SIGSEGV (exit code -11) in torch 2.13: a real
     crash, not an exception, so it is run in its own launch. On CPU the gathered tensors are in host
-    memory already: pass cpu_offload only when the device is CUDA (smolfsdp.train.native.save_final_model).""",
+    memory already: pass cpu_offload only when the device is CUDA (smolfsdp.train.export.save_final_model).""",
 )
 def fsdp1_cpu_offload_state_dict(rank: int, world: int, offload: bool) -> dict[str, Any]:
 

@@ -47,7 +47,6 @@ from typing import Any
 
 from smolfsdp.config import ConfigError
 from smolfsdp.data.chat import (
-    IGNORE_INDEX,  # noqa: F401  (train/native.py imports it from here; that module is another helper's this session)
     build_messages,
     check_chat_template,
     fit_reasoning,
