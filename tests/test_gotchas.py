@@ -100,7 +100,9 @@ def test_trainer_fsdp_runs_as_ddp_on_cpu(results):
 
 def test_gradient_checkpointing_recomputes_without_extra_all_gather(results):
     r = results["gradient_checkpointing"]
-    for version, gathers in (("fsdp1", 9), ("fsdp2", 10)):
+    # 4 layers gathered twice + the root once: since apply_fsdp2 keeps the root gathered after forward
+    # (root_reshard_after_forward=False, the mechanisms merge) FSDP2 counts as FSDP1 does
+    for version, gathers in (("fsdp1", 9), ("fsdp2", 9)):
         assert r.fixed[f"{version}/none"] == {"all-gather": gathers, "reduce-scatter": 5, "layer_forwards": 4}
         for mode in ("fsdp_ac",):
             assert r.fixed[f"{version}/{mode}"]["layer_forwards"] == 8  # the layers really are recomputed
