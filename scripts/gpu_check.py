@@ -88,21 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from smolfsdp.book.gpu_check import (
-        BENCH,
-        PROVENANCE,
-        RECIPE,
-        TRACE_SUMMARY,
-        check_trace,
-        keep_trace,
-        make_plan,
-        measure_matmul_tflops,
-        run_analyze_trace,
-        run_shape,
-    )
+    from smolfsdp.book.gpu_check import BENCH, PROVENANCE, RECIPE, TRACE_SUMMARY, make_plan, run_shape
+    from smolfsdp.book.gpu_check_trace import check_trace, keep_trace, run_analyze_trace
     from smolfsdp.measure import benchmark
-    from smolfsdp.measure.memory import resolve_model_config
+    from smolfsdp.measure.params import resolve_model_config
     from smolfsdp.measure.results import provenance
+    from smolfsdp.measure.timing import measure_matmul_tflops
     from smolfsdp.sharding.distributed import init_distributed, teardown
 
     args = parse_args(argv)

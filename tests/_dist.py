@@ -18,7 +18,8 @@ import torch
 import torch.multiprocessing as mp
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -54,7 +55,7 @@ def _worker(rank, world_size, port, out_dir, fn, args):
 
 def run_distributed(fn, world_size: int, *args, timeout: float = 180.0):
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as out_dir:
         procs = [
             ctx.Process(target=_worker, args=(r, world_size, port, out_dir, fn, args))
@@ -80,40 +81,3 @@ def run_distributed(fn, world_size: int, *args, timeout: float = 180.0):
                 raise RuntimeError(f"rank {r} failed:\n{data['error']}")
             results.append(data["result"])
         return results
-
-
-def kill_run_when(cfg, marker: Path, timeout: float = 300.0) -> int:
-    """Start ``smolfsdp train`` for ``cfg`` under torchrun, SIGKILL every process once ``marker`` exists.
-
-    torchrun's workers live in their own process groups: the whole tree is killed, workers first.
-    Returns torchrun's exit code (non-zero when it was killed before finishing).
-    """
-    import signal
-    import subprocess
-    import time
-
-    import psutil
-
-    from smolfsdp.launch.torchrun import launch_env, torchrun_command
-
-    cfg_path = Path(cfg.output_dir) / f"{cfg.name}.yaml"
-    cfg_path.parent.mkdir(parents=True, exist_ok=True)
-    cfg.save(cfg_path)
-    proc = subprocess.Popen(
-        torchrun_command(cfg.nproc, ["train", "--config", str(cfg_path)]),
-        env=launch_env(cfg.nproc),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + timeout
-    while not marker.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.005)
-    tree = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-    for child in tree:
-        child.send_signal(signal.SIGKILL)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    psutil.wait_procs(tree, timeout=30)
-    return proc.returncode

@@ -19,6 +19,23 @@ def tokenizer():
     return load_tokenizer("tiny")
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One folder for a test module's runs, shared by its tests (a run and its resumed copy live side by side)."""
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(request, runs):
+    """The test module's ``BASE`` (a TrainConfig) run whole, once per module, as ``whole``: what the
+    interrupted and resumed runs of that module are compared with."""
+    from smolfsdp.launch import runner  # after the environment above is set, like every smolfsdp import here
+
+    return runner.run(
+        request.module.BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600
+    )
+
+
 @pytest.fixture
 def medquad_path():
     if not MEDQUAD.is_file():

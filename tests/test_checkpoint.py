@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from _dist import kill_run_when, run_distributed
+from _dist import run_distributed
 from safetensors.torch import load_file
 
+from smolfsdp.book import drills
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.checkpoint import disk as checkpoint_disk
 from smolfsdp.config import TrainConfig
@@ -23,16 +24,6 @@ from smolfsdp.models.modeling import build_meta_model, load_tokenizer
 BASE = TrainConfig(
     max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"
 )
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(runs):
-    return runner.run(BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600)
 
 
 def _failing_second_save(rank, world, run_dir):
@@ -145,8 +136,8 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     """SIGKILL every rank once step 3's checkpoint is complete; resume; same result as uninterrupted."""
     cfg = BASE.replace(name="killed", output_dir=str(runs), save_steps=1, save_total_limit=6)
     marker = runs / "killed" / "checkpoints" / "step-000003" / checkpoint.MARKER
-    returncode = kill_run_when(cfg, marker)
-    assert returncode != 0, "the run finished before it could be killed"
+    proc, _ = drills.launch_and_kill(cfg, 3)  # every process of the run
+    assert proc.returncode != 0 and marker.is_file(), "the run finished before it could be killed"
     latest = checkpoint.latest_checkpoint(runs / "killed")
     assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
     assert not (runs / "killed" / "final_model").exists()
@@ -180,7 +171,6 @@ def test_disk_too_small_is_refused_before_training(tmp_path):
 
 def test_checkpoint_size_estimate_matches_disk(runs):
     """The estimate used by the disk check against the bytes a real checkpoint took."""
-    from smolfsdp.models.modeling import build_meta_model, load_tokenizer
 
     ckpt = runs / "kept" / "checkpoints" / "step-000006"
     if not ckpt.exists():
@@ -295,7 +285,6 @@ def test_checkpoint_from_before_checksums_is_accepted_with_a_warning(stopped, tm
 
 def test_resume_that_fits_is_not_refused(stopped, monkeypatch):
     """Resumed at step 4 of 6 with 2 checkpoints kept, the run adds one checkpoint, not three."""
-    from smolfsdp.models.modeling import build_meta_model, load_tokenizer
 
     cfg = stopped.replace(resume_from="latest")
     meta = build_meta_model("tiny", load_tokenizer("tiny"))

@@ -1,4 +1,4 @@
-"""smolfsdp.measure.comm: byte counts by hand, the ring factor, overlap, bad input, and real traces."""
+"""smolfsdp.measure.comm, cluster and scaling: byte counts by hand, the ring factor, overlap, bad input, and real traces."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure import comm, comm_trace
-from smolfsdp.measure.memory import resolve_model_config
+from smolfsdp.measure import cluster, comm, comm_trace, scaling
+from smolfsdp.measure.params import resolve_model_config
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -31,10 +31,10 @@ def _layer_shapes(c):
 
 
 def test_ring_factor():
-    assert comm.ring_factor("all-gather", 8) == 7 / 8
-    assert comm.ring_factor("reduce-scatter", 2) == 0.5
-    assert comm.ring_factor("all-reduce", 4) == 1.5
-    assert comm.ring_factor("all-reduce", 1) == 0.0
+    assert cluster.ring_factor("all-gather", 8) == 7 / 8
+    assert cluster.ring_factor("reduce-scatter", 2) == 0.5
+    assert cluster.ring_factor("all-reduce", 4) == 1.5
+    assert cluster.ring_factor("all-reduce", 1) == 0.0
 
 
 def test_tiny_full_shard_bytes_by_hand():
@@ -93,7 +93,7 @@ def test_ddp_and_hsdp_collectives():
     buckets = -(-total * 4 // (25 * 2**20))  # fp32 gradients in 25 MiB buckets
     assert ddp["count"].sum() == buckets
     assert ddp["numel"].iloc[0] * buckets >= total
-    hsdp = comm.estimate_collectives(counts, strategy="HSDP", cluster=comm.build_cluster(32))
+    hsdp = comm.estimate_collectives(counts, strategy="HSDP", cluster=cluster.build_cluster(32))
     ar = hsdp[hsdp["kind"] == "all-reduce"]
     rs = hsdp[hsdp["kind"] == "reduce-scatter"]
     assert set(ar["group_size"]) == {4} and set(rs["group_size"]) == {8}
@@ -102,8 +102,8 @@ def test_ddp_and_hsdp_collectives():
 
 
 def test_step_time_by_hand():
-    cl = comm.build_cluster(8, "H100 SXM")
-    st = comm.estimate_step("smollm3-3b", cluster=cl, seq_len=4096, mfu=0.4, latency=False)
+    cl = cluster.build_cluster(8, "H100 SXM")
+    st = scaling.estimate_step("smollm3-3b", cluster=cl, seq_len=4096, mfu=0.4, latency=False)
     fpt = 6 * 3_075_098_624 + 12 * 36 * 16 * 128 * 4096  # PaLM: 6N + 12 L H Q T
     compute = 4096 * fpt / (989e12 * 0.4)
     root = 128256 * 2048 + 2048
@@ -113,24 +113,24 @@ def test_step_time_by_hand():
     # inside one node all other communication hides behind compute: only the first gather and last reduce show
     assert st["step_s"] == pytest.approx(compute + first + last, rel=1e-9)
     assert st["efficiency"] == pytest.approx(compute / (compute + first + last), rel=1e-9)
-    one = comm.estimate_step("smollm3-3b", n_gpus=1)
+    one = scaling.estimate_step("smollm3-3b", n_gpus=1)
     assert one["comm_s"] == 0 and one["efficiency"] == 1.0
 
 
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: comm.build_cluster(24, nodes=5), "does not divide"),
-        (lambda: comm.build_cluster(0), "n_gpus=0"),
-        (lambda: comm.build_cluster(12, gpus_per_node=8), "whole nodes"),
-        (lambda: comm.build_cluster(8, "H100"), "did you mean"),
-        (lambda: comm.build_cluster(8, network="NDR"), "Unknown network"),
+        (lambda: cluster.build_cluster(24, nodes=5), "does not divide"),
+        (lambda: cluster.build_cluster(0), "n_gpus=0"),
+        (lambda: cluster.build_cluster(12, gpus_per_node=8), "whole nodes"),
+        (lambda: cluster.build_cluster(8, "H100"), "did you mean"),
+        (lambda: cluster.build_cluster(8, network="NDR"), "Unknown network"),
         (
             lambda: comm.estimate_collectives("tiny", strategy="HSDP", n_gpus=8, shard_size=3),
             "does not multiply",
         ),
         (lambda: comm.estimate_collectives("tiny", strategy="FULL_SHRD"), "did you mean"),
-        (lambda: comm.estimate_step("tiny", mfu=0), "mfu=0"),
+        (lambda: scaling.estimate_step("tiny", mfu=0), "mfu=0"),
     ],
 )
 def test_bad_input(call, match):
@@ -183,23 +183,23 @@ def test_nccl_trace_record_param_comms():
 
 # ------------------------------------------------------------- inputs the API accepts or refuses
 def test_scaling_table_takes_a_single_model_strategy_and_count():
-    one = comm.scaling_table("tiny", "FULL_SHARD", 4, seq_len=128)
-    listed = comm.scaling_table(["tiny"], ["FULL_SHARD"], [4], seq_len=128)
+    one = scaling.scaling_table("tiny", "FULL_SHARD", 4, seq_len=128)
+    listed = scaling.scaling_table(["tiny"], ["FULL_SHARD"], [4], seq_len=128)
     assert (
         list(one["model"]) == ["tiny"]
         and list(one["n_gpus"]) == [4]
         and list(one["strategy"]) == ["FULL_SHARD"]
     )
     assert one.equals(listed)
-    cfg = comm.scaling_table(resolve_model_config("tiny"), "FULL_SHARD", 4, seq_len=128)
+    cfg = scaling.scaling_table(resolve_model_config("tiny"), "FULL_SHARD", 4, seq_len=128)
     assert cfg["step_s"].tolist() == one["step_s"].tolist()
 
 
 def test_estimate_step_builds_the_cluster_from_gpu_and_gpus_per_node():
-    cl = comm.build_cluster(16, "A100 80GB", gpus_per_node=4, network="InfiniBand HDR 200 Gb/s")
+    cl = cluster.build_cluster(16, "A100 80GB", gpus_per_node=4, network="InfiniBand HDR 200 Gb/s")
     kw = dict(gpu="A100 80GB", gpus_per_node=4, network="InfiniBand HDR 200 Gb/s")
-    by_kw = comm.estimate_step("tiny", n_gpus=16, seq_len=128, **kw)
-    assert by_kw == comm.estimate_step("tiny", cluster=cl, seq_len=128)
+    by_kw = scaling.estimate_step("tiny", n_gpus=16, seq_len=128, **kw)
+    assert by_kw == scaling.estimate_step("tiny", cluster=cl, seq_len=128)
     assert (by_kw["n_gpus"], by_kw["nodes"]) == (16, 4)
     coll = comm.estimate_collectives("tiny", n_gpus=16, **kw)
     assert coll.equals(comm.estimate_collectives("tiny", cluster=cl))
@@ -210,49 +210,64 @@ def test_estimate_step_builds_the_cluster_from_gpu_and_gpus_per_node():
 
 
 def test_recipe_sets_the_communication_dtypes():
-    assert comm.recipe_dtypes("fp32") == {"mixed_precision": "no", "reduce_dtype": "fp32"}
-    assert comm.recipe_dtypes("hf-fsdp-bf16") == {"mixed_precision": "bf16", "reduce_dtype": "fp32"}
-    assert comm.recipe_dtypes("pure-bf16") == {"mixed_precision": "bf16", "reduce_dtype": "bf16"}
+    assert scaling.recipe_dtypes("fp32") == {"mixed_precision": "no", "reduce_dtype": "fp32"}
+    assert scaling.recipe_dtypes("hf-fsdp-bf16") == {"mixed_precision": "bf16", "reduce_dtype": "fp32"}
+    assert scaling.recipe_dtypes("pure-bf16") == {"mixed_precision": "bf16", "reduce_dtype": "bf16"}
     c = resolve_model_config("tiny")
     layer = sum(n for _, n in _layer_shapes(c))
     params = c.vocab_size * c.hidden_size + c.hidden_size + c.num_hidden_layers * layer  # 4 ranks: no padding
     args = dict(models="tiny", strategies="FULL_SHARD", n_gpus=4, seq_len=128)
     # FSDP2 FULL_SHARD gathers everything twice and reduce-scatters once
-    fp32 = comm.scaling_table(recipe="fp32", **args)
+    fp32 = scaling.scaling_table(recipe="fp32", **args)
     assert fp32["logical_bytes"].iloc[0] == params * (2 * 4 + 4)
-    bf16 = comm.scaling_table(recipe="hf-fsdp-bf16", **args)
+    bf16 = scaling.scaling_table(recipe="hf-fsdp-bf16", **args)
     assert bf16["logical_bytes"].iloc[0] == params * (2 * 2 + 4)
-    pure = comm.scaling_table(recipe="pure-bf16", **args)
+    pure = scaling.scaling_table(recipe="pure-bf16", **args)
     assert pure["logical_bytes"].iloc[0] == params * (2 * 2 + 2)
     assert "fp32 all-gathers, fp32 reductions" in fp32.attrs["assumptions"]
 
 
 def test_get_gpu_suggests_names_that_contain_the_query():
     with pytest.raises(ConfigError, match=r"did you mean 'A100 40GB' or 'A100 80GB'\?"):
-        comm.build_cluster(8, "a100")
+        cluster.build_cluster(8, "a100")
     with pytest.raises(ConfigError, match=r"did you mean 'InfiniBand NDR 400 Gb/s'\?"):
-        comm.build_cluster(8, network="ndr")
-    assert comm.build_cluster(8, "h100sxm").gpu.name == "H100 SXM"
+        cluster.build_cluster(8, network="ndr")
+    assert cluster.build_cluster(8, "h100sxm").gpu.name == "H100 SXM"
 
 
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: comm.estimate_step(n_gpus=64, cluster=comm.build_cluster(8)), "n_gpus=64 but cluster has 8"),
-        (lambda: comm.estimate_collectives(n_gpus=4, cluster=comm.build_cluster(8)), "drop n_gpus"),
-        (lambda: comm.estimate_step(cluster=comm.build_cluster(8), gpu="H200"), "cluster= and gpu= both"),
-        (lambda: comm.estimate_step(cluster=8), "not a comm.Cluster"),
-        (lambda: comm.estimate_step(n_gpus=2.5), r"n_gpus=2.5: give a whole number"),
-        (lambda: comm.build_cluster(16, gpus_per_node=7.5), "gpus_per_node=7.5"),
+        (
+            lambda: scaling.estimate_step(n_gpus=64, cluster=cluster.build_cluster(8)),
+            "n_gpus=64 but cluster has 8",
+        ),
+        (lambda: comm.estimate_collectives(n_gpus=4, cluster=cluster.build_cluster(8)), "drop n_gpus"),
+        (
+            lambda: scaling.estimate_step(cluster=cluster.build_cluster(8), gpu="H200"),
+            "cluster= and gpu= both",
+        ),
+        (lambda: scaling.estimate_step(cluster=8), "not a cluster.Cluster"),
+        (lambda: scaling.estimate_step(n_gpus=2.5), r"n_gpus=2.5: give a whole number"),
+        (lambda: cluster.build_cluster(16, gpus_per_node=7.5), "gpus_per_node=7.5"),
         (lambda: comm.estimate_collectives("tiny", gradient_accumulation_steps=1.5), "whole number"),
         (lambda: comm.estimate_collectives("tiny", strategy="HSDP", n_gpus=8, shard_size=0), "shard_size=0"),
         (
-            lambda: comm.scaling_table("tiny", mixed_precision="no"),
+            lambda: scaling.scaling_table("tiny", mixed_precision="no"),
             r"contradicts recipe='hf-fsdp-bf16'.*'fp32'",
         ),
-        (lambda: comm.scaling_table("tiny", recipe="fp32", reduce_dtype="bf16"), "contradicts recipe='fp32'"),
-        (lambda: comm.scaling_table("tiny", cluster=comm.build_cluster(8)), "one cluster per GPU count"),
-        (lambda: comm.scaling_table([], seq_len=128), "models is empty"),
+        (
+            lambda: scaling.scaling_table("tiny", recipe="fp32", reduce_dtype="bf16"),
+            "contradicts recipe='fp32'",
+        ),
+        (
+            lambda: scaling.scaling_table("tiny", cluster=cluster.build_cluster(8)),
+            "one cluster per GPU count",
+        ),
+        (lambda: scaling.scaling_table([], seq_len=128), "models is empty"),
+        # the cluster keywords are listed once (cluster.CLUSTER_KEYS); a misspelt one names the nearest
+        (lambda: scaling.estimate_step("tiny", seq_len=128, gpus_per_nod=4), "did you mean 'gpus_per_node'"),
+        (lambda: comm.estimate_collectives("tiny", netwrk="NDR"), "did you mean 'network'"),
     ],
 )
 def test_bad_api_input(call, match):

@@ -6,15 +6,10 @@ import pandas as pd
 import pytest
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.data.prepare import (
-    COLUMN_MAPPINGS,
-    IGNORE_INDEX,
-    load_rows,
-    prepare_data,
-    resolve_mapping,
-    to_messages,
-    tokenize_messages,
-)
+from smolfsdp.data.chat import IGNORE_INDEX, to_messages, tokenize_messages
+from smolfsdp.data.columns import COLUMN_MAPPINGS, resolve_mapping
+from smolfsdp.data.files import load_rows
+from smolfsdp.data.prepare import prepare_data
 from smolfsdp.errors import ConfigError
 from smolfsdp.paths import bundled_data_path
 

@@ -7,15 +7,9 @@ import json
 import pytest
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.data.prepare import (
-    CHARS_PER_TOKEN_BOUND,
-    IGNORE_INDEX,
-    load_rows,
-    prepare_data,
-    render_ids,
-    split_by_question,
-    tokenize_messages,
-)
+from smolfsdp.data.chat import IGNORE_INDEX, render_ids, tokenize_messages
+from smolfsdp.data.files import load_rows
+from smolfsdp.data.prepare import CHARS_PER_TOKEN_BOUND, prepare_data, split_by_question
 from smolfsdp.errors import ConfigError
 
 OUTCOMES = ("kept", "dropped_empty_question", "dropped_empty_answer", "dropped_too_long")

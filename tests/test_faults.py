@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _dist import free_port
 from safetensors.torch import load_file
 
 from smolfsdp.book import drills
@@ -35,12 +36,6 @@ BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=4, max
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _params(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "final_model" / "model.safetensors"))
 
@@ -49,16 +44,6 @@ def _assert_same_params(a: dict, b: dict, atol: float = 1e-6) -> None:
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=atol)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("runs")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(runs):
-    return runner.run(BASE.replace(name="whole", output_dir=str(runs)), capture=True, timeout=600)
 
 
 # ------------------------------------------------------------------ commands and bad input
@@ -120,7 +105,7 @@ def test_cli_refuses_node_count_that_does_not_divide(capsys):
 
 
 def test_endpoint_that_does_not_answer_fails_naming_it(tmp_path, capsys):
-    port = _free_port()  # bound, released: nothing listens there
+    port = free_port()  # bound, released: nothing listens there
     cfg = BASE.replace(
         output_dir=str(tmp_path),
         nproc=2,
@@ -142,7 +127,7 @@ def test_endpoint_that_does_not_answer_fails_naming_it(tmp_path, capsys):
 
 def test_waiting_for_the_endpoint_reports_while_it_retries(capsys):
     """One line when the wait starts, one per report_every_s while it retries (30 s by default)."""
-    port = _free_port()
+    port = free_port()
     with pytest.raises(ConfigError, match="did not answer within 2.5 s"):
         launch.wait_for_endpoint(f"127.0.0.1:{port}", 2.5, poll_s=0.2, report_every_s=1.0)
     lines = capsys.readouterr().err.splitlines()
@@ -155,7 +140,7 @@ def test_waiting_for_the_endpoint_reports_while_it_retries(capsys):
 def test_torchrun_rendezvous_times_out_instead_of_waiting(tmp_path):
     """Node 0 of 2 whose partner never comes: torchrun gives up after join_timeout (5 s), not torch's 600 s."""
     cfg = BASE.replace(
-        nproc=2, nnodes=2, node_rank=0, rdzv_endpoint=f"127.0.0.1:{_free_port()}", rdzv_timeout_s=5
+        nproc=2, nnodes=2, node_rank=0, rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_timeout_s=5
     )
     cmd = launch.command_for(cfg, ["train"])
     t0 = time.monotonic()
@@ -192,11 +177,7 @@ def test_rendezvous_closed_and_lost_store_are_explained():
 def test_rank_killed_after_step_3_then_resume_equals_uninterrupted(uninterrupted, runs):
     """SIGKILL rank 1 alone after step 3's checkpoint: the launcher names it; --resume finishes the run."""
     cfg = BASE.replace(name="killed", output_dir=str(runs), save_steps=1, save_total_limit=6)
-    killed: dict = {}
-    killer = threading.Thread(target=drills.kill_rank_after_step, args=(cfg, 1, 3, killed))
-    killer.start()
-    proc = launch.launch(cfg, capture=True, timeout=300)
-    killer.join()
+    proc, killed = drills.launch_and_kill(cfg, 3, rank=1)
     assert proc.returncode != 0, "the run finished before it could be killed"
     latest = checkpoint.latest_checkpoint(cfg.run_dir)
     assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
@@ -239,7 +220,7 @@ def test_elastic_restart_resumes_from_latest_checkpoint(uninterrupted, runs):
     """--max-restarts 1: torchrun restarts both ranks after rank 1 is killed; they resume and finish."""
     cfg = BASE.replace(name="elastic", output_dir=str(runs), save_steps=1, save_total_limit=6, max_restarts=1)
     killed: dict = {}
-    killer = threading.Thread(target=drills.kill_rank_after_step, args=(cfg, 1, 3, killed))
+    killer = threading.Thread(target=drills.kill_after_step, args=(cfg, 3, killed), kwargs={"rank": 1})
     killer.start()
     run = runner.run(cfg, capture=True, timeout=600)
     killer.join()
@@ -257,7 +238,7 @@ def test_two_nodes_on_one_machine_equal_one_node(uninterrupted, runs):
     """The multi-node path for real: two torchrun "nodes" of one process each, c10d rendezvous on
     localhost, one shared run folder; the result equals the 2-process single-node run."""
     cfg = BASE.replace(
-        name="twonodes", output_dir=str(runs), nnodes=2, rdzv_endpoint=f"127.0.0.1:{_free_port()}"
+        name="twonodes", output_dir=str(runs), nnodes=2, rdzv_endpoint=f"127.0.0.1:{free_port()}"
     )
     results = {}
 

@@ -8,7 +8,8 @@ import pytest
 from smolfsdp.book import fit_explorer as fx
 from smolfsdp.book.fit_explorer import BASE, PEAK_LABEL, fit_states, plot_fit_explorer, state_key, verdict
 from smolfsdp.measure.hardware import GPUS
-from smolfsdp.measure.memory import GIB, estimate_memory
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.recipes import GIB
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

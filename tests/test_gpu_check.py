@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SHARED
 
-from smolfsdp.book.gpu_check import SIM_SHAPES, check_trace, make_plan
-from smolfsdp.measure.memory import estimate_memory, resolve_model_config
+from smolfsdp.book.gpu_check import SIM_SHAPES, make_plan
+from smolfsdp.book.gpu_check_trace import check_trace
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.traces import analysis as ta
 
 #: Hides trl and datasets the way the GPU machine lacks them: importlib.util.find_spec says None and

@@ -7,17 +7,11 @@ import torch
 from _dist import run_distributed
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.memory import (
-    RECIPES,
-    LoraSpec,
-    accelerate_estimate,
-    count_parameters,
-    deepspeed_zero3_estimate,
-    estimate_memory,
-    resolve_model_config,
-    saved_activation_bytes,
-)
+from smolfsdp.measure.activations import saved_activation_bytes
+from smolfsdp.measure.memory import RECIPES, estimate_memory
 from smolfsdp.measure.memory_measure import CASES, LORA_TARGETS, RECIPE_OF, measure_all
+from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.measure.reference_estimates import accelerate_estimate, deepspeed_zero3_estimate
 
 
 # ------------------------------------------------------------------------------ counts

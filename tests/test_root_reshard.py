@@ -9,7 +9,7 @@ import torch
 from _dist import run_distributed
 
 from smolfsdp.measure.comm import estimate_collectives
-from smolfsdp.measure.memory import resolve_model_config
+from smolfsdp.measure.params import resolve_model_config
 
 
 def _step_collectives(rank, world, root_reshard):

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from smolfsdp.book import scaling_views as sv
-from smolfsdp.measure import comm
+from smolfsdp.measure.scaling import estimate_step, scaling_table
 
 
 def test_assumptions_come_from_the_full_recipe():
@@ -20,12 +20,10 @@ def test_assumptions_come_from_the_full_recipe():
 
 def test_tables_are_words_not_nan():
     a = sv.book_assumptions()
-    scaling = comm.scaling_table(["smollm3-3b"], n_gpus=(2, 8, 16), **a)
+    scaling = scaling_table(["smollm3-3b"], n_gpus=(2, 8, 16), **a)
     fits = sv.fits_from_view(scaling)
     assert fits.loc["smollm3-3b", "FULL_SHARD (ZeRO-3)"] == "from 2 GPUs"
-    tiny_gpu = comm.scaling_table(
-        ["smollm3-3b"], strategies=("NO_SHARD",), n_gpus=(2, 4), **{**a, "gpu": "A10G"}
-    )
+    tiny_gpu = scaling_table(["smollm3-3b"], strategies=("NO_SHARD",), n_gpus=(2, 4), **{**a, "gpu": "A10G"})
     assert sv.fits_from_view(tiny_gpu).loc["smollm3-3b", "NO_SHARD (DDP)"] == "not up to 4 GPUs"
     eff = sv.efficiency_view(scaling, n_gpus=(8, 16))
     assert eff.shape == (2, 4) and all(str(v).endswith("%") for v in eff.to_numpy().ravel())
@@ -36,8 +34,8 @@ def test_tables_are_words_not_nan():
 def test_accumulation_alone_does_not_move_efficiency_but_tokens_and_no_sync_do():
     a = sv.book_assumptions()
     kw = {k: a[k] for k in ("gpu", "gpus_per_node", "network", "mfu", "seq_len", "fsdp_version")}
-    one = comm.estimate_step("smollm3-3b", n_gpus=16, micro_batch=2, gradient_accumulation_steps=1, **kw)
-    eight = comm.estimate_step("smollm3-3b", n_gpus=16, micro_batch=2, gradient_accumulation_steps=8, **kw)
+    one = estimate_step("smollm3-3b", n_gpus=16, micro_batch=2, gradient_accumulation_steps=1, **kw)
+    eight = estimate_step("smollm3-3b", n_gpus=16, micro_batch=2, gradient_accumulation_steps=8, **kw)
     assert abs(one["efficiency"] - eight["efficiency"]) < 1e-9
     sweep = sv.tokens_sweep(a, micro_batches=(1, 2))
     fs = sweep[sweep["strategy"] == "FULL_SHARD (ZeRO-3)"].set_index(

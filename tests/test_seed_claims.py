@@ -9,7 +9,7 @@ from smolfsdp.book import fsdp_versions
 from smolfsdp.book import seed_claims as sc
 from smolfsdp.book.dtype_rule import check_dtype_rule
 from smolfsdp.measure.hardware import GPUS
-from smolfsdp.measure.memory import resolve_model_config
+from smolfsdp.measure.params import resolve_model_config
 
 GIB = 2**30
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _dist import kill_run_when
 from safetensors.torch import load_file
 
+from smolfsdp.book import drills
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
@@ -18,27 +18,16 @@ from smolfsdp.measure.results import load_run
 from smolfsdp.paths import recipe
 from smolfsdp.traces.analysis import analyze, load_trace
 
-BASE = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("trl_runs")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(runs):
-    cfg = load_config(recipe("smoke_trl"), name="whole", output_dir=str(runs), **BASE)
-    return runner.run(cfg, capture=True, timeout=600)
+KW = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate")
+BASE = load_config(recipe("smoke_trl"), **KW)  # run whole by conftest's ``uninterrupted``
 
 
 def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
     """SIGKILL every process once step 3's checkpoint is complete; resume: same weights as uninterrupted."""
-    cfg = load_config(
-        recipe("smoke_trl"), name="killed", output_dir=str(runs), save_steps=1, save_total_limit=6, **BASE
-    )
+    cfg = BASE.replace(name="killed", output_dir=str(runs), save_steps=1, save_total_limit=6)
     marker = runs / "killed" / "checkpoints" / "step-000003" / checkpoint.MARKER
-    assert kill_run_when(cfg, marker) != 0, "the run finished before it could be killed"
+    proc, _ = drills.launch_and_kill(cfg, 3)  # every process of the run
+    assert proc.returncode != 0 and marker.is_file(), "the run finished before it could be killed"
     latest = checkpoint.latest_checkpoint(runs / "killed")
     assert latest is not None and 3 <= int(latest.name.split("-")[1]) < 6
     assert not (runs / "killed" / "final_model").exists()
@@ -75,7 +64,7 @@ def test_kill_after_step_3_of_6_then_resume(uninterrupted, runs):
 
 
 def test_trl_checkpoint_converts_to_the_trained_weights(runs, tmp_path):
-    cfg = load_config(recipe("smoke_trl"), name="saved", output_dir=str(runs), save_steps=3, **BASE)
+    cfg = BASE.replace(name="saved", output_dir=str(runs), save_steps=3)
     run = runner.run(cfg, capture=True, timeout=600)
     assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
     out = checkpoint.convert_checkpoint(run.path / "checkpoints" / "step-000006", tmp_path / "converted")
@@ -89,7 +78,7 @@ def test_trl_checkpoint_converts_to_the_trained_weights(runs, tmp_path):
 def test_resume_with_the_other_engine_is_refused(runs):
     if not (runs / "saved" / "checkpoints").exists():
         pytest.skip("needs test_trl_checkpoint_converts_to_the_trained_weights's run")
-    cfg = load_config(recipe("smoke"), name="saved", output_dir=str(runs), resume_from="latest", **BASE)
+    cfg = load_config(recipe("smoke"), name="saved", output_dir=str(runs), resume_from="latest", **KW)
     with pytest.raises(ConfigError, match="written by the trl engine, and this run uses engine: native"):
         runner.preflight(cfg)
 
@@ -97,7 +86,7 @@ def test_resume_with_the_other_engine_is_refused(runs):
 def test_resume_refuses_other_settings_a_finished_run_and_a_missing_path(runs):
     if not (runs / "saved" / "checkpoints").exists():
         pytest.skip("needs test_trl_checkpoint_converts_to_the_trained_weights's run")
-    cfg = load_config(recipe("smoke_trl"), name="saved", output_dir=str(runs), save_steps=3, **BASE)
+    cfg = BASE.replace(name="saved", output_dir=str(runs), save_steps=3)
     step3 = str(runs / "saved" / "checkpoints" / "step-000003")
     with pytest.raises(
         ConfigError, match=r"other settings: max_steps 6 -> 8; learning_rate 0.003 -> 0.0003\."
@@ -155,7 +144,7 @@ def test_trl_elastic_restart_after_a_killed_rank(tmp_path):
 
     cfg = load_config(
         recipe("smoke_trl"), name="el", output_dir=str(tmp_path), max_restarts=1,
-        **{**BASE, "per_device_train_batch_size": 4, "max_length": 256},
+        **{**KW, "per_device_train_batch_size": 4, "max_length": 256},
     )  # fmt: skip
     out = kill_rank_drill(cfg, rank=1, after_step=3)
     assert out["first_launch_exit_code"] == 0  # torchrun restarted the workers; the launch succeeded

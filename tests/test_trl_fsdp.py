@@ -21,11 +21,6 @@ BASE = dict(max_steps=6, eval_steps=3, per_device_train_batch_size=2, max_length
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return tmp_path_factory.mktemp("trl_fsdp")
-
-
-@pytest.fixture(scope="module")
 def fsdp_run(runs):
     cfg = load_config(recipe("smoke_trl"), name="fsdp", output_dir=str(runs), save_steps=3, **BASE)
     return runner.run(cfg, capture=True, timeout=600)
@@ -234,7 +229,8 @@ def test_gradient_accumulation_syncs_each_micro_batch_unless_offloading(tmp_path
 def test_the_memory_estimate_counts_what_no_sync_holds(tmp_path):
     """Offload + accumulation keeps FSDP1 no_sync(): the estimate adds the whole unsharded gradient."""
     from smolfsdp.config import TrainConfig
-    from smolfsdp.measure.memory import count_parameters, estimate_memory, resolve_model_config
+    from smolfsdp.measure.memory import estimate_memory
+    from smolfsdp.measure.params import count_parameters, resolve_model_config
 
     cfg = TrainConfig(engine="trl", gradient_accumulation_steps=8, output_dir=str(tmp_path))
     assert not trl_engine.accumulates_under_no_sync(cfg)

@@ -10,11 +10,15 @@ the final model of the same run left alone.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import psutil
+from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.errors import ConfigError
@@ -28,7 +32,6 @@ def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
 
     Raises RuntimeError when the two models do not have the same keys.
     """
-    from safetensors.torch import load_file  # deferred: only reading a saved model needs it
 
     a = load_file(str(Path(run_a) / "final_model" / "model.safetensors"))
     b = load_file(str(Path(run_b) / "final_model" / "model.safetensors"))
@@ -87,23 +90,68 @@ def find_rank_process(rank: int, deadline: float, cmd_hint: str = "smolfsdp.cli"
     return None
 
 
-def kill_rank_after_step(cfg, rank: int, step: int, result: dict, timeout: float = 300.0) -> None:
-    """Wait for ``rank``'s process and ``step``'s complete checkpoint, then SIGKILL that one process.
+def kill_after_step(cfg, step: int, result: dict, *, rank: int | None = None, timeout: float = 300.0) -> None:
+    """Wait for the run's workers and ``step``'s complete checkpoint, then SIGKILL: rank ``rank``'s process
+    alone, or with ``rank=None`` the whole run (every worker, then torchrun).
 
-    Runs in a thread beside :func:`smolfsdp.launch.torchrun.launch`; fills ``result`` with the victim's
-    ``pid`` and the latest complete checkpoint at the moment of the kill (``latest_at_kill``).
+    The one "kill a run" helper of the drills and the tests. Runs in a thread beside
+    :func:`smolfsdp.launch.torchrun.launch` (see :func:`launch_and_kill`) or ``launch.runner.run``; fills ``result``
+    with the pids killed (``pids``; ``pid`` for one rank) and the latest complete checkpoint at the
+    moment of the kill (``latest_at_kill``), or ``error`` when no worker started before ``timeout``.
     """
     deadline = time.time() + timeout
     marker = cfg.run_dir / "checkpoints" / f"step-{step:06d}" / checkpoint.MARKER
-    victim = find_rank_process(rank, deadline)
+    victim = find_rank_process(0 if rank is None else rank, deadline)
     if victim is None:
-        result["error"] = f"rank {rank} never started"
+        result["error"] = f"rank {0 if rank is None else rank} never started"
         return
-    while not marker.exists() and time.time() < deadline:
+    while not marker.exists() and time.time() < deadline and victim.is_running():
         time.sleep(0.005)
-    result["pid"] = victim.pid
     result["latest_at_kill"] = checkpoint.latest_checkpoint(cfg.run_dir)
-    victim.send_signal(signal.SIGKILL)
+    if rank is not None:
+        result["pid"] = victim.pid
+        victim.send_signal(signal.SIGKILL)
+        return
+    run = [p for p in psutil.Process().children(recursive=True) if _runs(p, "smolfsdp.cli")]
+    workers = [p for p in run if _environ(p).get("RANK") is not None]
+    for p in workers + [p for p in run if p not in workers]:  # workers first: torchrun would restart them
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+    # wait for the workers only: waiting on torchrun (this process's child) here would reap it, and the
+    # launcher's own Popen.wait would then read exit code 0 instead of -9
+    psutil.wait_procs(workers, timeout=30)
+    result["pids"] = [p.pid for p in run]
+
+
+def _runs(p: psutil.Process, cmd_hint: str) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return cmd_hint in " ".join(p.cmdline())
+    return False
+
+
+def _environ(p: psutil.Process) -> dict[str, str]:
+    with contextlib.suppress(psutil.Error):
+        return p.environ()
+    return {}
+
+
+def launch_and_kill(cfg, step: int, *, rank: int | None = None, timeout: float | None = 300.0):
+    """:func:`smolfsdp.launch.torchrun.launch` ``cfg`` (output captured) while :func:`kill_after_step` kills
+    rank ``rank`` (None: the whole run) once ``step``'s checkpoint is complete.
+
+    Returns ``(the launch's CompletedProcess, the kill's result dict)``. Raises RuntimeError when no
+    worker started.
+    """
+    killed: dict[str, Any] = {}
+    killer = threading.Thread(target=kill_after_step, args=(cfg, step, killed), kwargs={"rank": rank})
+    killer.start()
+    try:
+        proc = launch(cfg, capture=True, timeout=timeout)
+    finally:
+        killer.join()
+    if "error" in killed:
+        raise RuntimeError(killed["error"])
+    return proc, killed
 
 
 def kill_rank_drill(
@@ -123,13 +171,7 @@ def kill_rank_drill(
     whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
     victim = cfg.replace(name=f"{cfg.name}_killed", save_steps=1, save_total_limit=cfg.max_steps)
     preflight(victim)
-    killed: dict[str, Any] = {}
-    killer = threading.Thread(target=kill_rank_after_step, args=(victim, rank, after_step, killed))
-    killer.start()
-    first = launch(victim, capture=True, timeout=timeout)
-    killer.join()
-    if "error" in killed:
-        raise RuntimeError(killed["error"])
+    first, killed = launch_and_kill(victim, after_step, rank=rank, timeout=timeout)
     lines = (first.stdout or "").strip().splitlines()
     if first.returncode != 0:  # the launcher's own verdict is its last line
         verdict = lines[-1] if lines else ""

@@ -18,7 +18,9 @@ from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
 from smolfsdp.book.step_probe import PHASES, unit_of
 from smolfsdp.measure.benchmark import flops_per_token
 from smolfsdp.measure.comm import estimate_collectives
-from smolfsdp.measure.memory import GIB, count_parameters, estimate_memory, resolve_model_config
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.params import count_parameters, resolve_model_config
+from smolfsdp.measure.recipes import GIB
 
 MIB = 2**20
 KIND_COLORS = {"all-gather": "#2ca02c", "reduce-scatter": "#ff7f0e", "all-reduce": "#9467bd"}

@@ -23,9 +23,10 @@ import plotly.io as pio
 
 from smolfsdp.book.plotting import fit_layout, save_figure
 from smolfsdp.book.plotting_memory import COMPONENT_COLORS
-from smolfsdp.measure.comm import llama3_70b_config
 from smolfsdp.measure.hardware import GPUS
-from smolfsdp.measure.memory import GIB, estimate_memory, resolve_model_config
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.params import llama3_70b_config, resolve_model_config
+from smolfsdp.measure.recipes import GIB
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import Any
 import pandas as pd
 
 from smolfsdp.book import tables
-from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND, WRONG, GotchaResult
+from smolfsdp.book.gotcha_registry import WRONG
+from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND, GotchaResult
 
 FORMS = ("failing", "fixed")
 DECIMALS = 4  # a loss of 6.9995 or a change of 0.0101 must not read 7.00 / 0.01

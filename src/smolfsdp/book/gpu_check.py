@@ -12,7 +12,8 @@ FSDP2 ``fully_shard`` per decoder layer then the root with bf16 compute and fp32
 (``default_mp_policy("bf16")``), fused AdamW as the HF Trainer uses (``adamw_torch_fused``), random
 token ids at full length. For each shape in :data:`GPU_SHAPES`: warm-up steps, timed steps (CUDA
 events, profiler off), then a separate profiled window (``torch.profiler``, benchmark's schedule).
-A bf16 matmul timed in the same run gives the measured ceiling for MFU.
+A bf16 matmul timed in the same run gives the measured ceiling for MFU
+(``smolfsdp.measure.timing``); ``smolfsdp.book.gpu_check_trace`` reads the profiled window.
 
 Device budget (one H200, estimated): imports 15 s; calibration 5 s; per shape a build of 3.1 B
 fp32 parameters on the GPU (~10 s), 3 + 10 + 4 steps of ~0.15-0.5 s (~10 s), trace export and
@@ -22,36 +23,28 @@ analysis (~20 s); 3 shapes and the ``analyze-trace`` subprocess: about 3 minutes
 from __future__ import annotations
 
 import gc
-import json
-import shutil
 import statistics
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import torch
 
 from smolfsdp.measure import benchmark
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.memory_measure import count_state_bytes
+from smolfsdp.measure.timing import StepTimer
 from smolfsdp.models.modeling import resolve_wrap_class
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, default_mp_policy
 from smolfsdp.sharding.shards import (
     apply_activation_checkpointing,  # the engine's own FSDP2 activation checkpointing
 )
-from smolfsdp.traces import analysis as ta
 
 #: What ``smolfsdp.measure.memory`` calls this recipe: fp32 sharded parameters, gradients and AdamW m, v;
 #: bf16 compute (FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
 RECIPE = "hf-fsdp-bf16"
 #: The files the check writes into ``--out``; the launcher adds the log and nvidia-smi readings.
 BENCH, TRACE_SUMMARY, PROVENANCE = "bench.json", "trace_summary.json", "provenance.json"
-#: The device tool returns files up to 16 MiB; a trace above this is not kept (its summary is).
-TRACE_LIMIT_BYTES = 15 * 2**20
 
 
 @dataclass(frozen=True)
@@ -99,67 +92,6 @@ def make_plan(simulate_cpu: bool, warmup_steps: int = 3, timed_steps: int = 10) 
     if simulate_cpu:
         return Plan(True, SIM_SHAPES, min(warmup_steps, 1), min(timed_steps, 2), 256, 3, prof)
     return Plan(False, GPU_SHAPES, warmup_steps, timed_steps, 8192, 50, prof)
-
-
-# ------------------------------------------------------------------------------- timing
-class StepTimer:
-    """Per-step times in ms: CUDA events on a GPU (no host sync inside the loop), else wall clock."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks: list[tuple[Any, Any]] = []
-
-    def start(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def stop(self, begin) -> None:
-        self.marks.append((begin, self.start()))
-
-    def elapsed_ms(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in self.marks]
-        return [(b - a) * 1e3 for a, b in self.marks]
-
-    @property
-    def method(self) -> str:
-        return (
-            "CUDA events (torch.cuda.Event, one pair per step)" if self.cuda else "wall clock (perf_counter)"
-        )
-
-
-def measure_matmul_tflops(device: torch.device, n: int, iters: int) -> dict[str, Any]:
-    """The measured ceiling: ``n x n @ n x n`` bf16 matmuls on random data (2 n^3 FLOPs each).
-
-    Warm-up iterations first (cuBLAS handle, heuristics), then ``iters`` timed with :class:`StepTimer`;
-    reports the median and the best. Inputs are random (zeros run faster on some GPUs).
-    """
-    gen = torch.Generator(device=device).manual_seed(0)
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16, generator=gen)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16, generator=gen)
-    for _ in range(max(3, iters // 5)):
-        c = a @ b
-    timer = StepTimer(device)
-    for _ in range(iters):
-        t = timer.start()
-        c = a @ b
-        timer.stop(t)
-    ms = timer.elapsed_ms()
-    del a, b, c
-    flops = 2 * n**3
-    return {
-        "n": n,
-        "dtype": "bfloat16",
-        "iters": iters,
-        "timing": timer.method,
-        "ms_median": statistics.median(ms),
-        "tflops_median": flops / (statistics.median(ms) / 1e3) / 1e12,
-        "tflops_max": flops / (min(ms) / 1e3) / 1e12,
-    }
 
 
 # ------------------------------------------------------------------------------- model
@@ -335,73 +267,3 @@ def _profiled_window(model, opt, ids, plan: Plan, device: torch.device, work: Pa
     benchmark.stop_profiler(prof)
     (trace,) = benchmark.trace_files(work)
     return trace
-
-
-# ------------------------------------------------------------------------------- traces
-def check_trace(path: Path, n_layers: int) -> dict[str, Any]:
-    """What the profiled window shows: NCCL kernels, compute-row busy fraction, per-layer FSDP ranges.
-
-    ``nccl_kernels``: GPU kernels whose name holds "nccl" (0 expected at world size 1: FSDP2 skips
-    its all-gather and reduce-scatter for a group of one); ``nccl_ops`` the CPU ops that launched
-    any. ``compute_busy_fraction``: busy time over step time of the row with the most compute (a
-    CUDA stream on GPU, the Python thread on CPU), per profiled step. ``fsdp_layers``: decoder layers
-    that have ``FSDP::`` ranges (all ``n_layers`` expected). Raises TraceError for an unreadable trace.
-    """
-    df = ta.load_trace(path)
-    report = ta.analyze(df)
-    kernels = df[df["device"].eq("gpu") & df["cat"].eq("kernel")]
-    nccl = kernels[kernels["name"].str.contains("nccl", case=False)]
-    ops = ta.collective_kernels(df)["op"].value_counts().to_dict() if len(nccl) else {}
-    rows = report.rows[report.rows["device"].eq(report.mode) & report.rows["step"].ge(-1)]
-    compute_row = rows.groupby("row")["compute_us"].sum().idxmax() if len(rows) else None
-    busy = rows[rows["row"].eq(compute_row)]
-    fsdp = df[df["category"].eq("fsdp")]
-    layers = sorted(int(x) for x in fsdp.loc[fsdp["layer"].ge(0), "layer"].unique())
-    ranges = fsdp["name"].str.replace(r" \(.*\)$| for .*$", "", regex=True).value_counts().to_dict()
-    cpu_comm = df[df["device"].eq("cpu") & df["category"].eq("communication")]
-    return {
-        "mode": report.mode,
-        "events": len(df),
-        "gpu_kernels": len(kernels),
-        "nccl_kernels": len(nccl),
-        "nccl_ops": ops,
-        "cpu_communication_ops": cpu_comm["name"].value_counts().to_dict(),
-        "compute_row": compute_row,
-        "compute_busy_fraction": [float(x) / 100 for x in busy["busy_pct"]],
-        "compute_busy_fraction_mean": float(busy["busy_pct"].mean()) / 100 if len(busy) else None,
-        "fsdp_layers": layers,
-        "fsdp_layers_expected": n_layers,
-        "fsdp_ranges": ranges,
-        "profiled_steps": [int(s) for s in report.steps["step"]],
-        "step_dur_us": [float(x) for x in report.steps["dur_us"]],
-        "notes": report.notes,
-    }
-
-
-def run_analyze_trace(path: Path) -> dict[str, Any]:
-    """``smolfsdp analyze-trace --json`` on ``path`` in its own process (the command readers run)."""
-    cmd = [sys.executable, "-m", "smolfsdp.cli", "analyze-trace", str(path), "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    out: dict[str, Any] = {
-        "command": f"smolfsdp analyze-trace {path.name} --json",
-        "returncode": proc.returncode,
-    }
-    if proc.returncode == 0:
-        (summary,) = json.loads(proc.stdout)
-        out.update(steps=len(summary["steps"]), overall=summary["overall"], prefetch=summary["prefetch"])
-    else:
-        out["stderr"] = proc.stderr[-2000:]
-    return out
-
-
-def keep_trace(traces: dict[str, Path], preferred: str, out: Path) -> str | None:
-    """Copy one trace into ``out`` (the preferred shape's, else the smallest) if it fits the limit."""
-    order = [preferred] + sorted(
-        (k for k in traces if k != preferred), key=lambda k: traces[k].stat().st_size
-    )
-    for name in order:
-        if traces[name].stat().st_size <= TRACE_LIMIT_BYTES:
-            target = out / f"trace_{name}.json.gz"
-            shutil.copyfile(traces[name], target)
-            return target.name
-    return None

@@ -167,6 +167,7 @@ def save_figure(fig: go.Figure, name: str, out_dir: str | Path | None = None) ->
 
     The HTML loads ``plotly.min.js`` from the same folder (written once, beside it): offline, no CDN.
     """
+
     out = Path(out_dir) if out_dir is not None else repo_root() / "figures"
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.html", out / f"{name}.json"]

@@ -1,10 +1,10 @@
 """Figures of the chapter "Scaling out": pure ``plot_*`` functions returning plotly Figures.
 
-Every point is a row of ``smolfsdp.measure.comm.scaling_table`` (the communication model and
+Every point is a row of ``smolfsdp.measure.scaling.scaling_table`` (the communication model and
 ``smolfsdp.measure.memory``); the table's assumptions go into the title. Save with
 ``smolfsdp.book.plotting.save_figure``.
 
-    python -c "from smolfsdp import comm, plotting_scale as p; p.plot_scaling(comm.scaling_table()).show()"
+    python -c "from smolfsdp.measure import scaling; from smolfsdp.book import plotting_scale as p; p.plot_scaling(scaling.scaling_table()).show()"
 """
 
 from __future__ import annotations

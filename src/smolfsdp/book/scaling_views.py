@@ -1,6 +1,6 @@
 """Reader-shaped views of the scaling projections, on the book's own full recipe.
 
-Used by the chapter "Scaling out" (notebooks/07_scaling.ipynb). ``smolfsdp.measure.comm.scaling_table``
+Used by the chapter "Scaling out" (notebooks/07_scaling.ipynb). ``smolfsdp.measure.scaling.scaling_table``
 computes the projections; this module picks the recipe (sequence, micro-batch, gradient accumulation,
 FSDP version, activation checkpointing from ``configs/runs/smollm3_3b_medical.yaml``), turns the frames
 into tables a reader can scan (units, percentages, "from 8 GPUs" instead of ``8.0``/``NaN``), sweeps the
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pandas as pd
 
 from smolfsdp.config import load_config
-from smolfsdp.measure import comm
 from smolfsdp.measure.memory import GIB, estimate_memory
+from smolfsdp.measure.scaling import estimate_step, scaling_table
 from smolfsdp.paths import recipe
 
 STRATEGY_NAMES = {
@@ -110,8 +110,8 @@ def tokens_sweep(a: dict, model="smollm3-3b", n_gpus: int = 16, micro_batches=(1
     for strategy in ("FULL_SHARD", "HYBRID_SHARD"):
         for mb in micro_batches:
             for no_sync in (False, True):
-                step = comm.estimate_step(model, strategy=strategy, n_gpus=n_gpus, micro_batch=mb,
-                                          gradient_accumulation_steps=acc, no_sync=no_sync, **kw)  # fmt: skip
+                step = estimate_step(model, strategy=strategy, n_gpus=n_gpus, micro_batch=mb,
+                                     gradient_accumulation_steps=acc, no_sync=no_sync, **kw)  # fmt: skip
                 mem = estimate_memory(
                     model, world_size=n_gpus, strategy=strategy, seq_len=a["seq_len"], micro_batch=mb,
                     activation_checkpointing=a["activation_checkpointing"], fsdp_version=a["fsdp_version"],
@@ -182,6 +182,6 @@ def latency_bounds(models, a: dict, n_gpus: int = 1024) -> pd.DataFrame:
     """Efficiency at ``n_gpus`` with NCCL's ring latency and with no latency at all: the two bounds."""
     cols = {}
     for label, latency in (("ring latency (default)", True), ("no latency", False)):
-        d = comm.scaling_table(models, n_gpus=(n_gpus,), latency=latency, **a)
+        d = scaling_table(models, n_gpus=(n_gpus,), latency=latency, **a)
         cols[label] = d.set_index(["model", d["strategy"].map(STRATEGY_NAMES)])["efficiency"].map(_pct)
     return pd.DataFrame(cols).rename_axis(["model", "strategy"])

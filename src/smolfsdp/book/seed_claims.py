@@ -23,7 +23,8 @@ import pandas as pd
 
 from smolfsdp.config import load_config
 from smolfsdp.measure.hardware import GPUS, fits
-from smolfsdp.measure.memory import RECIPES, LoraSpec, count_parameters, estimate_memory, resolve_model_config
+from smolfsdp.measure.memory import RECIPES, estimate_memory
+from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
 from smolfsdp.paths import recipe
 
 GIB = 2**30

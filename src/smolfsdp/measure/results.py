@@ -34,6 +34,7 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
 
 
 def git_sha(cwd: str | Path | None = None) -> str | None:
+
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd or repo_root(), capture_output=True, text=True, timeout=10
@@ -226,6 +227,7 @@ def load_gpu_results(path: str | Path = GPU_RESULTS_DIR) -> GpuResults | None:
     without its provenance is not shown), and ValueError for a CPU simulation's files (they are
     not a GPU measurement).
     """
+
     path = Path(path)
     path = path if path.is_absolute() else repo_root() / path
     if not (path / "bench.json").is_file():

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.data.prepare import IGNORE_INDEX
+from smolfsdp.data.chat import IGNORE_INDEX
 from smolfsdp.sharding.distributed import DistInfo
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from smolfsdp.data.prepare import IGNORE_INDEX
+from smolfsdp.data.chat import IGNORE_INDEX
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.train.batches import count_label_tokens
 

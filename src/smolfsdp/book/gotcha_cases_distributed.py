@@ -1,0 +1,312 @@
+"""The gotchas that run on 2 gloo ranks (one ``torchrun`` launch for all of them), failing and fixed.
+
+Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.book.gotchas``, which
+launches them; each case registers itself in ``smolfsdp.book.gotcha_registry.GOTCHAS``.
+
+    smolfsdp gotchas --run tied_embeddings,optimizer_before_sharding
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.state import AcceleratorState
+from peft import LoraConfig, get_peft_model
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp import fully_shard
+from torch.profiler import ProfilerActivity, profile
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+from smolfsdp.book.gotcha_registry import (
+    DIST,
+    WRONG,
+    attempt,
+    decoder_layer_cls,
+    full_tensor,
+    gotcha,
+    rank_batch,
+    shard_fsdp2,
+    tiny_model,
+)
+from smolfsdp.book.mechanics import collective_kind
+from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.measure.results import RunWriter
+from smolfsdp.models.modeling import resolve_wrap_class
+from smolfsdp.sharding import fsdp1, fsdp2
+from smolfsdp.sharding.distributed import DistInfo
+from smolfsdp.sharding.fsdp1 import fsdp_units, wrap_fsdp1
+from smolfsdp.sharding.fsdp2 import build_mesh
+from smolfsdp.sharding.shards import apply_activation_checkpointing
+
+
+def check_wrapping(model: nn.Module, wrap_cls: type[nn.Module] | str) -> int:
+    """Number of FSDP units (FSDP1 or FSDP2) in ``model``; raise when the policy wrapped no layer.
+
+    Raises ConfigError when the model has decoder layers (``wrap_cls`` instances) but only the
+    root is an FSDP unit: then every step all-gathers the whole model at once and nothing is sharded
+    per layer, which no error reveals.
+    """
+
+    name = wrap_cls if isinstance(wrap_cls, str) else wrap_cls.__name__
+    layers = [m for m in model.modules() if type(m).__name__ in (name, "FSDP" + name)]
+    units = len(fsdp1.fsdp_units(model)) + len(fsdp2.fsdp_units(model))
+    if layers and units <= 1:
+        raise ConfigError(
+            f"the wrap policy wrapped none of the {len(layers)} {name} modules: the model has {units} FSDP "
+            f"unit (the root). Wrap the class the model really uses (check type(layer).__name__)."
+        )
+    return units
+
+
+# ------------------------------------------------------------------------- the gotchas (2 ranks)
+@gotcha(
+    "fsdp2_mixed_dtensor",
+    "FSDP2: 'mixed torch.Tensor and DTensor' around evaluation",
+    DIST,
+    """With torch 2.13 an eval forward through the root (no_grad or not) and unshard() leave
+    training working, and so does generate() on a plain transformers model (it calls the root's
+    forward). generate() on a peft (LoRA) model is this gotcha: PeftModel.generate calls the inner model
+    past the root's hooks and fails with the same error; smolfsdp.sharding.fsdp2.apply_fsdp2 registers it with
+    torch.distributed.fsdp.register_fsdp_forward_method, so it works. Under FSDP1, model.generate fails
+    with or without LoRA ("'weight' must be 2-D"); smolfsdp.sharding.lora.generate gathers the full
+    parameters for the call (summon_full_params). What still fails is calling a submodule that FSDP2 did not
+    shard on its own (here model.model, the inner SmolLM3Model, e.g. to get hidden states for an eval
+    metric): the embedding's weight belongs to the root's group and is still a sharded DTensor, the
+    input ids are a plain Tensor. Pinning FSDP1 (the seed's fix) does not help in this form: FSDP1
+    fails too, with a shape error on the 1-D sharded view. The FSDP2 fix is to gather the root
+    group around the call (model.unshard() ... model.reshard()) or to go through the root forward
+    (output_hidden_states=True); for FSDP1, FSDP.summon_full_params(model, recurse=False).""",
+)
+def fsdp2_mixed_dtensor(rank: int, world: int) -> dict[str, Any]:
+
+    ids = rank_batch(rank)["input_ids"]
+    model = shard_fsdp2(tiny_model()[0], world)
+    failing = attempt(lambda: {"shape": list(model.model(input_ids=ids).last_hidden_state.shape)})
+    model = shard_fsdp2(
+        tiny_model()[0], world
+    )  # the failed call left the first layer's FSDP state initialised
+
+    def unshard_call():
+        model.unshard()
+        hidden = model.model(input_ids=ids).last_hidden_state
+        model.reshard()
+        types = sorted({type(p).__name__ for p in model.parameters()})
+        return {"shape": list(hidden.shape), "parameter_types_after": types}
+
+    fixed = attempt(unshard_call)
+    m1 = wrap_fsdp1(tiny_model()[0], decoder_layer_cls())
+    seed_fix = attempt(lambda: {"shape": list(m1.module.model(input_ids=ids).last_hidden_state.shape)})
+
+    def summon():
+        with FSDP.summon_full_params(m1, recurse=False):
+            return {"shape": list(m1.module.model(input_ids=ids).last_hidden_state.shape)}
+
+    return {"failing": failing, "fixed": {**fixed, "fsdp1_pinned": seed_fix, "fsdp1_summon": attempt(summon)}}
+
+
+@gotcha(
+    "wrap_class",
+    "A wrap class the model does not have, and a policy that wraps nothing",
+    DIST,
+    """A misspelt wrap class is caught by smolfsdp.models.modeling.resolve_wrap_class, which names the
+    closest class. The quiet failure is a policy whose class is real but not in this model (here
+    LlamaDecoderLayer): FSDP1's transformer_auto_wrap_policy matches nothing, the root becomes the
+    only unit, the model is one FlatParameter gathered at once, and no error is raised.
+    smolfsdp.book.gotcha_cases_distributed.check_wrapping counts the units and refuses that.""",
+)
+def wrap_class(rank: int, world: int) -> dict[str, Any]:
+
+    model = tiny_model()[0]
+    misspelt = attempt(lambda: {"class": resolve_wrap_class(model, "SmolLM3DecoderLayers").__name__})
+    wrong = wrap_fsdp1(tiny_model()[0], LlamaDecoderLayer)
+    units = len(fsdp_units(wrong))
+    quiet = {"outcome": "measured", "fsdp_units": units, "decoder_layers": 4}
+    if units <= 1:  # nothing raised: say what went wrong instead of "measured"
+        quiet.update(
+            outcome=WRONG, symptom=f"no decoder layer wrapped: {units} FSDP unit (the root) for 4 layers"
+        )
+    failing = {
+        **quiet,
+        "check_wrapping": attempt(lambda: {"units": check_wrapping(wrong, "SmolLM3DecoderLayer")}),
+    }
+    right = wrap_fsdp1(tiny_model()[0], resolve_wrap_class(model))
+    fixed = attempt(lambda: {"fsdp_units": check_wrapping(right, "SmolLM3DecoderLayer")})
+    return {"failing": {**failing, "misspelt": misspelt}, "fixed": fixed}
+
+
+@gotcha(
+    "trainer_fsdp_is_ddp",
+    "The Trainer's FSDP silently runs as DDP on CPU",
+    DIST,
+    """TrainingArguments(fsdp=..., use_cpu=True) on 2 processes trains without a word, but
+    accelerate 1.15 keeps an FSDP plugin only for accelerator devices: the model is wrapped in
+    DistributedDataParallel and every rank holds all parameters. smolfsdp.train.trl_engine.detect_effective reads
+    what the Trainer really built. The fix: smolfsdp.train.accelerate_cpu_fsdp lifts exactly that gate (and
+    gives FSDP a plain cpu device), and the same Trainer then wraps FullyShardedDataParallel units.""",
+)
+def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
+    # deferred: trl is the heaviest import of the package and only this case needs it
+    from smolfsdp.train.trl_engine import run_trl
+
+    info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
+    out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT", tempfile.mkdtemp()))
+    results = {}
+    for label, lifted in (("failing", False), ("fixed", True)):
+        cfg = TrainConfig(
+            name=f"gotcha-trl-{label}",
+            output_dir=str(out),
+            engine="trl",
+            max_steps=1,
+            eval_steps=0,
+            save_final_model=False,
+            max_rows=32,
+            accelerate_fsdp_on_cpu=lifted,
+        )
+        AcceleratorState._reset_state()  # each Trainer builds its accelerator state afresh (same group)
+        writer = RunWriter(cfg.run_dir, enabled=rank == 0)
+        try:
+            fields = run_trl(cfg, info, writer)
+        finally:
+            writer.close()
+        eff = fields["effective"]
+        results[label] = {
+            "outcome": "measured",
+            "requested": fields["requested"]["strategy"],
+            **_effective(eff),
+            "fsdp_units": eff["evidence"].get("fsdp_units", 0),
+            "parameter_type": eff["evidence"].get("parameter_type", "torch.nn.Parameter (full copy)"),
+            "held_per_rank": fields["params"]["fraction_per_rank"][rank],
+        }
+        if results[label]["strategy"] != results[label]["requested"]:  # trained, silently not as asked
+            results[label].update(
+                outcome=WRONG, symptom=f"asked for {results[label]['requested']}, ran {eff['strategy']}"
+            )
+    return results
+
+
+def _effective(eff: dict[str, Any]) -> dict[str, Any]:
+    return {"strategy": eff["strategy"], "wrapper": eff["evidence"]["wrapper"], "reason": eff["reason"]}
+
+
+@gotcha(
+    "gradient_checkpointing",
+    "HF gradient_checkpointing with FSDP vs FSDP's own activation checkpointing",
+    DIST,
+    """Counted with torch.profiler over one forward+backward (c10d collectives, rank 0), after
+    checking that recomputation really happens (decoder-layer forward calls per step). With torch
+    2.13 neither FSDP1 nor FSDP2 issues an extra all-gather for HF gradient_checkpointing: both skip
+    the gather when the recomputed forward runs inside backward. The redundant all-gather the
+    transformers docs warn about does not show in this setup; FSDP's own activation checkpointing
+    (checkpoint_wrapper inside each unit) stays the recommended form: it is what FSDP tests.""",
+)
+def gradient_checkpointing(rank: int, world: int) -> dict[str, Any]:
+
+    batch, rows = rank_batch(rank), {}
+    for version in (1, 2):
+        for mode in ("none", "fsdp_ac", "hf_use_reentrant_false", "hf_use_reentrant_true"):
+            model = tiny_model()[0]
+            if mode == "fsdp_ac":
+                apply_activation_checkpointing(model, decoder_layer_cls())
+            elif mode.startswith("hf"):
+                kw = {"use_reentrant": mode.endswith("true")}
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+            model = wrap_fsdp1(model, decoder_layer_cls()) if version == 1 else shard_fsdp2(model, world)
+            model(**batch).loss.backward()  # lazy init outside the profile
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                model(**batch).loss.backward()
+            # aten::silu runs once per decoder-layer MLP forward: 4 per step, 8 when layers are recomputed
+            counts = {"all-gather": 0, "reduce-scatter": 0, "layer_forwards": 0}
+            for e in prof.events():
+                kind = "layer_forwards" if e.name == "aten::silu" else collective_kind(e.name)
+                if kind in counts:
+                    counts[kind] += 1
+            rows[f"fsdp{version}/{mode}"] = counts
+    failing = {k: v for k, v in rows.items() if "/hf_" in k}
+    fixed = {k: v for k, v in rows.items() if "/hf_" not in k}
+    return {"failing": {"outcome": "measured", **failing}, "fixed": {"outcome": "measured", **fixed}}
+
+
+@gotcha(
+    "tied_embeddings",
+    "Tied embeddings placed in separate FSDP2 groups",
+    DIST,
+    """SmolLM3 ties lm_head.weight to embed_tokens.weight (one Parameter). fully_shard(model.lm_head)
+    on its own puts that Parameter in a second group; with torch 2.13 the root's fully_shard then
+    refuses loudly (we have not measured what older releases did). Keep both in the
+    root group, as smolfsdp.sharding.fsdp2.apply_fsdp2 does: after a step they are still one tensor.""",
+)
+def tied_embeddings(rank: int, world: int) -> dict[str, Any]:
+
+    def step(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model(**rank_batch(rank)).loss.backward()
+        opt.step()
+        head, emb = model.lm_head.weight, model.model.embed_tokens.weight
+        return {
+            "same_parameter": head is emb,
+            "max_abs_diff": float((full_tensor(head) - full_tensor(emb)).abs().max()),
+        }
+
+    def separate():
+        model, mesh = tiny_model()[0], build_mesh("cpu", world)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model.lm_head, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return step(model)
+
+    return {"failing": attempt(separate), "fixed": attempt(lambda: step(shard_fsdp2(tiny_model()[0], world)))}
+
+
+@gotcha(
+    "optimizer_before_sharding",
+    "The optimizer created before sharding",
+    DIST,
+    """fully_shard replaces every parameter with a new DTensor Parameter. An optimizer built before
+    holds the old tensors, which never receive a gradient: step() runs, the loss is computed, and
+    no weight changes. Build the optimizer from model.parameters() after sharding.""",
+)
+def optimizer_before_sharding(rank: int, world: int) -> dict[str, Any]:
+    def run(before: bool):
+        model = tiny_model()[0]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2) if before else None
+        shard_fsdp2(model, world)
+        opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-2)
+        start = {n: full_tensor(p).clone() for n, p in model.named_parameters()}
+        loss = float(model(**rank_batch(rank)).loss.detach())
+        model(**rank_batch(rank)).loss.backward()
+        opt.step()
+        change = max(float((full_tensor(p) - start[n]).abs().max()) for n, p in model.named_parameters())
+        with_grad = sum(p.grad is not None for g in opt.param_groups for p in g["params"])
+        return {"max_param_change": change, "optimizer_params_with_grad": with_grad, "loss": round(loss, 4)}
+
+    failing = attempt(run, True)
+    if failing["outcome"] == "ok" and failing["max_param_change"] == 0.0:
+        # no exception is the whole trap: attempt() says "ok", so name the measured symptom instead
+        failing.update(outcome=WRONG, symptom="optimizer.step() ran and no weight changed")
+    return {"failing": failing, "fixed": attempt(run, False)}
+
+
+@gotcha(
+    "peft_fp32_adapters_fsdp1",
+    "peft's fp32 adapters on a bf16 base and FSDP1's one-dtype FlatParameter",
+    DIST,
+    """peft (autocast_adapter_dtype=True, its default) keeps LoRA weights in fp32 on a bf16 base.
+    FSDP1 flattens every unit's parameters into one FlatParameter, which needs one dtype, so
+    wrapping fails. Fixes: keep adapters in the base dtype (autocast_adapter_dtype=False), load the
+    base in fp32 with MixedPrecision for compute, or use FSDP2 (per-parameter DTensors).""",
+)
+def peft_fp32_adapters_fsdp1(rank: int, world: int) -> dict[str, Any]:
+
+    def wrap(autocast: bool):
+        lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        model = get_peft_model(tiny_model(dtype=torch.bfloat16)[0], lora, autocast_adapter_dtype=autocast)
+        dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
+        return {"dtypes": dtypes, "fsdp_units": len(fsdp_units(wrap_fsdp1(model, decoder_layer_cls())))}
+
+    return {"failing": attempt(wrap, True), "fixed": attempt(wrap, False)}

@@ -1,0 +1,71 @@
+"""Bytes autograd saves for backward in one forward of SmolLM3-like models, tensor by tensor.
+
+Chapter "Where the memory goes" (``notebooks/00_memory.ipynb``); ``smolfsdp.measure.memory`` adds
+these to the static bytes. Checked byte for byte against ``torch.autograd.graph.saved_tensors_hooks``
+in ``tests/test_memory.py``.
+
+    python -c "from smolfsdp.measure import activations as a, params as p; print(a.activation_breakdown(p.resolve_model_config('tiny'), 64, 64, 4))"
+"""
+
+from __future__ import annotations
+
+from smolfsdp.measure.params import LoraSpec
+
+
+def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, lora: LoraSpec | None = None):
+    """Bytes autograd saves for backward in one forward of ``tokens = micro_batch * seq_len`` tokens.
+
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", sec. 4)
+    count ``s*b*h*(34 + 5*a*s/h)`` per GPT layer in fp16. For SmolLM3 (RMSNorm computed in fp32, GQA,
+    SwiGLU, no dropout, SDPA/flash attention that keeps only q, k, v, the output and a fp32
+    logsumexp, never the ``s^2`` scores) the same per-tensor accounting gives, per token and layer,
+    with ``c`` the compute itemsize::
+
+        8h + 6ch + 2c*kv + 4c*f + 4*heads + 8      (full fine-tune)
+
+    2 norms x (fp32 input 4h + rsqrt 4 + normalised ch) + norm outputs saved by q/k/v and gate/up
+    (2ch) + q (ch) + k, v (2c*kv) + attention output = o_proj input (ch) + logsumexp (4*heads) +
+    SwiGLU gate, silu(gate), up, down input (4cf). With LoRA, frozen weights drop the saves that
+    only their weight-gradient needs (norm ``ch``, gate/up and down inputs, lm_head input) and add
+    ``c*r`` per adapter; layer 0's input norm saves nothing (its input needs no gradient). The loss
+    saves the fp32 log-softmax (4V per token) and int64 targets (and the embedding its int64 ids). Checked byte for byte against
+    ``torch.autograd.graph.saved_tensors_hooks`` in tests/test_memory.py.
+    """
+    h, f, heads, c = config.hidden_size, config.intermediate_size, config.num_attention_heads, compute_bytes
+    hd = getattr(config, "head_dim", None) or h // heads
+    kv, n_layers, V = config.num_key_value_heads * hd, config.num_hidden_layers, config.vocab_size
+    attn_core = 2 * c * h + 2 * c * kv + 4 * heads  # q, output (= o_proj input), k, v, logsumexp
+    if lora is None:
+        norm = 4 * h + 4 + c * h
+        layer = 2 * norm + 2 * c * h + attn_core + 4 * c * f
+        first_layer_saving = 0
+        head = norm + c * h  # final norm + lm_head input
+        ids = 8 * tokens  # int64 input ids, saved for the embedding's weight gradient
+    else:
+        t = set(lora.targets)
+        norm = 4 * h + 4
+        linear_in = c * h * ((bool(t & {"q_proj", "k_proj", "v_proj"})) + bool(t & {"gate_proj", "up_proj"}))
+        layer = (
+            2 * norm + linear_in + attn_core + 3 * c * f + c * f * ("down_proj" in t) + c * lora.r * len(t)
+        )
+        first_layer_saving = norm
+        head = norm
+        ids = 0
+    rope = 2 * seq_len * hd * c  # cos and sin, shared by every layer and every sequence
+    layers_bytes = tokens * (n_layers * layer - first_layer_saving)
+    loss = tokens * (4 * V + 8) + 4 + ids  # fp32 log-softmax, int64 targets, the 0-d loss scale
+    return {
+        "per_layer": tokens * layer,
+        "layers": layers_bytes,
+        "layer_inputs": tokens * n_layers * c * h,  # what per-layer activation checkpointing keeps
+        "head": tokens * head,
+        "rope": rope,
+        "loss": loss,
+        "logits": tokens * V * (c + (4 if c != 4 else 0)),  # logits held by the output + fp32 upcast
+    }
+
+
+def saved_activation_bytes(config, tokens: int, seq_len: int, compute_bytes: int, lora=None) -> int:
+    """All bytes autograd holds for backward after forward + loss (no activation checkpointing)."""
+    b = activation_breakdown(config, tokens, seq_len, compute_bytes, lora)
+    return b["layers"] + b["head"] + b["rope"] + b["loss"]
