@@ -13,19 +13,11 @@ import sys
 from pathlib import Path
 
 import grimp
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = SRC / "smolfsdp"
 
-#: Files other changes are still splitting (issue 15): their in-function imports of our own modules
-#: are left to those changes. Shrink this set; never grow it.
-BEING_SPLIT = {
-    "book/gotchas.py",
-    "measure/comm.py",
-    "measure/memory.py",
-}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -104,23 +96,16 @@ def _function_imports(tree: ast.Module, lines: list[str]):
 
 def test_no_function_level_imports_of_our_own_modules():
     """Our own modules are imported at the top of a module: an import inside a function hid the
-    cycles this layout removed. (A commented deferral is allowed; the files others are still
-    splitting are listed in BEING_SPLIT.)"""
+    cycles this layout removed. (A commented deferral is allowed.)"""
     found = [
         f"{name}:{line} {module}"
         for name, tree, lines in _modules()
-        if name not in BEING_SPLIT
         for line, module, commented in _function_imports(tree, lines)
         if module.startswith("smolfsdp") and not commented
     ]
     assert found == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="third-party imports inside functions without a comment remain (mostly datasets, transformers, "
-    "peft, pandas deferred on purpose, not yet commented) and the BEING_SPLIT files are in progress",
-)
 def test_every_function_level_import_says_why():
     """An import inside a function defers a heavy optional dependency, and its line says so."""
     found = [
@@ -132,21 +117,11 @@ def test_every_function_level_import_says_why():
     assert found == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="being split by other changes (issue 15): book/gotchas.py, measure/comm.py, measure/memory.py, "
-    "data/prepare.py, book/gpu_check.py",
-)
 def test_no_module_over_400_lines():
     long = {name: len(lines) for name, _, lines in _modules() if len(lines) > MAX_MODULE_LINES}
     assert long == {}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="being split by other changes (issue 15): memory.estimate_memory, "
-    "comm.estimate_collectives / estimate_step / scaling_table",
-)
 def test_no_function_over_80_lines():
     long = {
         f"{name}:{fn.name}": fn.end_lineno - fn.lineno + 1

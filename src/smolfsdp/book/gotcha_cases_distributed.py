@@ -150,8 +150,9 @@ def wrap_class(rank: int, world: int) -> dict[str, Any]:
     gives FSDP a plain cpu device), and the same Trainer then wraps FullyShardedDataParallel units.""",
 )
 def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
-    # deferred: trl is the heaviest import of the package and only this case needs it
-    from smolfsdp.train.trl_engine import run_trl
+    from smolfsdp.train.trl_engine import (
+        run_trl,  # deferred: imports trl, the heaviest; only this case needs it
+    )
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT", tempfile.mkdtemp()))

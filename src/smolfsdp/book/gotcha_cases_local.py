@@ -115,9 +115,8 @@ def tracker_wrong_project(out: Path) -> dict[str, Any]:
 
 def trackio_form(form: str, out: Path) -> None:
     """One Trainer run reporting to trackio (TRACKIO_DIR set by the caller); writes what the store holds."""
-    # deferred: trackio reads TRACKIO_DIR when imported; this subprocess's caller set it
-    import trackio
-    from trackio.sqlite_storage import SQLiteStorage
+    import trackio  # deferred: trackio reads TRACKIO_DIR when imported; this subprocess's caller set it
+    from trackio.sqlite_storage import SQLiteStorage  # deferred with trackio
 
     model, tok = tiny_model()
     data = prepare_data(TrainConfig(max_rows=16, eval_size=0), tok)

@@ -126,12 +126,9 @@ def trainer_fsdp_view(fsdp_config: dict) -> tuple[dict, list[str]]:
     log = logging.getLogger("transformers.training_args")
     handler = Keep(logging.WARNING)
     log.addHandler(handler)
-    # the warnings are evidence here, kept by ``Keep``; not propagating stops transformers' own handler from
-    # printing them a second time (into the chapter's output, where they would read as a problem of the book)
+    # the warnings are evidence, kept by ``Keep``; not propagating stops a second print into the chapter
     propagate, log.propagate = log.propagate, False
-    # smolfsdp.quiet drops the FSDP1 deprecation at this logger in our runs; here it is the evidence, so the
-    # logger's filters are lifted for this one call (restored below)
-    filters, log.filters = log.filters, []
+    filters, log.filters = log.filters, []  # smolfsdp.quiet's filter would drop the evidence; restored below
     try:
         args = TrainingArguments(output_dir="unused", fsdp=True, fsdp_config=dict(fsdp_config), use_cpu=True,
                                  report_to="none")  # fmt: skip

@@ -186,8 +186,7 @@ def prepare_data(cfg, tokenizer) -> PreparedData:
         ConfigError: missing file, no matching columns, a field that is not text, no rows left, no chat
             template, or ``max_length`` too small for any row.
     """
-    # deferred: datasets (pyarrow) is heavy, and smolfsdp.models.modeling imports this module
-    import datasets
+    import datasets  # deferred: datasets (pyarrow) is heavy; only building the split needs it
 
     check_chat_template(tokenizer)
     rows = load_rows(cfg.dataset, config=cfg.dataset_config, split=cfg.dataset_split, max_rows=cfg.max_rows)

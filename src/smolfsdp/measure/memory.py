@@ -138,27 +138,24 @@ def estimate_memory(
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
 
-    On the device every loading peaks at the largest FSDP unit held in full (the root or a layer):
-    FSDP moves one unit at a time to the device and shards it there (FSDP1 ``device_id``, FSDP2
-    ``fully_shard``); the whole model never sits on one GPU.
+    On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
+    moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
 
-    Raises ConfigError for an unknown strategy/recipe/loading, world size < 1, a sequence longer than
-    the model's ``max_position_embeddings``, or an unresolvable model.
+    Raises ConfigError for an unknown strategy/recipe/loading, world size < 1, a sequence longer than the
+    model's ``max_position_embeddings``, or an unresolvable model.
     """
     rec = _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank)
     config = _check_seq_len(resolve_model_config(model), seq_len)
     spec = LoraSpec() if lora is True else (lora or None)
     group = shard_group_size(strategy, world_size, gpus_per_node)
     st = sharded_state(config, rec, group, rank % group, fsdp_version, spec)
-    full = st["full_units"]
-    c = rec.compute_bytes
+    full, c = st["full_units"], rec.compute_bytes
     act = activation_breakdown(config, micro_batch * seq_len, seq_len, c, spec)
     no_ac = act["layers"] + act["head"] + act["rope"] + act["loss"]
     with_ac = act["layer_inputs"] + act["per_layer"] + act["head"] + act["rope"] + act["loss"]
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
     host = sum(static.values()) if offload else 0
-    if offload:
-        static = dict.fromkeys(static, 0)
+    static = dict.fromkeys(static, 0) if offload else static
     counts = count_parameters(config, spec)
     per_node = min(world_size, gpus_per_node)
     return MemoryEstimate(

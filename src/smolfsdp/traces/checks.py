@@ -107,8 +107,8 @@ def hta_overlap_pct(path: str | Path) -> float | None:
     HTA reads a folder of traces, so the file is copied into a temporary one. HTA drops the last
     profiler step; compare it with ``exposed_share(report, "complete_steps")``.
     """
-    try:  # deferred: HolisticTraceAnalysis is an optional, heavy dependency
-        from hta.trace_analysis import TraceAnalysis
+    try:
+        from hta.trace_analysis import TraceAnalysis  # deferred: HTA is an optional, heavy dependency
     except ImportError:
         return None
     with tempfile.TemporaryDirectory() as d:
