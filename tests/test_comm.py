@@ -44,9 +44,10 @@ def test_tiny_full_shard_bytes_by_hand():
     L = c.num_hidden_layers
     df = comm.estimate_collectives("tiny", n_gpus=2, fsdp_version=2, mixed_precision="bf16")
     b = comm.step_bytes(df)
-    # FSDP2 FULL_SHARD: forward and backward all-gather of root + L layers in bf16; reduce-scatter in fp32
-    assert b.loc["all-gather", "count"] == 2 * (L + 1)
-    assert b.loc["all-gather", "logical_bytes"] == 2 * (root + L * layer) * 2
+    # FSDP2 FULL_SHARD: forward all-gathers root + L layers, backward the L layers again (the root stays
+    # gathered from forward, apply_fsdp2's default), in bf16; reduce-scatter of everything in fp32
+    assert b.loc["all-gather", "count"] == 2 * L + 1
+    assert b.loc["all-gather", "logical_bytes"] == (root + 2 * L * layer) * 2
     assert b.loc["reduce-scatter", "logical_bytes"] == (root + L * layer) * 4
     assert b.loc["all-gather", "sent_bytes"] == b.loc["all-gather", "logical_bytes"] / 2  # (n-1)/n
     # FSDP1 keeps the root gathered for backward: one all-gather fewer
@@ -58,7 +59,7 @@ def test_tiny_full_shard_bytes_by_hand():
     )
     assert z2.loc["all-gather", "count"] == 3 * (L + 1) and z2.loc["reduce-scatter", "count"] == 3 * (L + 1)
     ns = comm.step_bytes(comm.estimate_collectives("tiny", gradient_accumulation_steps=3, no_sync=True))
-    assert ns.loc["reduce-scatter", "count"] == L + 1 and ns.loc["all-gather", "count"] == 3 * 2 * (L + 1)
+    assert ns.loc["reduce-scatter", "count"] == L + 1 and ns.loc["all-gather", "count"] == 3 * (2 * L + 1)
 
 
 def test_padding_by_hand_three_ranks():
@@ -215,15 +216,17 @@ def test_recipe_sets_the_communication_dtypes():
     assert scaling.recipe_dtypes("pure-bf16") == {"mixed_precision": "bf16", "reduce_dtype": "bf16"}
     c = resolve_model_config("tiny")
     layer = sum(n for _, n in _layer_shapes(c))
-    params = c.vocab_size * c.hidden_size + c.hidden_size + c.num_hidden_layers * layer  # 4 ranks: no padding
+    root = c.vocab_size * c.hidden_size + c.hidden_size
+    params = root + c.num_hidden_layers * layer  # 4 ranks: no padding
+    gathered = params + c.num_hidden_layers * layer  # the root is not re-gathered for backward
     args = dict(models="tiny", strategies="FULL_SHARD", n_gpus=4, seq_len=128)
-    # FSDP2 FULL_SHARD gathers everything twice and reduce-scatters once
+    # FSDP2 FULL_SHARD gathers the layers twice, the root once (kept from forward), reduce-scatters once
     fp32 = scaling.scaling_table(recipe="fp32", **args)
-    assert fp32["logical_bytes"].iloc[0] == params * (2 * 4 + 4)
+    assert fp32["logical_bytes"].iloc[0] == gathered * 4 + params * 4
     bf16 = scaling.scaling_table(recipe="hf-fsdp-bf16", **args)
-    assert bf16["logical_bytes"].iloc[0] == params * (2 * 2 + 4)
+    assert bf16["logical_bytes"].iloc[0] == gathered * 2 + params * 4
     pure = scaling.scaling_table(recipe="pure-bf16", **args)
-    assert pure["logical_bytes"].iloc[0] == params * (2 * 2 + 2)
+    assert pure["logical_bytes"].iloc[0] == gathered * 2 + params * 2
     assert "fp32 all-gathers, fp32 reductions" in fp32.attrs["assumptions"]
 
 

@@ -72,9 +72,10 @@ def estimate_collectives(
 
     Rules (PyTorch FSDP paper, arXiv:2304.11277, sec. 3.2-3.3; ZeRO sec. 5): per micro-batch,
     FULL_SHARD all-gathers every unit in forward and again in backward, except the root when it is
-    not resharded after forward (FSDP1 always keeps it; FSDP2 keeps it only when
-    ``reshard_after_forward`` is left unset, and ``smolfsdp.sharding.fsdp2.apply_fsdp2`` sets it, so
-    ``root_reshard_after_forward=None`` means False for FSDP1, True for FSDP2). SHARD_GRAD_OP:
+    not resharded after forward (FSDP1 always keeps it; FSDP2 keeps it when the root's
+    ``reshard_after_forward`` is False, which ``smolfsdp.sharding.fsdp2.apply_fsdp2`` passes by default,
+    so ``root_reshard_after_forward=None`` means False for both; True models a resharded FSDP2 root,
+    all-gathered again for backward). SHARD_GRAD_OP:
     forward all-gathers only. Gradients: one reduce-scatter per unit per micro-batch, or once per step
     with ``no_sync`` (FSDP1 ``no_sync()`` / FSDP2 ``set_requires_gradient_sync(False)``, which keep
     unsharded gradients); HYBRID_SHARD adds an all-reduce of each gradient shard across the
@@ -112,9 +113,9 @@ def estimate_collectives(
         per = math.ceil(total / buckets)
         rows.add("all", "backward", "all-reduce", "world", n, reductions * buckets, per, per, r)
     else:
-        keep_root = (fsdp_version == 2) if root_reshard_after_forward is None else root_reshard_after_forward
+        regather_root = bool(root_reshard_after_forward)  # None: the package's default, root kept gathered
         sizes = unit_sizes(config, shard, fsdp_version, c, use_orig_params)
-        _fsdp_rows(rows, sizes, strategy, shard, k, reductions, keep_root, c, r)
+        _fsdp_rows(rows, sizes, strategy, shard, k, reductions, regather_root, c, r)
     if include_loop:
         _loop_rows(rows, config, fsdp_version, strategy)
     df = pd.DataFrame(rows.rows, columns=COLUMNS)
@@ -147,14 +148,14 @@ class _Rows:
         )  # fmt: skip
 
 
-def _fsdp_rows(rows: _Rows, sizes: dict, strategy: str, shard: int, k: int, reductions: int, keep_root: bool,
+def _fsdp_rows(rows: _Rows, sizes: dict, strategy: str, shard: int, k: int, reductions: int, regather_root: bool,
                c: int, r: int) -> None:  # fmt: skip
     """Per unit: forward all-gather, backward re-gather (not under SHARD_GRAD_OP, nor for a root kept
     from forward), reduce-scatter, and the HSDP all-reduce across replicas (no row with one replica)."""
     replicas = rows.cl.n_gpus // shard
     for unit, (numel, real) in sizes.items():
         rows.add(unit, "forward", "all-gather", "shard", shard, k, numel, real, c)
-        regather = strategy != "SHARD_GRAD_OP" and (unit != "root" or keep_root)
+        regather = strategy != "SHARD_GRAD_OP" and (unit != "root" or regather_root)
         rows.add(unit, "backward", "all-gather", "shard", shard, k if regather else 0, numel, real, c)
         rows.add(unit, "backward", "reduce-scatter", "shard", shard, reductions, numel, real, r)
         rows.add(unit, "backward", "all-reduce", "replicate", replicas, reductions, numel // shard,
