@@ -216,6 +216,15 @@ LEVER_COSTS = {
     "PCIe and the optimizer step runs on the CPU (often several times slower per step)",
     "more GPUs": "more hardware, and collectives over more ranks",
 }
+#: What the sharding lever costs, by the strategy it reached (ring collectives: an all-reduce moves ~2x
+#: the bytes, an all-gather or a reduce-scatter ~1x; ZeRO paper, Rajbhandari et al. 2020, sec. 7).
+SHARDING_COSTS = {
+    "SHARD_GRAD_OP": "parameters all-gathered once per step and gradients reduce-scattered: about the "
+    "traffic of DDP's all-reduce (2x the parameter bytes per step), and the gathered units stay in memory "
+    "from forward to backward",
+    "FULL_SHARD": "parameters all-gathered in forward and again in backward, gradients reduce-scattered: 3x "
+    "the parameter bytes per step, ~1.5x DDP's traffic (hidden behind compute when prefetch keeps up)",
+}
 
 
 @dataclass
@@ -227,8 +236,9 @@ class Recommendation:
     "more GPUs", "none" when the configuration fits as given, "does not fit"); ``levers``: every lever
     used, cheapest first; ``cost``: what ``lever`` costs, in words; ``gpus``: the world size;
     ``estimate``: the ``MemoryEstimate`` of the decision (of the most relieved try for "does not fit");
-    ``reason``: one line naming what was evaluated (FSDP version, recipe, sequence, GPU), the peak
-    against the GPU's memory, the lever and its cost, and what cheaper tries peaked at.
+    ``reason``: what was evaluated (FSDP version, strategy, recipe, sequence, GPU) with the peak against
+    the GPU's memory; then, on indented lines, the lever and its cost, and what the cheaper tries
+    peaked at.
     """
 
     decision: str
@@ -314,6 +324,8 @@ def _cost(lever: str, model, kw: dict) -> str:
     """``LEVER_COSTS[lever]``; for CPU offload with the PCIe bytes per GPU per step: the parameter shard up
     for forward and again for backward, the gradient shard down (FSDP1 ``CPUOffload`` and FSDP2
     ``CPUOffloadPolicy`` copy them every step), read from the same settings without offload."""
+    if lever == "sharding":
+        return SHARDING_COSTS[kw["strategy"]]
     if lever != "CPU offload":
         return LEVER_COSTS.get(lever, "")
     device = estimate_memory(model, **{**kw, "offload": False})
@@ -378,8 +390,8 @@ def recommend(
         if fits(est, g) and host_ok:
             lever = chosen[-1]
             cost = _cost(lever, model, kw)
-            cheaper = "; ".join(f"{c}: {b / GIB:.1f} GiB" for c, b in tried[:-1])
-            reason = f"{_describe(est, g, gpus)}; lever: {lever} ({cost}); did not fit: {cheaper}"
+            cheaper = "; ".join(f"{c} {b / GIB:.1f} GiB" for c, b in tried[:-1])
+            reason = f"{_describe(est, g, gpus)}\n  lever: {lever}; cost: {cost}\n  tried first, did not fit: {cheaper}"
             return Recommendation(label, gpus, est, reason, lever, chosen, cost, tried)
     return _more_gpus(model, g, gpus, base, max_gpus, tried, est)
 
@@ -397,7 +409,7 @@ def _more_gpus(model, g: GPU, gpus: int, base: dict, max_gpus: int, tried: list,
             est, levers, _ = _try(model, g, n, base, chosen)
             if fits(est, g):
                 cost = LEVER_COSTS["more GPUs"]
-                reason = f"{_describe(est, g, n)}; lever: more GPUs ({cost}); nothing fits on {gpus}"
+                reason = f"{_describe(est, g, n)}\n  lever: more GPUs; cost: {cost}; nothing fits on {gpus}"
                 levers_used = (*chosen, "more GPUs")
                 return Recommendation(
                     _label(est, levers), n, est, reason, "more GPUs", levers_used, cost, tried
