@@ -261,7 +261,7 @@ def test_every_final_model_is_still_there_unchanged(documented):
 @pytest.mark.parametrize(
     "wanted",
     [
-        r"^\.venv/bin/smolfsdp train --config configs/runs/smoke\.yaml$",
+        r"^make demo$|^\.venv/bin/smolfsdp train --config configs/runs/smoke\.yaml$",  # first and last
         r"lora_smoke\.yaml$",
         r"smoke_trl\.yaml",
     ],
