@@ -11,7 +11,7 @@ Where commands come from:
 
 * Markdown: every line of a fenced ``bash`` block (``\\`` continuations joined, ``#`` comments
   dropped), and inline code spans that start with ``smolfsdp``/``.venv/bin/smolfsdp`` and give
-  arguments, or with ``make <target>``. README first, then the chapters in book order.
+  arguments, with ``make <target>``, or run a script of ``scripts/``. README first, then the chapters in book order.
 * Notebook code cells: ``!`` shell lines.
 
 Not every documented command can run here (no GPU, no Hub, one node): ``NOT_HERE`` names each kind
@@ -54,6 +54,7 @@ NOT_HERE = (
     (r"\bsbatch\b", "needs a SLURM cluster"),
     (r"--nnodes", "needs several nodes (tests/test_faults.py runs the multi-node path on one machine)"),
     (r"gpu_check\.sh", "needs a CUDA GPU (tests/test_gpu_check.py runs its --simulate-cpu mode)"),
+    (r"/path/to/", "a data file of the reader's (filled with ../shared/data's MedQuAD rows where present)"),
     (r"(^|\s)\.\.\.(\s|$)|\$\w+|<[^>]*>", "elided arguments or a placeholder the docs' runs do not provide"),
 )
 #: Placeholders the docs' own runs fill: a glob over the copy's run folders (newest match), or a path.
@@ -99,7 +100,8 @@ def _markdown_commands(text: str) -> list[str]:
     for m in re.finditer(r"`([^`\n]*(?:\n[^`\n]*)?)`", text):
         span = " ".join(m[1].split())
         smol = SMOLFSDP.match(span) and len(span.split()) > 2
-        if smol or re.fullmatch(r"make [a-z]+( [A-Z_]+=\S+)*", span):
+        script = re.match(r"(OUT=(<[^>]*>|\S+) )?(bash|python3?) scripts/", span)
+        if smol or script or re.fullmatch(r"make [a-z]+( [A-Z_]+=\S+)*", span):
             found.append((m.start(), span))
     return [cmd for _, cmd in sorted(found, key=lambda f: f[0])]  # stable: a block keeps its order
 
@@ -227,6 +229,7 @@ def test_the_docs_document_the_commands_a_newcomer_runs():
     assert any(t.startswith(".venv/bin/smolfsdp train --config configs/runs/lora_smoke.yaml") for t in texts)
     assert any(t.startswith("smolfsdp memory --model smollm3-3b") for t in texts)
     assert any("--stop_at_step 3" in t for t in texts)  # chapter 06's resume drill
+    assert "OUT=<empty folder> bash scripts/gpu_check.sh" in texts
     assert make_demo_command() == ".venv/bin/smolfsdp train --config configs/runs/smoke.yaml"
     assert _shell_lines("a \\\n  b  # note\n# only a comment\n") == ["a b"]
 
