@@ -197,6 +197,7 @@ def documented(tmp_path_factory):
         before, t0 = _runs(copy), time.monotonic()
         proc = subprocess.run(cmd.argv, cwd=copy, env=env, capture_output=True, text=True, timeout=900)
         cmd.rc, cmd.log, cmd.seconds = proc.returncode, proc.stdout + proc.stderr, time.monotonic() - t0
+        print(f"[documented] exit {cmd.rc} in {cmd.seconds:.0f} s: {cmd.text}", file=sys.stderr, flush=True)
         after = _runs(copy)
         cmd.wrote = [name for name, files in after.items() if before.get(name) != files]
         for name in cmd.wrote:
