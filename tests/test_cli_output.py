@@ -3,14 +3,19 @@
 import json
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, SHARED
+from test_trace_analysis import _fsdp2_gpu_trace, _write
 
-from smolfsdp import cli
+from smolfsdp import cli, cli_output
 from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND
 from smolfsdp.checkpoint.dcp import MARKER, umask_modes
-from smolfsdp.config import TrainConfig
+from smolfsdp.config import GROUPS, TrainConfig
 from smolfsdp.measure import benchmark
 from smolfsdp.train import sft
 
@@ -42,10 +47,10 @@ CPU_BENCH = {
 
 
 def test_bench_table_has_units_and_says_why_no_mfu():
-    rows = dict(line.split("  ", 1) for line in cli.format_bench(CPU_BENCH).splitlines())
+    rows = dict(line.split("  ", 1) for line in cli_output.format_bench(CPU_BENCH).splitlines())
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     assert rows["strategy that ran"] == "fsdp1 (native engine, 2 ranks, cpu)"
-    assert rows["step time, median"] == "1276.3 ms (min 808.4, max 1315.2)"
+    assert rows["step time, median"] == "1,276.3 ms (min 808.4, max 1,315.2)"
     assert rows["tokens/s, all ranks"] == "2,055 (1,772 tokens/step)"
     assert rows["TFLOP/s per rank"] == "0.006945"
     assert (
@@ -69,7 +74,7 @@ def test_bench_table_gpu_memory_in_gib_and_mfu_percent():
             },
         ],
     }
-    table = cli.format_bench(gpu)
+    table = cli_output.format_bench(gpu)
     assert "MFU                  41.2 %" in table and "NVIDIA H200" in table
     assert "40.00 GiB allocated, 41.50 GiB reserved (GPU peak in the step)" in table
 
@@ -81,7 +86,7 @@ def test_bench_json_flag(monkeypatch, capsys):
     assert out["summary"]["step_time_ms_median"] == CPU_BENCH["summary"]["step_time_ms_median"]
     assert out["strategy"] == "fsdp1" and out["mfu_reason"].startswith("CPU run")
     assert cli.main(["bench", "--output_dir", "/tmp/unused"]) == 0
-    assert "1276.3 ms" in capsys.readouterr().out
+    assert "1,276.3 ms" in capsys.readouterr().out
 
 
 def test_rss_peak_and_rss_from_one_source():
@@ -173,4 +178,205 @@ def test_umask_modes_undoes_safetensors_0600(tmp_path):
 
 @pytest.mark.parametrize("steps", [0])
 def test_bench_table_without_timed_steps(steps):
-    assert "no timed steps" in cli.format_bench({**CPU_BENCH, "summary": {"timed_steps": steps}})
+    assert "no timed steps" in cli_output.format_bench({**CPU_BENCH, "summary": {"timed_steps": steps}})
+
+
+# ------------------------------------------------------------------------------ help and argument errors
+def _help(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines at the terminal width
+
+
+def test_train_help_has_description_default_and_section_per_field(capsys):
+    text = _help(capsys, ["train", "--help"])
+    for title in GROUPS:
+        assert f" {title}: " in text
+    assert (
+        "--max_steps INT, --max-steps INT optimizer steps; > 0 overrides num_train_epochs (default: -1)"
+        in text
+    )
+    assert "--lora [true|false] train LoRA adapters (peft) instead of all weights (default: false)" in text
+    assert (
+        "--fsdp_version INT, --fsdp-version INT 1 (FullyShardedDataParallel) or 2 (fully_shard, DTensor) (default: 1)"
+        in text
+    )
+    assert "--no_save_final_model, --no-save-final-model same as --save_final_model false" in text
+    assert "(default: q_proj k_proj v_proj o_proj)" in text
+    # the sections in the order of GROUPS, each field under its own
+    assert [text.index(f" {t}: ") for t in GROUPS] == sorted(text.index(f" {t}: ") for t in GROUPS)
+    assert (
+        text.index(" launch and faults: ") < text.index("--nnodes INT") < text.index("--collective_timeout_s")
+    )
+    assert "(default: None)" not in text and "==SUPPRESS==" not in text
+    bench = _help(capsys, ["bench", "--help"])  # bench's own defaults, shown where they differ
+    assert "bench.json, no saves (default: 5)" in bench and "runs/<name>/traces/ (default: true)" in bench
+
+
+def test_top_level_help_is_plain_text(capsys):
+    text = _help(capsys, ["--help"])
+    assert "``" not in text
+    assert all(c in text for c in ("train", "bench", "analyze-trace", "memory", "gotchas", "convert"))
+
+
+def test_misspelt_option_refused_before_torch_is_imported():
+    code = (
+        "import sys; from smolfsdp.cli import main; rc = main(['train', '--max_step', '3']); "
+        "print(rc, sorted(m for m in ('torch', 'transformers', 'trl', 'numpy', 'pandas') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "2 []"
+    assert done.stderr.strip() == (
+        "smolfsdp: error: unknown option '--max_step' for train. Did you mean --max_steps? "
+        "`smolfsdp train --help` lists every option."
+    )
+    # python -X importtime lists every module imported: `smolfsdp --help` imports no torch either
+    imported = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "smolfsdp.cli", "--help"], env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    modules = {line.split("|")[-1].strip() for line in imported.stderr.splitlines() if "|" in line}
+    assert {"smolfsdp.cli_args", "smolfsdp.config", "yaml"} <= modules
+    assert not {m for m in modules if m.split(".")[0] in ("torch", "transformers", "numpy")}
+
+
+def test_argument_errors_exit_2_with_one_line(capsys):
+    assert cli.main(["train", "--max_steps", "2.5"]) == 2
+    assert capsys.readouterr().err == (
+        "smolfsdp: error: argument --max_steps/--max-steps: invalid int value: '2.5'\n"
+    )
+    assert cli.main(["bench", "--profil"]) == 2
+    assert "Did you mean --profile?" in capsys.readouterr().err
+    assert cli.main(["trian", "--max_steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'trian'" in err and "Did you mean 'train'?" in err
+    assert cli.main(["analyze-trace", "x.json", "--jsn"]) == 2
+    assert "unknown option '--jsn' for analyze-trace. Did you mean --json?" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ --json everywhere
+def test_every_subcommand_has_json():
+    parser = cli.build_parser()
+    assert set(parser.subcommands) == set(cli.COMMANDS)
+    for name, sub in parser.subcommands.items():
+        assert "--json" in {o for a in sub._actions for o in a.option_strings}, name
+
+
+def test_train_json_is_one_document_and_the_log_goes_to_stderr(monkeypatch, tmp_path, capsys):
+    from smolfsdp.launch import torchrun
+    from smolfsdp.measure import results
+
+    def fake_launch(cfg):
+        print("rank 0: step 1/2 loss 6.9")  # what the ranks stream while training
+        return subprocess.CompletedProcess([], 0)
+
+    data = {"mapping": "medical_o1", "rows_in": 180, "kept": 160, "dropped_empty_question": 0}
+    data |= {"dropped_too_long": 20, "reasoning_cut": 0, "train_rows": 144, "eval_rows": 16}
+    monkeypatch.setattr(sft, "preflight", lambda cfg: {"wrap_class": "SmolLM3DecoderLayer", "data": data})
+    monkeypatch.setattr(torchrun, "launch", fake_launch)
+    summary = {"metrics": {"steps": 2, "stopped_early": False}}
+    monkeypatch.setattr(results, "load_run", lambda path: type("Run", (), {"summary": summary})())
+    assert cli.main(["train", "--json", "--max_steps", "2", "--output_dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"returncode": 0, "run_dir": str(tmp_path / "smoke"), "summary": summary}
+    assert "rank 0: step 1/2 loss 6.9" in err and "[smolfsdp] smoke: engine=native" in err
+    # the preflight's row accounting as a sentence, not a dict
+    assert "data: 160 of 180 rows kept (dropped: 20 too long), 144 train / 16 eval, columns medical_o1" in err
+
+
+def test_resume_flag_is_resume_from(monkeypatch, tmp_path):
+    """``--resume`` alone is the latest complete checkpoint; ``--resume PATH`` that one."""
+    from smolfsdp.launch import torchrun
+
+    seen = []
+    monkeypatch.setattr(sft, "preflight", lambda cfg: {"wrap_class": "X", "data": "bundled"})
+    monkeypatch.setattr(
+        torchrun, "launch", lambda cfg: seen.append(cfg.resume_from) or subprocess.CompletedProcess([], 1)
+    )
+    assert cli.main(["train", "--resume", "--output_dir", str(tmp_path)]) == 1
+    assert cli.main(["train", "--resume", "runs/x/checkpoints/step-2", "--max_steps", "4"]) == 1
+    assert cli.main(["train", "--max_steps", "4"]) == 1
+    assert seen == ["latest", "runs/x/checkpoints/step-2", None]
+
+
+def test_convert_json(monkeypatch, tmp_path, capsys):
+    from smolfsdp.checkpoint import dcp
+
+    run, ckpt = _checkpoint(tmp_path, lora=True)
+
+    def fake_convert(checkpoint, out, overwrite=False):
+        Path(out).mkdir()
+        (Path(out) / "model.safetensors").write_text("")
+        return Path(out)
+
+    monkeypatch.setattr(dcp, "convert_checkpoint", fake_convert)
+    assert cli.main(["convert", str(ckpt), str(tmp_path / "out"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {
+        "checkpoint": str(ckpt),
+        "out": str(tmp_path / "out"),
+        "lora_merged": True,
+        "files": ["model.safetensors"],
+    }
+    assert "merging the adapter" in err
+
+
+# ------------------------------------------------------------------------------ analyze-trace as text
+SAMPLED = SHARED / "traces" / "sampled_128rank_rank0.json.gz"
+
+
+def test_analyze_trace_text_shows_what_the_json_holds(capsys):
+    if not SAMPLED.is_file():
+        pytest.skip(f"{SAMPLED} is absent: the real GPU traces live in ../shared/traces/ (CI has them)")
+    assert cli.main(["analyze-trace", str(SAMPLED), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)[0]
+    assert cli.main(["analyze-trace", str(SAMPLED)]) == 0
+    text = capsys.readouterr().out
+    assert f"(GPU trace, {data['events']:,} events)" in text and "4,811 events" in text
+    lines = text.splitlines()
+    # per thread and stream: one line per (step, row), busy and idle in ms
+    for r in data["rows"]:
+        line = next(x for x in lines if x.startswith(f"{r['step']}") and f" {r['row']} " in x)
+        assert f"{r['busy_us'] / 1000:,.1f}" in line and f"{r['idle_us'] / 1000:,.1f}" in line
+    assert "thread 4037 (python3.8)" in text and "GPU 0 stream 84" in text
+    assert "Collectives bunched at step boundaries" in text
+    step = data["steps"][0]
+    row = next(
+        x
+        for x in lines[lines.index(next(x for x in lines if x.startswith("Collectives"))) :]
+        if x.startswith("551")
+    )
+    assert row.split() == ["551", "2", "45.6", "1", "1.9"]  # head: 2 collectives, 45.6 ms; tail: 1, 1.9 ms
+    assert step["collectives_head"] == 2
+    assert "Per-layer FSDP all-gathers" in text
+    assert "none: no all-gather in this trace belongs to an FSDP unit" in text
+    assert "note: no FSDP unit in this trace: its 2 all-gathers are not FSDP's" in text
+    assert "{" not in text  # no raw dicts
+
+
+def test_analyze_trace_text_per_layer_gathers(tmp_path, capsys):
+    path = _write(tmp_path / "fsdp2.json", _fsdp2_gpu_trace(n_layers=2))
+    assert cli.main(["analyze-trace", str(path)]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    start = lines.index("Per-layer FSDP all-gathers, all steps")
+    assert lines[start + 1].split() == [
+        "FSDP",
+        "unit",
+        "forward:",
+        "count",
+        "mean",
+        "µs",
+        "backward:",
+        "count",
+        "mean",
+        "µs",
+    ]
+    assert [x.split() for x in lines[start + 3 : start + 6]] == [
+        ["root", "1", "30", "0", "-"],
+        ["model.layers.0", "1", "30", "1", "30"],
+        ["model.layers.1", "1", "30", "1", "30"],
+    ]
+    assert "(attributed by: NCCL kernel, FSDP:: annotation)" in text

@@ -104,7 +104,7 @@ def test_medquad_real_text(tmp_path, medquad_path):
         (["--dataset", "no/such/file.jsonl"], "does not exist"),
         (["--model", "tinyy"], "Unknown model preset"),
         (["--max_length", "12"], "too small"),
-        (["--learning_rat", "1"], "Did you mean 'learning_rate'"),
+        (["--learning_rat", "1"], "Did you mean --learning_rate?"),
     ],
 )
 def test_cli_refuses_bad_input_before_launch(args, needle):

@@ -1,108 +1,110 @@
-"""``smolfsdp`` command line.
+"""The smolfsdp command line (`smolfsdp --help`; each command has its own --help).
 
-    smolfsdp train [--config configs/runs/smoke.yaml] [--<field> <value> ...] [--resume]
+    smolfsdp train [--config configs/runs/smoke.yaml] [--<field> <value> ...] [--resume [CHECKPOINT]]
     smolfsdp train --config C --nproc 16 --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 [--max-restarts 3]
-    smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096 [--json]
-    smolfsdp gotchas [--list] [--run NAME] [--json]
-    smolfsdp bench [--config configs/runs/smoke.yaml] [--benchmark_steps 5] [--profile true] [--<field> ...]
-    smolfsdp analyze-trace runs/bench/traces/rank0.json.gz [--json]
+    smolfsdp bench [--config configs/runs/smoke.yaml] [--benchmark_steps 5] [--profile false] [--<field> ...]
+    smolfsdp analyze-trace runs/bench/traces/rank0.json.gz
+    smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096
+    smolfsdp gotchas [--list] [--run NAME]
+    smolfsdp convert runs/<name>/checkpoints/step-N OUT
 
-Any ``TrainConfig`` field can be overridden (``--max_steps 20`` or ``--max-steps=20``). Outside
-torchrun/accelerate the command checks the configuration, then starts ``nproc`` processes itself;
-inside them (``RANK`` set) it trains. ``--resume`` is ``--resume_from latest``; the launch fields
-(``nnodes``, ``node_rank``, ``rdzv_endpoint``, ``max_restarts``, ``collective_timeout_s``) are
-described in ``smolfsdp.launch.torchrun``.
+Every command prints tables for people and JSON with --json. train and bench take every TrainConfig
+field as an option (--max_steps 20 or --max-steps=20), described with its default in `smolfsdp train
+--help`; a --config YAML gives the rest. Outside torchrun the train command checks the configuration,
+then starts nproc processes itself; inside them (RANK set) it trains.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import shlex
 import sys
 
-import yaml
+from smolfsdp import quiet
+from smolfsdp.cli_args import command_hint, field_parser, option_names, overrides_from, refuse_unknown
+from smolfsdp.cli_output import format_bench, format_data, format_trace
+from smolfsdp.config import ConfigError, TrainConfig, load_config
 
-from smolfsdp.config import ConfigError, load_config
-
-
-def parse_overrides(tokens: list[str]) -> dict:
-    """``["--max-steps", "20", "--cpu_offload=true"]`` -> ``{"max_steps": 20, "cpu_offload": True}``."""
-    out, i = {}, 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if not tok.startswith("--"):
-            raise ConfigError(f"Unexpected argument {tok!r}; overrides look like --field value.")
-        key, eq, value = tok[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(tokens) or tokens[i + 1].startswith("--"):
-                value = "true"  # a bare flag
-            else:
-                i += 1
-                value = tokens[i]
-        out[key.replace("-", "_")] = yaml.safe_load(value) if value != "" else ""
-        i += 1
-    return out
+# Only light modules above: a misspelt option is answered before torch and transformers load. Each
+# command imports its heavy modules itself (torch, transformers, trl, our engines), the one exception
+# to "no imports inside functions", commented where it happens.
 
 
-def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
-    from smolfsdp.sharding.distributed import is_launched
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
+    """Launch ``nproc`` processes (or, inside torchrun, be one rank) and say where the run went."""
+    from smolfsdp.sharding.distributed import is_launched  # deferred: imports torch
 
-    overrides = parse_overrides(rest)
-    if "resume" in overrides:  # --resume: the latest complete checkpoint; --resume PATH: that one
-        resume = overrides.pop("resume")
-        if resume not in (False, None):
-            overrides["resume_from"] = "latest" if resume is True else str(resume)
+    overrides = overrides_from(args)
+    if args.resume is not None:  # --resume: the latest complete checkpoint; --resume PATH: that one
+        overrides["resume_from"] = args.resume
     cfg = load_config(args.config, **overrides)
     if is_launched():
-        from smolfsdp.launch.torchrun import resume_on_restart
-        from smolfsdp.sharding.distributed import init_distributed, name_collective_errors
-        from smolfsdp.train.sft import train
+        from smolfsdp.launch.torchrun import resume_on_restart  # deferred: the training stack
+        from smolfsdp.sharding.distributed import init_distributed, name_collective_errors  # deferred: torch
+        from smolfsdp.train.sft import train  # deferred: the training stack
 
         cfg = resume_on_restart(cfg)  # after torchrun's elastic restart: continue from the latest checkpoint
         init_distributed(cfg.collective_timeout_s, cpu_offload=cfg.cpu_offload)  # train() joins this group
         with name_collective_errors():
             train(cfg)
         return 0
-    from smolfsdp.launch.torchrun import launch
-    from smolfsdp.train.sft import preflight
+    from smolfsdp.launch.torchrun import launch  # deferred: torch
+    from smolfsdp.train.sft import preflight  # deferred: transformers, peft
 
+    # with --json, stdout carries one JSON document: the ranks' log goes to stderr
+    log = sys.stderr if args.json else sys.stdout
     found = preflight(cfg)
     print(
         f"[smolfsdp] {cfg.name}: engine={cfg.engine} fsdp_version={cfg.fsdp_version} nproc={cfg.nproc} "
-        f"model={cfg.model} wrap={found['wrap_class']} data={found['data']}",
+        f"model={cfg.model} wrap={found['wrap_class']}; data: {format_data(found['data'])}",
+        file=log,
         flush=True,
     )
-    proc = launch(cfg)
-    if proc.returncode == 0:
+    with contextlib.redirect_stdout(log):
+        proc = launch(cfg)
+    summary = _summary(cfg) if proc.returncode == 0 else None
+    resume = stop_message(summary, cfg, args.config, argv) if summary else None
+    if args.json:
+        print(json.dumps({"returncode": proc.returncode, "run_dir": str(cfg.run_dir), "summary": summary}))
+    elif proc.returncode == 0:
         print(f"[smolfsdp] run folder: {cfg.run_dir}", flush=True)
-        if cfg.stop_at_step:  # rank 0 said why it stopped; the command goes last, where it is seen
-            from smolfsdp.measure.results import load_run
-            from smolfsdp.train.sft import stop_note
-
-            summary = load_run(cfg.run_dir).summary
-            note = stop_note(summary, cfg.run_dir)
-            if note and "can resume" in note:
-                step = summary["metrics"]["steps"]
-                print(
-                    f"[smolfsdp] stopped early at step {step}; resume with: {resume_command(args.config, rest)}"
-                )
-            elif note:
-                print(f"[smolfsdp] {note}")
+        if resume:  # rank 0 said why it stopped; the command goes last, where it is seen
+            print(f"[smolfsdp] {resume}")
     return proc.returncode
+
+
+def _summary(cfg: TrainConfig) -> dict:
+    from smolfsdp.measure.results import load_run  # deferred: pandas
+
+    return load_run(cfg.run_dir).summary
+
+
+def stop_message(summary: dict, cfg: TrainConfig, config: str | None, argv: list[str]) -> str | None:
+    """For a run ended by ``--stop_at_step``: where it stopped and the command that resumes it."""
+    if not cfg.stop_at_step:
+        return None
+    from smolfsdp.train.sft import stop_note  # deferred: the training stack
+
+    note = stop_note(summary, cfg.run_dir)
+    if note and "can resume" in note:
+        step = summary["metrics"]["steps"]
+        return f"stopped early at step {step}; resume with: {resume_command(config, argv)}"
+    return note
 
 
 def resume_command(config: str | None, overrides: list[str]) -> str:
     """The ``smolfsdp train`` command that continues a run stopped by ``--stop_at_step``: the same
-    config and overrides, without the stop, with ``--resume`` (the latest complete checkpoint)."""
-    import shlex
-
+    config and options, without the stop, with ``--resume`` (the latest complete checkpoint)."""
     keep, i = [], 0
     while i < len(overrides):
         key = overrides[i][2:].partition("=")[0].replace("-", "_") if overrides[i].startswith("--") else ""
         has_value = (
             "=" not in overrides[i] and i + 1 < len(overrides) and not overrides[i + 1].startswith("--")
         )
-        if key in ("stop_at_step", "resume", "resume_from"):
-            i += 2 if has_value else 1
+        if key in ("stop_at_step", "resume", "resume_from", "config", "json"):
+            i += 2 if has_value and key != "json" else 1
             continue
         keep.append(overrides[i])
         i += 1
@@ -110,58 +112,16 @@ def resume_command(config: str | None, overrides: list[str]) -> str:
     return shlex.join(words)
 
 
-def cmd_memory(args: argparse.Namespace) -> int:
-    """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
-    import json
-
-    from smolfsdp.measure.hardware import fits, get_gpu, recommend
-    from smolfsdp.measure.memory import format_table
-
-    # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
-    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
-    common = {
-        "recipe": args.recipe,
-        "seq_len": args.seq_len,
-        "micro_batch": args.micro_batch,
-        "lora": args.lora,
-        "activation_checkpointing": args.activation_checkpointing,
-        "fsdp_version": args.fsdp_version,
-        "gpus_per_node": args.gpus_per_node,
-    }
-    from smolfsdp.measure.memory import estimate_memory
-
-    est = estimate_memory(
-        args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
-    )
-    rec = recommend(args.model, gpu, args.gpus, **common)
-    verdict = "fits" if fits(est, gpu) else "does not fit"
-    if args.json:
-        out = {
-            "estimate": est.to_dict(),
-            "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes},
-            "fits": fits(est, gpu),
-            "recommendation": {"decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason},
-        }
-        print(json.dumps(out, indent=2))
-    else:
-        print(format_table(est))
-        print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
-        print(f"Does FSDP fit? {rec.decision} on {rec.gpus} GPU(s): {rec.reason}")
-    return 0
+#: bench's own defaults: they override a --config recipe too (a run named bench unless --name is given)
+BENCH_DEFAULTS = {"benchmark_steps": 5, "profile": True, "name": "bench"}
 
 
-def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+def cmd_bench(args: argparse.Namespace) -> int:
     """Benchmark mode: warm-up + timed steps (default 5, profiled), then a table of bench.json's
     summary (``--json``: the summary, MFU reason and trace paths as JSON)."""
-    import json
+    from smolfsdp.measure.benchmark import run_benchmark  # deferred: torch
 
-    from smolfsdp.measure.benchmark import run_benchmark
-
-    overrides = parse_overrides(rest)
-    overrides.setdefault("benchmark_steps", 5)
-    overrides.setdefault("profile", True)
-    overrides.setdefault("name", "bench")
-    cfg = load_config(args.config, **overrides)
+    cfg = load_config(args.config, **(BENCH_DEFAULTS | overrides_from(args)))
     bench = run_benchmark(cfg)
     if args.json:
         keys = ("strategy", "summary", "mfu_reason", "memory_per_rank", "traces")
@@ -172,58 +132,49 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _size(n: float | None) -> str:
-    """Bytes in MiB below 1 GiB, else GiB (binary units, as nvidia-smi and torch report them)."""
-    if n is None:
-        return "-"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+def cmd_memory(args: argparse.Namespace) -> int:
+    """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
+    from smolfsdp.measure.hardware import fits, get_gpu, recommend  # deferred: transformers configs
+    from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
+
+    # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
+    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
+    common = {
+        k: getattr(args, k)
+        for k in ("recipe", "seq_len", "micro_batch", "lora", "activation_checkpointing", "fsdp_version")
+    }
+    common["gpus_per_node"] = args.gpus_per_node
+    est = estimate_memory(
+        args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
+    )
+    rec = recommend(args.model, gpu, args.gpus, **common)
+    if args.json:
+        out = {
+            "estimate": est.to_dict(),
+            "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes},
+            "fits": fits(est, gpu),
+            "recommendation": {"decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason},
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    print(format_table(est))
+    verdict = "fits" if fits(est, gpu) else "does not fit"
+    print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
+    print(f"Does FSDP fit? {rec.decision} on {rec.gpus} GPU(s): {rec.reason}")
+    return 0
 
 
-def format_bench(bench: dict) -> str:
-    """bench.json as a small table with units: step time, throughput, TFLOP/s, MFU (or why there is
-    none), peak memory per rank, and the strategy that ran (which may differ from the one asked)."""
-    s = bench["summary"]
-    if not s.get("timed_steps"):
-        return "no timed steps: benchmark_steps must exceed benchmark_warmup_steps"
-    mfu = s.get("mfu_median")
-    rows = [
-        (
-            "strategy that ran",
-            f"{bench['strategy']} ({bench['engine']} engine, {bench['world_size']} ranks, "
-            f"{bench['device_name'] or bench['device']})",
-        ),
-        ("timed steps", f"{s['timed_steps']} (after {bench['warmup_steps']} warm-up)"),
-        (
-            "step time, median",
-            f"{s['step_time_ms_median']:.1f} ms "
-            f"(min {s['step_time_ms_min']:.1f}, max {s['step_time_ms_max']:.1f})",
-        ),
-        (
-            "tokens/s, all ranks",
-            f"{s['tokens_per_s_median']:,.0f} ({s['tokens_per_step_mean']:,.0f} tokens/step)",
-        ),
-        ("TFLOP/s per rank", f"{s['tflops_median']:.4g}"),
-        ("MFU", f"{100 * mfu:.1f} %" if mfu is not None else f"- ({bench['mfu_reason']})"),
-    ]
-    for rank, m in enumerate(bench.get("memory_per_rank") or []):
-        if "max_memory_allocated_bytes" in m:
-            mem = (
-                f"{_size(m['max_memory_allocated_bytes'])} allocated, "
-                f"{_size(m['max_memory_reserved_bytes'])} reserved (GPU peak in the step)"
-            )
-        else:
-            mem = (
-                f"{_size(m['rss_peak_bytes'])} process RSS peak, {_size(m['tensor_bytes'])} in parameters, "
-                "gradients and optimizer state"
-            )
-        rows.append((f"memory, rank {rank}", mem))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+def cmd_gotchas(args: argparse.Namespace) -> int:
+    from smolfsdp.book.gotchas import main as gotchas_main  # deferred: torch, peft
+
+    flags = ["--list"] * args.list + ["--json"] * args.json
+    flags += ["--run", args.run] * bool(args.run) + ["--out", args.out] * bool(args.out)
+    return gotchas_main(flags)
 
 
 def convert_plan(checkpoint: str) -> str:
     """What ``convert`` is about to write: a plain model, or a LoRA run's adapter merged into its base."""
-    from smolfsdp.checkpoint.dcp import config_of
+    from smolfsdp.checkpoint.dcp import config_of  # deferred: torch
 
     path = config_of(checkpoint)
     if not path.is_file():  # convert_checkpoint raises the error that names the problem
@@ -238,13 +189,28 @@ def convert_plan(checkpoint: str) -> str:
     )
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from smolfsdp.checkpoint.dcp import convert_checkpoint  # deferred: torch, transformers
+
+    plan = convert_plan(args.checkpoint)
+    print(plan, file=sys.stderr if args.json else sys.stdout, flush=True)
+    out = convert_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+    if args.json:
+        files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+        merged = "merging the adapter" in plan
+        print(
+            json.dumps(
+                {"checkpoint": args.checkpoint, "out": str(out), "lora_merged": merged, "files": files}
+            )
+        )
+    else:
+        print(f"[smolfsdp] wrote {out}")
+    return 0
+
+
 def cmd_analyze_trace(args: argparse.Namespace) -> int:
-    """Analyse each trace; a table per trace, or one JSON list with ``--json``."""
-    import json
-
-    import pandas as pd
-
-    from smolfsdp.traces.analysis import TraceError, summarize_trace
+    """Analyse each trace; tables per trace, or one JSON list with ``--json``."""
+    from smolfsdp.traces.analysis import TraceError, summarize_trace  # deferred: pandas, numpy
 
     out = []
     for path in args.paths:
@@ -255,113 +221,137 @@ def cmd_analyze_trace(args: argparse.Namespace) -> int:
             return 2
     if args.json:
         print(json.dumps(out, indent=2, allow_nan=False))  # strict JSON: summarize_trace writes null, not NaN
-        return 0
-    cols = ["step", "dur_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
-    for s in out:
-        print(f"== {s['path']} ({s['mode']} trace, {s['events']:,} events)")
-        for note in s["notes"]:
-            print(f"   note: {note}")
-        print(pd.DataFrame(s["steps"])[cols].round(1).to_string(index=False))
-        print(f"prefetch: {s['prefetch']}")
+    else:
+        print("\n\n".join(format_trace(s) for s in out))
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="smolfsdp", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    from smolfsdp.config import field_names
+COMMANDS = {
+    "train": cmd_train,
+    "bench": cmd_bench,
+    "analyze-trace": cmd_analyze_trace,
+    "memory": cmd_memory,
+    "gotchas": cmd_gotchas,
+    "convert": cmd_convert,
+}
 
-    p_train = sub.add_parser(
-        "train",
-        help="fine-tune (launches nproc processes unless already launched)",
-        epilog="Any TrainConfig field can be given as --<field> <value>: " + ", ".join(field_names()),
+
+def build_parser() -> argparse.ArgumentParser:
+    """``smolfsdp`` and its subcommands; train and bench take every TrainConfig field (:mod:`smolfsdp.cli_args`)."""
+    parser = argparse.ArgumentParser(
+        prog="smolfsdp",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        exit_on_error=False,  # main prints argument errors in the same form as the others
     )
-    p_train.add_argument("--config", default=None, help="a run recipe, e.g. configs/runs/smoke.yaml")
-    p_mem = sub.add_parser("memory", help="per-GPU memory estimate, fit verdict and recommendation")
-    p_mem.add_argument(
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.subcommands = sub.choices  # name -> subparser, for refuse_unknown's list of options
+    fields, bench_fields = field_parser(), field_parser(BENCH_DEFAULTS)
+    common = {
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+        "allow_abbrev": False,
+        "exit_on_error": False,
+    }
+    recipe = {
+        "default": None,
+        "metavar": "YAML",
+        "help": "a run recipe, e.g. configs/runs/smoke.yaml; options override it",
+    }
+    p = sub.add_parser(
+        "train",
+        parents=[fields],
+        help="fine-tune (launches nproc processes unless already launched)",
+        usage="smolfsdp train [--config YAML] [--<field> VALUE ...] [--resume [CHECKPOINT]] [--json]",
+        description="Fine-tune: check the configuration, then launch nproc processes (torchrun).",
+        **common,
+    )
+    p.add_argument("--config", **recipe)
+    p.add_argument(
+        "--resume", nargs="?", const="latest", default=None, metavar="CHECKPOINT",
+        help="continue from the latest complete checkpoint, or from CHECKPOINT (same as --resume_from)",
+    )  # fmt: skip
+    p.add_argument(
+        "--json", action="store_true", help="print the run's summary.json (the log goes to stderr)"
+    )
+    p = sub.add_parser(
+        "bench",
+        parents=[bench_fields],
+        help="benchmark mode: timed steps, bench.json, profiler traces",
+        usage="smolfsdp bench [--config YAML] [--<field> VALUE ...] [--json]",
+        description="Benchmark mode: warm-up, timed steps and profiler traces; no checkpoints.",
+        **common,
+    )
+    p.add_argument("--config", **recipe)
+    p.add_argument("--json", action="store_true", help="the summary as JSON instead of a table")
+    p = sub.add_parser("analyze-trace", help="busy/idle, overlap, per-layer all-gathers of traces", **common)
+    p.add_argument("paths", nargs="+", help=".json or .json.gz PyTorch profiler traces")
+    p.add_argument("--json", action="store_true", help="one JSON list, one object per trace (strict JSON)")
+    add_memory_parser(sub, common)
+    p = sub.add_parser("gotchas", help="reproduce the FSDP gotchas, failing and fixed", **common)
+    p.add_argument("--list", action="store_true", help="list the gotchas")
+    p.add_argument("--run", default=None, help="a gotcha name, several joined by commas, or 'all'")
+    p.add_argument("--out", default=None, help="folder for the results")
+    p.add_argument("--json", action="store_true", help="print the list or the results as JSON")
+    p = sub.add_parser("convert", help="DCP checkpoint -> model.safetensors + config + tokenizer", **common)
+    p.add_argument("checkpoint", help="runs/<name>/checkpoints/step-N")
+    p.add_argument("out", help="output folder (must be new or empty unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace the files of a non-empty OUT")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    return parser
+
+
+def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
+    fmt = {**common, "formatter_class": argparse.ArgumentDefaultsHelpFormatter}
+    p = sub.add_parser("memory", help="per-GPU memory estimate, fit verdict and recommendation", **fmt)
+    p.add_argument(
         "--model", default="smollm3-3b", help="smollm3-3b, tiny, a dir with config.json, or a hub id"
     )
-    p_mem.add_argument("--gpus", type=int, default=1, help="world size")
-    p_mem.add_argument(
+    p.add_argument("--gpus", type=int, default=1, help="world size")
+    p.add_argument(
         "--strategy", default="FULL_SHARD", help="NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD"
     )
-    p_mem.add_argument(
-        "--recipe", default="hf-fsdp-bf16", help="precision recipe (see smolfsdp.measure.memory.RECIPES)"
+    p.add_argument(
+        "--recipe", default="hf-fsdp-bf16", help="precision recipe (smolfsdp.measure.memory.RECIPES)"
     )
-    p_mem.add_argument("--seq-len", type=int, default=2048)
-    p_mem.add_argument("--micro-batch", type=int, default=1)
-    p_mem.add_argument("--lora", action="store_true", help="LoRA r=8 on q/k/v/o")
-    p_mem.add_argument("--offload", action="store_true", help="CPU offload of params, grads, optimizer state")
-    p_mem.add_argument("--activation-checkpointing", action="store_true")
-    p_mem.add_argument("--fsdp-version", type=int, default=2)
-    p_mem.add_argument("--gpus-per-node", type=int, default=8)
-    p_mem.add_argument(
-        "--gpu", default=None, help="a GPU from smolfsdp.measure.hardware.GPUS (default: H100 SXM)"
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per row")
+    p.add_argument("--micro-batch", type=int, default=1, help="rows per rank per step")
+    p.add_argument("--lora", action="store_true", help="LoRA r=8 on q/k/v/o")
+    p.add_argument("--offload", action="store_true", help="CPU offload of params, grads, optimizer state")
+    p.add_argument(
+        "--activation-checkpointing", action="store_true", help="recompute activations in backward"
     )
-    p_mem.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
-    p_mem.add_argument("--json", action="store_true")
-    p_got = sub.add_parser(
-        "gotchas", help="reproduce the FSDP gotchas, failing and fixed (smolfsdp.book.gotchas)"
-    )
-    p_got.add_argument("--list", action="store_true", help="list the gotchas")
-    p_got.add_argument("--run", default=None, help="a gotcha name, several joined by commas, or 'all'")
-    p_got.add_argument("--json", action="store_true")
-    p_got.add_argument("--out", default=None, help="folder for the results")
-    p_conv = sub.add_parser("convert", help="DCP checkpoint -> model.safetensors + config + tokenizer")
-    p_conv.add_argument("checkpoint", help="runs/<name>/checkpoints/step-N")
-    p_conv.add_argument("out", help="output folder (must be new or empty unless --overwrite)")
-    p_conv.add_argument("--overwrite", action="store_true")
-    p_bench = sub.add_parser("bench", help="benchmark mode: timed steps, bench.json, profiler traces")
-    p_bench.add_argument("--config", default=None, help="a run recipe, e.g. configs/runs/smoke.yaml")
-    p_bench.add_argument("--json", action="store_true", help="the summary as JSON instead of a table")
-    p_trace = sub.add_parser("analyze-trace", help="busy/idle, overlap, per-layer all-gathers of traces")
-    p_trace.add_argument("paths", nargs="+", help=".json or .json.gz profiler traces")
-    p_trace.add_argument("--json", action="store_true")
-    args, rest = parser.parse_known_args(argv)
-    from smolfsdp import quiet
+    p.add_argument("--fsdp-version", type=int, default=2, help="1 or 2")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (HYBRID_SHARD groups)")
+    p.add_argument("--gpu", default=None, help="a GPU of smolfsdp.measure.hardware.GPUS (default: H100 SXM)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
+    p.add_argument("--json", action="store_true", help="the estimate and verdict as JSON")
 
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args, rest = parser.parse_known_args(argv)
+        refuse_unknown(rest, args.command, option_names(parser.subcommands[args.command]))
+    except (argparse.ArgumentError, ConfigError) as err:
+        print(f"smolfsdp: error: {err}{command_hint(err, argv, COMMANDS)}", file=sys.stderr)
+        return 2
     quiet.install()  # known harmless third-party warnings (the list and why: smolfsdp.quiet)
     try:
-        if args.command == "memory":
-            if rest:
-                raise ConfigError(f"Unexpected arguments for memory: {rest}")
-            return cmd_memory(args)
         if args.command == "train":
-            return cmd_train(args, rest)
-        if args.command == "gotchas":
-            from smolfsdp.book.gotchas import main as gotchas_main
-
-            flags = ["--list"] * args.list + ["--json"] * args.json
-            flags += ["--run", args.run] * bool(args.run) + ["--out", args.out] * bool(args.out)
-            return gotchas_main(flags + rest)
-        if args.command == "bench":
-            return cmd_bench(args, rest)
-        if args.command == "analyze-trace":
-            if rest:
-                raise ConfigError(f"Unexpected arguments for analyze-trace: {rest}")
-            return cmd_analyze_trace(args)
-        if args.command == "convert":
-            from smolfsdp.checkpoint.dcp import convert_checkpoint
-
-            print(convert_plan(args.checkpoint), flush=True)
-            out = convert_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
-            print(f"[smolfsdp] wrote {out}")
-            return 0
+            return cmd_train(args, argv[argv.index("train") + 1 :])
+        return COMMANDS[args.command](args)
     except ConfigError as err:
         print(f"smolfsdp: error: {err}", file=sys.stderr)
         return 2
-    except (
-        KeyboardInterrupt
-    ) as err:  # Ctrl-C, or SIGTERM (smolfsdp.launch.torchrun.Terminated) to the launcher
+    except KeyboardInterrupt as err:
+        # Ctrl-C, or SIGTERM (smolfsdp.launch.torchrun.Terminated) to the launcher
         how = str(err) or "interrupted"
         print(
             f"smolfsdp: {how}; the ranks were asked to stop (checkpoints already complete are kept)",
             file=sys.stderr,
         )
         return 143 if type(err).__name__ == "Terminated" else 130
-    return 1
 
 
 if __name__ == "__main__":

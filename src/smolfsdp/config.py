@@ -37,6 +37,17 @@ SCHEDULERS = (
     "inverse_sqrt",
 )
 
+#: Sections of ``smolfsdp train --help``, in order; each field names its own in ``metadata["group"]``.
+MODEL = "model and data"
+SHARDING = "engine and sharding"
+LORA = "LoRA (peft)"
+OPTIM = "optimisation"
+RUN = "run folder and logging"
+CHECKPOINTS = "checkpoints"
+BENCH = "benchmark and profile"
+LAUNCH = "launch and faults"
+GROUPS = (MODEL, SHARDING, LORA, OPTIM, RUN, CHECKPOINTS, BENCH, LAUNCH)
+
 
 class ConfigError(ValueError):
     """A run configuration that cannot work; the message names the problem and the fix."""
@@ -54,111 +65,105 @@ def _did_you_mean(name: str, options) -> str:
     return f" Did you mean {hits[0]!r}?" if hits else ""
 
 
+def _field(default: Any, group: str, help: str, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field whose metadata holds its ``--help`` line and help section (one of ``GROUPS``);
+    ``factory`` replaces ``default`` for mutable defaults."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": help, "group": group})
+    return field(default=default, metadata={"help": help, "group": group})
+
+
 @dataclass
 class TrainConfig:
     """What to train and how to shard it. Defaults = the CPU smoke run (``make demo``)."""
 
-    # --- identity and output
-    name: str = "smoke"
-    output_dir: str = "runs"
-    seed: int = 0
-
-    # --- model and tokenizer
-    model: str = "tiny"  # "tiny" preset, a hub id (e.g. HuggingFaceTB/SmolLM3-3B) or a local path
-    tokenizer: str | None = None  # None: the bundled tokenizer for "tiny", the model's own otherwise
-    trust_remote_code: bool = False  # True runs the hub repo's own Python on every rank: off unless audited
-    wrap_class: str | None = None  # None: discovered from the model's _no_split_modules
-
-    # --- data
-    dataset: str = "bundled"  # "bundled", a local .jsonl/.json/.csv/.parquet file, or a hub id
-    dataset_config: str | None = None
-    dataset_split: str = "train"
-    columns: str = "auto"  # "auto" or a mapping name in smolfsdp.data.prepare.COLUMN_MAPPINGS
-    include_reasoning: bool = False
-    system_prompt: str | None = None
-    max_length: int = (
-        256  # tokens per row; at most the model's max_position_embeddings (checked before launch)
+    # _field(default, group, help): each field's help line and help section, the one source of
+    # `smolfsdp train --help` (smolfsdp.cli_args builds the options from them).
+    name: str = _field("smoke", RUN, "run name: the folder runs/<name>/ (one plain folder name)")
+    output_dir: str = _field("runs", RUN, "parent folder of the run folders")
+    seed: int = _field(0, OPTIM, "seed of model init, data shuffle and dropout")
+    model: str = _field("tiny", MODEL, "'tiny' (random SmolLM3), a hub id or a local folder")
+    tokenizer: str | None = _field(None, MODEL, "id or folder; unset: bundled for 'tiny', else the model's")
+    trust_remote_code: bool = _field(False, MODEL, "run the hub repo's Python on each rank (only if audited)")
+    wrap_class: str | None = _field(None, SHARDING, "class FSDP wraps as a unit; unset: _no_split_modules")
+    dataset: str = _field("bundled", MODEL, "'bundled', a .jsonl/.json/.csv/.parquet file, or a hub id")
+    dataset_config: str | None = _field(None, MODEL, "hub data set configuration name")
+    dataset_split: str = _field("train", MODEL, "split to read")
+    columns: str = _field("auto", MODEL, "'auto' or a mapping name in data.prepare.COLUMN_MAPPINGS")
+    include_reasoning: bool = _field(False, MODEL, "keep the data set's reasoning text in the answer")
+    system_prompt: str | None = _field(None, MODEL, "system message put before every question")
+    max_length: int = _field(256, MODEL, "tokens per row, at most the model's max_position_embeddings")
+    # "drop" never cuts the answer (with include_reasoning the reasoning is cut first); "truncate" cuts at
+    # the end, so the answer loses its end-of-turn token: for drills only
+    too_long: str = _field("drop", MODEL, "rows over max_length: 'drop' (counted) or 'truncate' (drills)")
+    eval_size: float = _field(0.1, MODEL, "held out for eval: a fraction (< 1) or a number of rows (>= 1)")
+    max_rows: int | None = _field(None, MODEL, "use only the first N rows; unset: all")
+    engine: str = _field("native", SHARDING, "'native' (plain PyTorch loop) or 'trl' (TRL SFTTrainer)")
+    fsdp_version: int = _field(1, SHARDING, "1 (FullyShardedDataParallel) or 2 (fully_shard, DTensor)")
+    nproc: int = _field(2, LAUNCH, "total processes (world size), over all nodes")
+    backward_prefetch: str = _field("BACKWARD_PRE", SHARDING, "FSDP1: BACKWARD_PRE/_POST or NO_PREFETCH")
+    state_dict_type: str = _field("SHARDED_STATE_DICT", CHECKPOINTS, "DCP shards per rank or FULL_STATE_DICT")
+    cpu_offload: bool = _field(False, SHARDING, "keep parameters, gradients, optimizer state in CPU memory")
+    mixed_precision: str = _field("no", SHARDING, "'no' (fp32) or 'bf16'")
+    # activation checkpointing: less memory for about one more forward per step
+    activation_checkpointing: bool = _field(False, SHARDING, "recompute each layer's activations in backward")
+    reshard_after_forward: bool = _field(True, SHARDING, "FSDP2: free gathered layers after forward (ZeRO-3)")
+    use_orig_params: bool = _field(True, SHARDING, "FSDP1: original parameters as views (LoRA needs it)")
+    # false = accelerate as shipped, which keeps the FSDP plugin only on accelerators and runs DDP on CPU
+    # (smolfsdp.train.accelerate_cpu_fsdp lifts that gate)
+    accelerate_fsdp_on_cpu: bool = _field(True, SHARDING, "TRL on CPU: FSDP on gloo (false: DDP, as shipped)")
+    # FSDP1 names for both versions: SHARD_GRAD_OP is FSDP2's reshard_after_forward=False, HYBRID_SHARD a
+    # 2-D mesh, NO_SHARD a mesh of world x 1 (smolfsdp.sharding.fsdp2.resolve_mesh_shape)
+    sharding_strategy: str = _field("FULL_SHARD", SHARDING, "SHARD_GRAD_OP, HYBRID_SHARD (HSDP) or NO_SHARD")
+    replicate_size: int | None = _field(None, SHARDING, "HSDP mesh rows (e.g. nodes); unset: from strategy")
+    shard_size: int | None = _field(None, SHARDING, "HSDP mesh columns (ranks per shard group)")
+    lora: bool = _field(False, LORA, "train LoRA adapters (peft) instead of all weights")
+    lora_r: int = _field(8, LORA, "LoRA rank")
+    lora_alpha: int = _field(16, LORA, "LoRA scaling numerator (scale = alpha / r)")
+    lora_dropout: float = _field(0.05, LORA, "dropout on the LoRA input, in [0, 1)")
+    lora_target_modules: list[str] = _field(
+        None,
+        LORA,
+        "linear layers to adapt (space- or comma-separated)",
+        factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
     )
-    # rows longer than max_length: "drop" (counted; with include_reasoning the reasoning is cut first, never
-    # the answer) or "truncate" (cut at the end: the answer loses its end-of-turn token; drills only)
-    too_long: str = "drop"
-    eval_size: float = 0.1  # fraction (<1) or number of rows (>=1) held out for eval
-    max_rows: int | None = None
-
-    # --- distribution
-    engine: str = "native"  # "native" (plain PyTorch loop) or "trl" (TRL SFTTrainer)
-    fsdp_version: int = 1
-    nproc: int = 2
-    backward_prefetch: str = "BACKWARD_PRE"
-    state_dict_type: str = "SHARDED_STATE_DICT"
-    cpu_offload: bool = False
-    mixed_precision: str = "no"  # "no" (fp32) or "bf16"
-    activation_checkpointing: bool = False
-    reshard_after_forward: bool = True  # FSDP2: free gathered layers after forward (ZeRO-3)
-    use_orig_params: bool = True  # FSDP1: keep original parameters as views (needed for LoRA)
-    # TRL engine on CPU: lift accelerate's accelerator-only gate so the Trainer applies FSDP on gloo
-    # (smolfsdp.train.accelerate_cpu_fsdp); false = accelerate as shipped, which runs DDP on CPU
-    accelerate_fsdp_on_cpu: bool = True
-    # HSDP and the other strategies (smolfsdp.sharding.fsdp2.resolve_mesh_shape); FSDP1 names for both versions:
-    # FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2; FSDP2: reshard_after_forward=False), HYBRID_SHARD
-    # (shard within a group, replicate across groups; FSDP2: 2-D mesh), NO_SHARD (FSDP2: mesh world x 1)
-    sharding_strategy: str = "FULL_SHARD"
-    replicate_size: int | None = None  # HSDP mesh rows (e.g. nodes); None = derived from the strategy
-    shard_size: int | None = None  # HSDP mesh columns (ranks per shard group); None = derived
-
-    # --- LoRA (peft), trained with the native engine
-    lora: bool = False
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.05
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    lora_merge: bool = False  # also save the base model with the adapter merged in
-
-    # --- optimisation
-    num_train_epochs: float = 6.0
-    max_steps: int = -1  # > 0 overrides num_train_epochs
-    per_device_train_batch_size: int = 4
-    per_device_eval_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 3e-3
-    weight_decay: float = 0.0  # >= 0 (AdamW's decoupled decay; negative would grow the weights)
-    warmup_ratio: float = 0.05  # in [0, 1]
-    lr_scheduler_type: str = (
-        "cosine"  # one of SCHEDULERS (transformers' SchedulerType that need no extra kwargs)
-    )
-    # > 0: clip the global gradient norm to this. HF's Trainer reads <= 0 as "no clipping" while
-    # torch's clip_grad_norm_ (the native engine) would scale gradients by it (0 freezes, -1 climbs), so
-    # <= 0 is refused for both engines; for no clipping in effect give a large value (1e6).
-    max_grad_norm: float = 1.0
-
-    # --- logging, eval, checkpoints
-    logging_steps: int = 1
-    eval_steps: int = 10
-    save_steps: int = 0  # 0: no periodic checkpoints; the final model is always saved
-    save_final_model: bool = True
-    save_total_limit: int = 2  # complete checkpoints kept (older ones are removed after a new one completes)
-    resume_from: str | None = None  # "latest" or a checkpoint directory (both engines)
-    overwrite: bool = False  # allow replacing a run folder that holds checkpoints
-    stop_at_step: int | None = None  # end the run after this step, as if killed (resume drills)
-
-    # --- benchmark mode and profiler (smolfsdp.measure.benchmark; chapter "Reading the profiler")
-    benchmark_steps: int = 0  # > 0: benchmark mode: warm-up + this many timed steps, bench.json, no saves
-    benchmark_warmup_steps: int = 1  # steps run before the timed ones (not in the bench.json summary)
-    profile: bool = False  # torch.profiler: one gzip'd Chrome trace per rank in runs/<name>/traces/
-    profile_wait: int = 1
-    profile_warmup: int = 1
-    profile_active: int = 3
-    record_shapes: bool = False
-
-    # --- launch and faults (smolfsdp.launch.torchrun; chapter "Beyond two GPUs")
-    nnodes: int = 1  # nodes; nproc is the total process count, each node starts nproc // nnodes
-    node_rank: int = 0  # this node's index; node 0 serves the rendezvous at rdzv_endpoint
-    rdzv_endpoint: str | None = None  # host:port of node 0 (c10d rendezvous), required when nnodes > 1
-    rdzv_timeout_s: float = 300.0  # a node waits this long for the rendezvous, then fails naming it
-    max_restarts: int = 0  # torchrun restarts of the worker group after a rank fails (resume from latest)
-    collective_timeout_s: float = 600.0  # process-group timeout: a hung collective fails, naming rank and op
-
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes copied into summary.json
+    lora_merge: bool = _field(False, LORA, "also save the base model with the adapter merged in")
+    num_train_epochs: float = _field(6.0, OPTIM, "epochs over the training rows")
+    max_steps: int = _field(-1, OPTIM, "optimizer steps; > 0 overrides num_train_epochs")
+    per_device_train_batch_size: int = _field(4, OPTIM, "rows per rank per micro-batch")
+    per_device_eval_batch_size: int = _field(8, OPTIM, "rows per rank per eval batch")
+    gradient_accumulation_steps: int = _field(1, OPTIM, "micro-batches per optimizer step")
+    learning_rate: float = _field(0.003, OPTIM, "peak AdamW learning rate")
+    weight_decay: float = _field(0.0, OPTIM, "AdamW's decoupled weight decay, >= 0")
+    warmup_ratio: float = _field(0.05, OPTIM, "fraction of the steps spent warming up, in [0, 1]")
+    lr_scheduler_type: str = _field("cosine", OPTIM, "one of " + ", ".join(SCHEDULERS))
+    # HF's Trainer reads <= 0 as "no clipping" while torch's clip_grad_norm_ (the native engine) would scale
+    # gradients by it (0 freezes, -1 climbs), so <= 0 is refused for both engines
+    max_grad_norm: float = _field(1.0, OPTIM, "clip the global grad norm to this (> 0; 1e6: no clipping)")
+    logging_steps: int = _field(1, RUN, "log loss, grad norm and lr every N steps")
+    eval_steps: int = _field(10, RUN, "evaluate every N steps (0: only at the end)")
+    save_steps: int = _field(0, CHECKPOINTS, "checkpoint every N steps (0: none; the final model is saved)")
+    save_final_model: bool = _field(True, CHECKPOINTS, "write runs/<name>/final_model/ at the end")
+    save_total_limit: int = _field(2, CHECKPOINTS, "complete checkpoints kept (older ones are removed)")
+    resume_from: str | None = _field(None, CHECKPOINTS, "'latest' or a checkpoint folder to continue from")
+    overwrite: bool = _field(False, CHECKPOINTS, "allow replacing a run folder that holds checkpoints")
+    stop_at_step: int | None = _field(None, CHECKPOINTS, "end the run after this step, as if killed (drills)")
+    # benchmark mode and profiler: smolfsdp.measure.benchmark, chapter "Reading the profiler"
+    benchmark_steps: int = _field(0, BENCH, "> 0: benchmark mode, N timed steps into bench.json, no saves")
+    benchmark_warmup_steps: int = _field(1, BENCH, "steps before the timed ones (left out of the summary)")
+    profile: bool = _field(False, BENCH, "torch.profiler: one Chrome trace per rank in runs/<name>/traces/")
+    profile_wait: int = _field(1, BENCH, "profiler schedule: steps skipped first")
+    profile_warmup: int = _field(1, BENCH, "profiler schedule: steps traced, then discarded")
+    profile_active: int = _field(3, BENCH, "profiler schedule: steps recorded")
+    record_shapes: bool = _field(False, BENCH, "profiler: record input shapes (larger traces)")
+    # launch and faults: smolfsdp.launch.torchrun, chapter "Beyond two GPUs"
+    nnodes: int = _field(1, LAUNCH, "nodes; each starts nproc / nnodes processes")
+    node_rank: int = _field(0, LAUNCH, "this node's index; node 0 serves the rendezvous")
+    rdzv_endpoint: str | None = _field(None, LAUNCH, "host:port of node 0 (c10d rendezvous) when nnodes > 1")
+    rdzv_timeout_s: float = _field(300.0, LAUNCH, "seconds a node waits for the rendezvous before failing")
+    max_restarts: int = _field(0, LAUNCH, "torchrun restarts after a rank fails (they resume from latest)")
+    collective_timeout_s: float = _field(600.0, LAUNCH, "seconds before a hung collective fails, naming it")
+    extra: dict[str, Any] = _field(None, RUN, "free-form notes copied into summary.json", factory=dict)
 
     def __post_init__(self) -> None:
         self._check_types()
