@@ -31,7 +31,7 @@ def bare_worker(out: Path, steps: int, warmup: int) -> None:
     from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
     from smolfsdp.sharding.distributed import init_distributed, teardown
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.train.native import PadCollator
+    from smolfsdp.train.batches import PadCollator
 
     info = init_distributed()
     cfg = load_config(recipe("smoke"), fsdp_version=2)

@@ -152,7 +152,13 @@ def test_model_equals_smoke_trace(tmp_path, version, precision):
     sft.run(cfg, capture=True)
     model = comm.step_bytes(
         comm.estimate_collectives(
-            "tiny", n_gpus=2, fsdp_version=version, mixed_precision=precision, include_loop=True
+            "tiny",
+            n_gpus=2,
+            fsdp_version=version,
+            mixed_precision=precision,
+            include_loop=True,
+            # smolfsdp.sharding.fsdp2.apply_fsdp2 keeps the FSDP2 root gathered after forward (as FSDP1 does)
+            root_reshard_after_forward=False,
         )
     )
     for rank in (0, 1):

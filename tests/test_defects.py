@@ -48,7 +48,9 @@ def _shard_with_offload(rank, world, offload):
 
     from smolfsdp.models.modeling import build_model, load_tokenizer
     from smolfsdp.sharding.distributed import DistInfo
-    from smolfsdp.train.native import PadCollator, forward_backward, shard_model
+    from smolfsdp.train.batches import PadCollator
+    from smolfsdp.train.native import shard_model
+    from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0)

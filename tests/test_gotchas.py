@@ -5,10 +5,11 @@ the tests read the shared results.
 """
 
 import os
+import re
 
 import pytest
 
-from smolfsdp.book import gotchas
+from smolfsdp.book import gotchas, gotchas_view, tables
 from smolfsdp.config import ConfigError
 
 
@@ -21,7 +22,14 @@ def test_every_gotcha_ran_with_versions(results):
     assert list(results) == list(gotchas.GOTCHAS)
     for r in results.values():
         assert r.versions["torch"].startswith("2.13.0") and r.explanation
-        assert {r.failing["outcome"], r.fixed["outcome"]} <= {"ok", "error", "crash", "measured", "skipped"}
+        assert {r.failing["outcome"], r.fixed["outcome"]} <= {
+            "ok",
+            "error",
+            "crash",
+            "measured",
+            "skipped",
+            gotchas.WRONG,
+        }
     frame = gotchas.summary_frame(results)
     assert list(frame["gotcha"]) == list(gotchas.GOTCHAS)
     assert frame.set_index("gotcha").loc["tied_embeddings"].to_dict() == {
@@ -54,6 +62,7 @@ def test_trackio_metrics_land_in_the_expected_project_once(results):
     r = results["tracker_wrong_project"]
     assert r.failing["train_loss_rows"] == {"huggingface/trainer": 2, "smolfsdp-medical/by-hand": 0}
     assert not r.failing["loss_in_expected_project"]
+    assert r.failing["outcome"] == gotchas.WRONG and "huggingface/trainer" in r.failing["symptom"]
     assert r.failing["final_finish"]["error"] == "RuntimeError"  # the hand-made session was replaced
     assert r.fixed["train_loss_rows"] == {"smolfsdp-medical/trainer": 2}
     assert r.fixed["loss_in_expected_project"] and r.fixed["runs_with_loss"] == 1
@@ -64,6 +73,7 @@ def test_wrap_class_missing_and_wrapping_nothing(results):
     assert r.failing["misspelt"]["error"] == "ConfigError"
     assert "Did you mean 'SmolLM3DecoderLayer'" in r.failing["misspelt"]["message"]
     assert r.failing["fsdp_units"] == 1 and r.failing["decoder_layers"] == 4
+    assert r.failing["outcome"] == gotchas.WRONG and "no decoder layer wrapped" in r.failing["symptom"]
     assert r.failing["check_wrapping"]["error"] == "ConfigError"
     assert r.fixed == {"outcome": "ok", "fsdp_units": 5}
 
@@ -80,6 +90,8 @@ def test_trainer_fsdp_runs_as_ddp_on_cpu(results):
     r = results["trainer_fsdp_is_ddp"]
     assert r.failing["requested"] == "fsdp1" and r.failing["strategy"] == "ddp"
     assert r.failing["wrapper"] == "DistributedDataParallel" and r.failing["held_per_rank"] == 1.0
+    assert r.failing["outcome"] == gotchas.WRONG and r.failing["symptom"] == "asked for fsdp1, ran ddp"
+    assert r.fixed["outcome"] == "measured"
     assert r.fixed["strategy"] == "fsdp1" and r.fixed["fsdp_units"] == 5
     assert r.fixed["wrapper"] == "FullyShardedDataParallel" and r.fixed["held_per_rank"] == 0.5
     assert "smolfsdp.train.accelerate_cpu_fsdp" in r.fixed["reason"]
@@ -111,6 +123,9 @@ def test_tied_embeddings_in_separate_groups(results):
 
 def test_optimizer_before_sharding_never_updates(results):
     r = results["optimizer_before_sharding"]
+    # the failing form raises nothing: its outcome must name the symptom, never read "ok"
+    assert r.failing["outcome"] == gotchas.WRONG and "no weight changed" in r.failing["symptom"]
+    assert r.fixed["outcome"] == "ok"
     assert r.failing["max_param_change"] == 0.0 and r.failing["optimizer_params_with_grad"] == 0
     assert r.fixed["max_param_change"] > 1e-3 and r.fixed["optimizer_params_with_grad"] > 0
     assert r.failing["loss"] == r.fixed["loss"]  # same model, same batch: only the optimizer differs
@@ -134,3 +149,46 @@ def test_cli_lists_and_refuses_unknown(capsys):
     with pytest.raises(ConfigError, match="unknown gotcha"):
         gotchas.run_gotchas(["no_such_gotcha"])
     assert "RANK" not in os.environ  # nothing here joined a process group
+
+
+# ------------------------------------------------------------------ the chapter's tables of them
+# a dict/list repr or a NaN in a rendered cell (an error message may hold "[enforce fail ...]")
+REPR = re.compile(r"\{'|\['|\[\d|\bnan\b|\bNone\b")
+
+
+def test_every_gotcha_renders_failing_and_fixed_side_by_side(results):
+    for name, r in results.items():
+        frame = gotchas_view.grid(r) if gotchas_view.is_grid(r) else gotchas_view.side_by_side(r)
+        cells = " ".join(str(v) for v in frame.to_numpy().ravel())
+        assert not REPR.search(cells), (name, cells)
+        html = gotchas_view.section(r)._repr_html_()
+        assert "white-space: normal" in html and r.explanation.split()[0] in html
+    opt = gotchas_view.side_by_side(results["optimizer_before_sharding"])
+    assert list(opt.columns) == ["failing", "fixed"]
+    assert opt.loc["outcome"].tolist() == ["wrong result: optimizer.step() ran and no weight changed", "ok"]
+    assert opt.loc["optimizer params with grad"].tolist() == ["0", "38"]
+    assert opt.loc["loss", "failing"] == f"{results['optimizer_before_sharding'].failing['loss']:.4f}"
+    crash = gotchas_view.side_by_side(results["fsdp1_cpu_offload_state_dict"])
+    assert crash.loc["outcome", "failing"] == "crash: rank0 killed by SIGSEGV"
+    disk = results["checkpoint_disk_full"]
+    if disk.fixed["outcome"] != "skipped":
+        said = gotchas_view.side_by_side(disk).loc["outcome", "fixed"]
+        assert said.startswith("refused: DiskSpaceError: ") and disk.fixed["message"] in said  # never cut
+    grid = gotchas_view.grid(results["gradient_checkpointing"])
+    assert len(grid) == 8 and list(grid.columns) == [
+        "setting",
+        "form",
+        "all-gather",
+        "reduce-scatter",
+        "layer forwards",
+    ]
+
+
+def test_overview_says_what_each_form_did(results):
+    frame = gotchas_view.overview(results).set_index("gotcha")
+    assert len(frame) == len(gotchas.GOTCHAS)
+    row = frame.loc[results["optimizer_before_sharding"].title]
+    assert row.tolist() == ["wrong result: optimizer.step() ran and no weight changed", "ok"]
+    assert frame.loc[results["tied_embeddings"].title].tolist() == ["error (ValueError)", "ok"]
+    assert "ok" not in frame["failing form"].tolist()  # no failing form may read as if it worked
+    assert not REPR.search(tables.show(frame).to_html().split("</style>")[-1])

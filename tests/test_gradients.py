@@ -1,7 +1,7 @@
 """One step on 2 FSDP ranks gives the gradients of one process on the full batch (fp32).
 
 Rows keep their own lengths (``max_length`` above every row), so every micro-batch is right-padded
-as ``native.PadCollator`` pads it: padding is what broke activation checkpointing while the model's
+as ``batches.PadCollator`` pads it: padding is what broke activation checkpointing while the model's
 config kept ``use_cache=True`` (the recompute appended keys and values a second time).
 """
 
@@ -12,7 +12,8 @@ from _dist import run_distributed
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
-from smolfsdp.train.native import PadCollator, forward_backward
+from smolfsdp.train.batches import PadCollator
+from smolfsdp.train.steps import forward_backward
 
 N_ROWS = 4
 MAX_LENGTH = 512  # above every bundled row of the first 4: lengths 180-234 tokens, all different

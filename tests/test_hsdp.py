@@ -63,7 +63,9 @@ def _hsdp_rank(rank, world, version):
     )
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.sharding.fsdp2 import build_mesh
-    from smolfsdp.train.native import PadCollator, forward_backward, shard_model
+    from smolfsdp.train.batches import PadCollator
+    from smolfsdp.train.native import shard_model
+    from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
     rows = _rows(tok)  # 4 rows of different lengths: each rank gets a different one
@@ -284,7 +286,9 @@ def test_torchrun_hsdp_run_reports_its_mesh(tmp_path):
 def _other_strategies(rank, world):
     from smolfsdp.models.modeling import build_model, load_tokenizer
     from smolfsdp.sharding.distributed import DistInfo
-    from smolfsdp.train.native import PadCollator, forward_backward, shard_model
+    from smolfsdp.train.batches import PadCollator
+    from smolfsdp.train.native import shard_model
+    from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
     batch = PadCollator(tok.pad_token_id)([_rows(tok)[rank]])

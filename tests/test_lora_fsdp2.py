@@ -84,7 +84,8 @@ def _sharding_facts(rank, world, vocab_size):
     from torch.distributed.tensor import DTensor, Shard
 
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, describe_sharding, fsdp_units
-    from smolfsdp.train.native import PadCollator, forward_backward
+    from smolfsdp.train.batches import PadCollator
+    from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
     model = build_model("tiny", tok, seed=0, vocab_size=vocab_size)
@@ -135,7 +136,8 @@ def _adapter_roundtrip(rank, world, out_dir):
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
     from smolfsdp.sharding.lora import save_adapter
-    from smolfsdp.train.native import PadCollator, forward_backward
+    from smolfsdp.train.batches import PadCollator
+    from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
     model = apply_lora(build_model("tiny", tok, seed=0), LORA.replace(lora_dropout=0.0))
@@ -234,7 +236,8 @@ def _eval_then_train(rank, world):
     from smolfsdp.data.prepare import prepare_data
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.train.native import PadCollator, evaluate, forward_backward
+    from smolfsdp.train.batches import PadCollator
+    from smolfsdp.train.steps import evaluate, forward_backward
 
     tok = load_tokenizer("tiny")
     model = apply_lora(build_model("tiny", tok, seed=0), LORA)

@@ -16,7 +16,7 @@ def _eval_loss_of_saved_model(path, cfg) -> float:
     """Mean token loss of the saved model on the run's eval split, in one plain process."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from smolfsdp.train.native import PadCollator, count_label_tokens
+    from smolfsdp.train.batches import PadCollator, count_label_tokens
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()

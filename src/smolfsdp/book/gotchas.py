@@ -31,6 +31,7 @@ from torch import nn
 from smolfsdp.config import ConfigError
 
 DIST, LOCAL, CRASH = "dist", "local", "crash"  # how a gotcha runs: 2 ranks, 1 process, own launch
+WRONG = "wrong result"  # outcome of a form that raised nothing but measurably did the wrong thing
 
 
 @dataclass
@@ -188,7 +189,12 @@ def wrap_class(rank: int, world: int) -> dict[str, Any]:
     model = _tiny()[0]
     misspelt = attempt(lambda: {"class": resolve_wrap_class(model, "SmolLM3DecoderLayers").__name__})
     wrong = wrap_fsdp1(_tiny()[0], LlamaDecoderLayer)
-    quiet = {"outcome": "measured", "fsdp_units": len(fsdp_units(wrong)), "decoder_layers": 4}
+    units = len(fsdp_units(wrong))
+    quiet = {"outcome": "measured", "fsdp_units": units, "decoder_layers": 4}
+    if units <= 1:  # nothing raised: say what went wrong instead of "measured"
+        quiet.update(
+            outcome=WRONG, symptom=f"no decoder layer wrapped: {units} FSDP unit (the root) for 4 layers"
+        )
     failing = {
         **quiet,
         "check_wrapping": attempt(lambda: {"units": check_wrapping(wrong, "SmolLM3DecoderLayer")}),
@@ -245,6 +251,10 @@ def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
             "parameter_type": eff["evidence"].get("parameter_type", "torch.nn.Parameter (full copy)"),
             "held_per_rank": fields["params"]["fraction_per_rank"][rank],
         }
+        if results[label]["strategy"] != results[label]["requested"]:  # trained, silently not as asked
+            results[label].update(
+                outcome=WRONG, symptom=f"asked for {results[label]['requested']}, ran {eff['strategy']}"
+            )
     return results
 
 
@@ -349,7 +359,11 @@ def optimizer_before_sharding(rank: int, world: int) -> dict[str, Any]:
         with_grad = sum(p.grad is not None for g in opt.param_groups for p in g["params"])
         return {"max_param_change": change, "optimizer_params_with_grad": with_grad, "loss": round(loss, 4)}
 
-    return {"failing": attempt(run, True), "fixed": attempt(run, False)}
+    failing = attempt(run, True)
+    if failing["outcome"] == "ok" and failing["max_param_change"] == 0.0:
+        # no exception is the whole trap: attempt() says "ok", so name the measured symptom instead
+        failing.update(outcome=WRONG, symptom="optimizer.step() ran and no weight changed")
+    return {"failing": failing, "fixed": attempt(run, False)}
 
 
 @gotcha(
@@ -462,7 +476,7 @@ def _trackio_form(form: str, out: Path) -> None:
 
     from smolfsdp.config import TrainConfig
     from smolfsdp.data.prepare import prepare_data
-    from smolfsdp.train.native import PadCollator
+    from smolfsdp.train.batches import PadCollator
 
     model, tok = _tiny()
     data = prepare_data(TrainConfig(max_rows=16, eval_size=0), tok)
@@ -496,6 +510,8 @@ def _trackio_form(form: str, out: Path) -> None:
     result = {"outcome": "measured", "train_loss_rows": found, "expected_project": project}
     result.update(loss_in_expected_project=any(k.startswith(project + "/") for k in losses))
     result.update(runs_with_loss=len(losses), final_finish=finish)
+    if not result["loss_in_expected_project"]:  # the Trainer ran fine; its metrics went elsewhere
+        result.update(outcome=WRONG, symptom=f"train/loss went to {', '.join(sorted(losses))}, not {project}")
     (out / f"trackio_{form}.json").write_text(json.dumps(result))
 
 
@@ -506,7 +522,7 @@ def _trackio_form(form: str, out: Path) -> None:
     """get_model_state_dict(model, StateDictOptions(full_state_dict=True, cpu_offload=True)) on
     FSDP1 with gloo and no GPU kills rank 0 with SIGSEGV (exit code -11) in torch 2.13: a real
     crash, not an exception, so it is run in its own launch. On CPU the gathered tensors are in host
-    memory already: pass cpu_offload only when the device is CUDA (smolfsdp.train.native.save_final_model).""",
+    memory already: pass cpu_offload only when the device is CUDA (smolfsdp.train.export.save_final_model).""",
 )
 def fsdp1_cpu_offload_state_dict(rank: int, world: int, offload: bool) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -138,14 +138,14 @@ def _freeze_one(version: int, world: int, use_orig_params: bool) -> dict[str, An
 
 
 def _batch(tok):
-    from smolfsdp.train.native import PadCollator
+    from smolfsdp.train.batches import PadCollator
 
     ids = list(range(1, 65))
     return PadCollator(tok.pad_token_id)([{"input_ids": ids, "labels": ids}] * 2)
 
 
 def _one_step(model: nn.Module, tok, world: int) -> float:
-    from smolfsdp.train.native import forward_backward
+    from smolfsdp.train.steps import forward_backward
 
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     loss, _ = forward_backward(model, [_batch(tok)], world, torch.device("cpu"))
@@ -171,7 +171,7 @@ def record(version: int, out_dir: Path, steps: int = 5) -> dict[str, Any]:
     model = _wrap(model, version, info.world_size)
     table = describe_sharding(model) if version == 2 else describe_flat_parameters(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    from smolfsdp.train.native import forward_backward
+    from smolfsdp.train.steps import forward_backward
 
     def step():
         forward_backward(model, [_batch(tok)], info.world_size, info.device)

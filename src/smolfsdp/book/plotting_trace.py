@@ -1,9 +1,11 @@
 """Figures for the chapter "Reading the profiler": pure ``plot_*`` functions returning plotly Figures.
 
-Inputs come from ``smolfsdp.traces.analysis`` (a loaded trace and its ``TraceReport``) and
-``smolfsdp.measure.benchmark`` (a bench.json); nothing is typed in. Save with ``plotting.save_figure``.
+Inputs come from ``smolfsdp.traces.analysis`` (a loaded trace and its ``TraceReport``); nothing is
+typed in. Save with ``plotting.save_figure``. Step times of separate CPU runs are not drawn as bars
+side by side (they would read as a ranking that the noise does not support): see
+``smolfsdp.book.profiling.bench_table`` and ``timing_sentence``.
 
-    python -c "from smolfsdp import trace_analysis as ta, plotting_trace as pt; \\
+    python -c "from smolfsdp.traces import analysis as ta; from smolfsdp.book import plotting_trace as pt; \\
         pt.plot_timeline(ta.load_trace('runs/bench/traces/rank0.json.gz')).show()"
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 CATEGORY_COLORS = {
     "compute": "#2ca02c",
@@ -128,41 +129,5 @@ def plot_gathers(gathers: pd.DataFrame) -> go.Figure:
         yaxis_title="all-gather time (ms)",
         template="plotly_white",
         legend={"orientation": "h", "y": -0.25},
-    )
-    return fig
-
-
-def plot_bench_summary(benches: dict[str, dict]) -> go.Figure:
-    """Measured step time, tokens/s and tensor memory per labelled bench.json (MFU when defined)."""
-    rows = []
-    for label, b in benches.items():
-        s = b["summary"]
-        rows.append(
-            {
-                "run": label,
-                "step time (ms)": s["step_time_ms_median"],
-                "tokens/s": s["tokens_per_s_median"],
-                "TFLOP/s per rank": s["tflops_median"],
-                "MFU (%)": 100 * s["mfu_median"] if s.get("mfu_median") is not None else None,
-            }
-        )
-    df = pd.DataFrame(rows)
-    cols = [c for c in df.columns[1:] if df[c].notna().any()]
-    fig = make_subplots(rows=1, cols=len(cols), subplot_titles=cols)
-    for i, c in enumerate(cols, start=1):
-        fig.add_trace(
-            go.Bar(
-                x=df["run"],
-                y=df[c],
-                text=df[c].map(lambda v: f"{v:.3g}" if pd.notna(v) else "n/a"),
-                textposition="auto",
-                showlegend=False,
-                hovertemplate="%{x}<br>%{y:.4g}<extra>" + c + "</extra>",
-            ),
-            row=1,
-            col=i,
-        )
-    fig.update_layout(
-        title="Benchmark summary (median over timed steps)", template="plotly_white", height=380
     )
     return fig

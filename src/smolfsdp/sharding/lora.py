@@ -98,7 +98,7 @@ def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokeni
 
     from smolfsdp.models.modeling import build_meta_model
 
-    offload = info.device.type == "cuda"  # see native.save_final_model for why not on CPU
+    offload = info.device.type == "cuda"  # see smolfsdp.train.export.save_final_model for why not on CPU
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
     result: dict[str, Any] = {"adapter": str(out_dir / ADAPTER_DIR), "merged": None}
     if info.is_main:

@@ -21,7 +21,7 @@ What :func:`lift_cpu_fsdp_gate` changes, and nothing else:
 The third obstacle is not patched but avoided: accelerate's full-state-dict gather
 (``Accelerator.get_state_dict``, used by ``Trainer.save_model`` under FSDP) asks FSDP1 for
 ``offload_to_cpu=True``, which crashes rank 0 on a CPU-only gloo run (torch 2.13: SIGSEGV); the TRL
-engine exports its final model through ``smolfsdp.train.native.save_final_model`` instead, which offloads
+engine exports its final model through ``smolfsdp.train.export.save_final_model`` instead, which offloads
 only on CUDA (one export path for both engines).
 
 Things that still cannot run on CPU and are refused before launch elsewhere: FSDP1

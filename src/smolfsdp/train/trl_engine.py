@@ -32,7 +32,8 @@ from smolfsdp.measure.results import versions
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding import fsdp1, fsdp2
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
-from smolfsdp.train import accelerate_cpu_fsdp, native
+from smolfsdp.train import accelerate_cpu_fsdp
+from smolfsdp.train.export import save_final_model
 from smolfsdp.train.trl_callbacks import RunWriterCallback, use_one_line_progress
 from smolfsdp.train.trl_trainer import BenchmarkCallback, SmolSFTTrainer, StopAtStepCallback
 
@@ -238,7 +239,7 @@ def export_final_model(trainer, tokenizer, final_dir: Path, info: DistInfo) -> P
     (no pickled TrainingArguments). Returns ``final_dir``."""
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     unwrapped.config.use_cache = True  # the Trainer turns the KV cache off for training
-    native.save_final_model(trainer.model_wrapped, tokenizer, final_dir, info)
+    save_final_model(trainer.model_wrapped, tokenizer, final_dir, info)
     return final_dir
 
 
@@ -260,35 +261,47 @@ def _run_metrics(trainer, out, callback) -> dict[str, Any]:
     }
 
 
+FSDP1_NOTE = (
+    "note: transformers deprecates the Trainer's FSDP1 path (FSDP2, fsdp_version 2, is its default); "
+    "the pinned transformers %s still runs it"
+)
+
+
+def build_callbacks(cfg: TrainConfig, info: DistInfo, writer, model, n_params: int, prof):
+    """``(writer callback, benchmark callback or None, all callbacks)`` for the run's Trainer.
+
+    The writer callback turns the Trainer's logs into ``metrics.jsonl`` records; the benchmark one
+    (benchmark mode or ``profile``) meters each step and steps ``prof``; ``stop_at_step`` ends the
+    run early. ``n_params``: the model's parameters, all trainable in the TRL engine.
+    """
+    samples_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size
+    callback = RunWriterCallback(writer, samples_per_step)
+    callbacks: list = [callback]
+    bench_cb = None
+    if cfg.benchmark_steps or prof is not None:
+        bench_cb = BenchmarkCallback(cfg, info, model, n_params, n_params, prof=prof)
+        callback.bench = bench_cb
+        callbacks.append(bench_cb)
+    if cfg.stop_at_step:
+        callbacks.append(StopAtStepCallback(cfg.stop_at_step))
+    return callback, bench_cb, callbacks
+
+
 def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     """Train ``cfg`` with the TRL ``SFTTrainer`` on the current process group; return summary fields
     (requested vs effective strategy with evidence, parameters held per rank, data, metrics)."""
 
     gate_lifted = lift_gate_if_asked(cfg, info)
     if cfg.fsdp_version == 1 and info.world_size > 1:  # transformers' own line is filtered (smolfsdp.quiet)
-        log.info(
-            "note: transformers deprecates the Trainer's FSDP1 path (FSDP2, fsdp_version 2, is its default); "
-            "the pinned transformers %s still runs it",
-            versions().get("transformers"),
-        )
+        log.info(FSDP1_NOTE, versions().get("transformers"))
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     total_params = sum(p.numel() for p in model.parameters())
     args = trl_args(cfg, info, str(writer.run_dir / "trainer"), wrap_cls.__name__)
-    callback = RunWriterCallback(
-        writer, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size
-    )
-    callbacks: list = [callback]
     prof = benchmark.start_profiler(cfg, info, writer.run_dir)
-    bench_cb = None
-    if cfg.benchmark_steps or prof is not None:
-        bench_cb = BenchmarkCallback(cfg, info, model, total_params, total_params, prof=prof)
-        callback.bench = bench_cb
-        callbacks.append(bench_cb)
-    if cfg.stop_at_step:
-        callbacks.append(StopAtStepCallback(cfg.stop_at_step))
+    callback, bench_cb, callbacks = build_callbacks(cfg, info, writer, model, total_params, prof)
     trainer = SmolSFTTrainer(
         model=model,
         args=args,

@@ -1,0 +1,100 @@
+"""FSDP1 vs FSDP2 for a reader: sharding tables with units, the dtype rule of each, LoRA state per GPU.
+
+Used by the chapters "FSDP1 vs FSDP2" and "LoRA + FSDP2". The measurements come from
+``smolfsdp.book.mechanics`` (two ranks, each version) and ``smolfsdp.book.dtype_rule`` (one rank); the
+SmolLM3-3B numbers from ``smolfsdp.measure.memory`` (an estimate, stated as one).
+
+    python -c "from smolfsdp.book.fsdp_versions import lora_state_table; print(lora_state_table())"
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from smolfsdp.measure.memory import estimate_memory
+
+MIB = 2**20
+CASE_TEXT = {
+    "frozen_bf16_beside_trainable_fp32": "frozen bf16 weight beside trainable fp32 weights, one unit",
+    "trainable_fp32_and_bf16_same_group": "trainable fp32 and trainable bf16 weights, one unit",
+    "trainable_fp32_and_bf16_own_groups": "trainable fp32 and bf16 weights, each dtype its own unit",
+}
+
+
+def _shape(shape) -> str:
+    return " x ".join(f"{n:,}" for n in shape)
+
+
+def fsdp1_sharding_view(rows: list[dict]) -> pd.DataFrame:
+    """``describe_flat_parameters`` records (one rank) as a reader's table: one row per FSDP unit."""
+    d = pd.DataFrame(rows)
+    return pd.DataFrame(
+        {
+            "FSDP unit": d["name"],
+            "type": d["type"],
+            "original parameters inside": d["original_params"].map("{:,}".format),
+            "elements, whole unit": d["global_numel"].map("{:,}".format),
+            "elements held by this rank": d["local_numel"].map("{:,}".format),
+            "padding (elements)": d["padding"].map("{:,}".format),
+            "dtype": d["dtype"],
+        }
+    ).set_index("FSDP unit")
+
+
+def fsdp2_sharding_view(rows: list[dict], limit: int = 10) -> pd.DataFrame:
+    """``describe_sharding`` records (one rank), the first ``limit`` parameters, shapes as ``a x b``."""
+    d = pd.DataFrame(rows).head(limit)
+    return pd.DataFrame(
+        {
+            "parameter": d["name"],
+            "type": d["type"],
+            "placement": d["placement"],
+            "shape held by this rank": d["local_shape"].map(_shape),
+            "full shape": d["global_shape"].map(_shape),
+        }
+    ).set_index("parameter")
+
+
+def dtype_rule_table(results: list[dict]) -> pd.DataFrame:
+    """``check_dtype_rule`` results, one row per case, one column per FSDP version: "trains" or the refusal."""
+    table = {}
+    for r in results:
+        table.setdefault(r["fsdp"], {})[CASE_TEXT[r["case"]]] = (
+            "trains" if r["ok"] else f"refused: {r['error']}"
+        )
+    return pd.DataFrame(table)[["FSDP1", "FSDP2"]].rename_axis("parameters in the model")
+
+
+def lora_state_mib(model="smollm3-3b", world_size: int = 2, seq_len: int = 2048, micro_batch: int = 2):
+    """Estimated MiB (floats) per GPU of parameter shards, gradients, Adam state and the device peak, for full
+    fine-tuning and LoRA (r=8, q/k/v/o) under FSDP1 and FSDP2 (FULL_SHARD, bf16 mixed precision,
+    activation checkpointing). FSDP1's LoRA gradient covers every FlatParameter that holds an adapter."""
+    rows = {}
+    for version in (1, 2):
+        for lora in (False, True):
+            e = estimate_memory(
+                model, world_size=world_size, strategy="FULL_SHARD", lora=lora, fsdp_version=version,
+                seq_len=seq_len, micro_batch=micro_batch, activation_checkpointing=True,
+            )  # fmt: skip
+            rows[(f"FSDP{version}", "LoRA" if lora else "full fine-tune")] = {
+                "parameter shards (MiB)": e.params_bytes,
+                "gradients (MiB)": e.grads_bytes,
+                "Adam m + v (MiB)": e.optimizer_bytes,
+                "peak per GPU (MiB)": e.peak_bytes,
+            }
+    table = pd.DataFrame(rows).T / MIB
+    table.index = table.index.set_names(["FSDP", "training"])
+    return table
+
+
+def lora_state_table(**kwargs) -> pd.DataFrame:
+    """:func:`lora_state_mib` with thousands separators and one decimal (``kwargs`` go to it)."""
+    return lora_state_mib(**kwargs).map("{:,.1f}".format)
+
+
+def lora_gradient_mib(model="smollm3-3b", world_size: int = 2) -> dict[str, float]:
+    """Estimated LoRA gradient MiB per GPU under each version (the number the chapters quote)."""
+    return {
+        f"FSDP{v}": estimate_memory(model, world_size=world_size, lora=True, fsdp_version=v).grads_bytes / MIB
+        for v in (1, 2)
+    }

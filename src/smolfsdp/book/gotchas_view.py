@@ -1,0 +1,153 @@
+"""The gotchas' results as tables for the chapter "Debugging the seams": failing and fixed side by side.
+
+``smolfsdp.book.gotchas`` runs each gotcha and returns what happened in each form as a dict (the
+outcome, the exception, the measured values). This module only presents those dicts: one row per
+measured quantity, the failing form in one column and the fixed form in the next, every cell as a
+reader reads it (no dict or list reprs, no NaN), long messages wrapped. Nothing is computed here.
+
+    from smolfsdp.book import gotchas, gotchas_view
+    results = gotchas.run_gotchas(["tied_embeddings"])
+    gotchas_view.section(results["tied_embeddings"])   # table + explanation, as HTML in a notebook
+"""
+
+from __future__ import annotations
+
+import html
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from smolfsdp.book import tables
+from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND, WRONG, GotchaResult
+
+FORMS = ("failing", "fixed")
+DECIMALS = 4  # a loss of 6.9995 or a change of 0.0101 must not read 7.00 / 0.01
+SAID = ("outcome", "error", "message", "symptom")  # folded into the outcome row, not rows of their own
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name if code < 0 else f"exit code {code}"
+    except ValueError:
+        return f"exit code {code}"
+
+
+def outcome_text(form: Mapping[str, Any], refusal: bool = False) -> str:
+    """What one form did, in words: ``"error: ValueError: <first line>"``, ``"wrong result: <symptom>"``,
+    ``"crash: rank0 killed by SIGSEGV"``, ``"skipped: <why>"``, ``"ran; measured below"`` or ``"ok"``.
+
+    ``refusal``: the form is a fix, so an exception is the fix refusing early (``"refused: ..."``).
+    """
+    outcome = form.get("outcome")
+    if outcome == "error":
+        said = "refused" if refusal else "error"
+        return f"{said}: {form.get('error')}: {form.get('message', '')}".rstrip(": ")
+    if outcome == WRONG:
+        return f"wrong result: {form.get('symptom', '')}"
+    if outcome == "crash":
+        codes = form.get("rank_exit_codes") or {}
+        died = ", ".join(f"{rank} killed by {_signal_name(code)}" for rank, code in codes.items())
+        return f"crash: {died or 'torchrun exit code ' + str(form.get('torchrun_returncode'))}"
+    if outcome == "skipped":
+        return f"skipped: {form.get('message', '')}"
+    if outcome == "measured":
+        return "ran without an error; measured below"
+    return str(outcome)
+
+
+def _value(value: Any) -> str:
+    """A nested attempt (a dict with an outcome) reads as its outcome and its values; the rest as cells."""
+    if isinstance(value, Mapping) and "outcome" in value:
+        rest = {k: v for k, v in value.items() if k not in SAID}
+        said = outcome_text(value)
+        return f"{said}; {tables.cell_text(rest, DECIMALS)}" if rest else said
+    return tables.cell_text(value, DECIMALS)
+
+
+def is_grid(result: GotchaResult) -> bool:
+    """Both forms measured the same quantities over several settings (dicts of equal keys, no outcome)."""
+    inner = [v for form in FORMS for k, v in getattr(result, form).items() if k not in SAID]
+    return bool(inner) and all(
+        isinstance(v, Mapping) and "outcome" not in v and v.keys() == inner[0].keys() for v in inner
+    )
+
+
+def grid(result: GotchaResult) -> pd.DataFrame:
+    """One row per setting (``fsdp1/hf_use_reentrant_true``), its form, and the measured counts."""
+    rows = []
+    for form in FORMS:
+        for setting, values in getattr(result, form).items():
+            if setting not in SAID:
+                rows.append({"setting": setting.replace("/", " · "), "form": form, **values})
+    frame = pd.DataFrame(rows).sort_values(["setting"], kind="stable")
+    frame.columns = [tables.readable_name(str(c)) for c in frame.columns]
+    return frame.reset_index(drop=True)
+
+
+def side_by_side(result: GotchaResult) -> pd.DataFrame:
+    """Rows: ``outcome`` then each measured quantity; columns ``failing`` and ``fixed`` (text cells).
+
+    A quantity measured in one form only reads ``—`` in the other.
+    """
+    keys: list[str] = []
+    for form in FORMS:
+        keys += [k for k in getattr(result, form) if k not in SAID and k not in keys]
+    rows = {"outcome": [outcome_text(getattr(result, form), refusal=form == "fixed") for form in FORMS]}
+    for k in keys:
+        rows[tables.readable_name(k)] = [
+            _value(getattr(result, form)[k]) if k in getattr(result, form) else tables.MISSING
+            for form in FORMS
+        ]
+    frame = pd.DataFrame.from_dict(rows, orient="index", columns=list(FORMS))
+    frame.index.name = "what was seen"
+    return frame
+
+
+def overview(results: Mapping[str, GotchaResult]) -> pd.DataFrame:
+    """One row per gotcha: its title, and what the failing and the fixed form did (first words)."""
+
+    def short(form: Mapping[str, Any], refusal: bool) -> str:
+        if form.get("outcome") == "error":
+            return f"{'refused' if refusal else 'error'} ({form.get('error')})"
+        return outcome_text(form).split(";")[0]
+
+    return pd.DataFrame(
+        [
+            {"gotcha": r.title, "failing form": short(r.failing, False), "fixed form": short(r.fixed, True)}
+            for r in results.values()
+        ]
+    )
+
+
+def catalogue() -> pd.DataFrame:
+    """The registered gotchas: title, name (for ``smolfsdp gotchas --run NAME``) and how each runs."""
+    return pd.DataFrame(
+        [{"gotcha": g.title, "name": g.name, "how it runs": KIND_LEGEND[g.kind]} for g in GOTCHAS.values()]
+    )
+
+
+def versions_sentence(results: Mapping[str, GotchaResult]) -> str:
+    """The library versions the results were measured with, as one sentence (the gotchas are version-specific)."""
+    versions = next(iter(results.values())).versions
+    return "Measured with " + ", ".join(f"{name} {v}" for name, v in versions.items()) + "."
+
+
+class Section:
+    """A gotcha's table and its explanation, rendered as one HTML block in a notebook or a page."""
+
+    def __init__(self, result: GotchaResult):
+        self.result = result
+        self.table = tables.show(grid(result) if is_grid(result) else side_by_side(result))
+
+    def __repr__(self) -> str:  # plain-text outputs (a terminal, a text-only notebook viewer)
+        return f"{self.result.title}\n{self.table.data.to_string()}\n\n{self.result.explanation}"
+
+    def _repr_html_(self) -> str:
+        return self.table.to_html() + f"<p>{html.escape(self.result.explanation)}</p>"
+
+
+def section(result: GotchaResult) -> Section:
+    """The chapter's call per gotcha: failing and fixed side by side, then why (HTML)."""
+    return Section(result)

@@ -1,0 +1,202 @@
+"""Tables and sentences of the chapter "Reading the profiler", computed from bench.json files and traces.
+
+The chapter calls these and shows what they return; every number in its prose comes from here.
+Frames keep unit-suffixed column names (``step_time_ms``, ``dur_us``) for
+``smolfsdp.book.tables.reader_frame``; sentences are Markdown strings.
+
+    python -c "from smolfsdp.book import profiling; from smolfsdp.measure.benchmark import load_bench; \\
+        print(profiling.bench_table({'FSDP2': load_bench('runs/bench')}))"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from smolfsdp.book.tables import cell_text, number_text
+from smolfsdp.measure.benchmark import steps_frame
+from smolfsdp.traces.analysis import TraceReport
+from smolfsdp.traces.checks import exposed_share, seed_checks
+
+
+def _steps(steps) -> str:
+    """``[4]`` -> ``"step 4"``; ``[4, 5]`` -> ``"steps 4, 5"``."""
+    steps = [int(s) for s in steps]
+    return f"step{'s' if len(steps) != 1 else ''} {cell_text(steps)}"
+
+
+def _timed(bench: dict[str, Any]) -> pd.Series:
+    steps = steps_frame(bench)
+    return steps.loc[~steps["warmup"], "step_time_ms"]
+
+
+def bench_table(benches: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per run (index ``run``): what ran, the timed steps, median step time and its spread.
+
+    ``spread_pct`` = 100 · (slowest / fastest timed step − 1): the noise inside one run, the yardstick
+    for any difference between runs.
+    """
+    rows = []
+    for label, b in benches.items():
+        t = _timed(b)
+        rows.append(
+            {
+                "run": label,
+                "strategy": b["strategy"].upper(),
+                "timed_steps": len(t),
+                "step_time_median_ms": float(t.median()),
+                "step_time_range_ms": f"{number_text(float(t.min()), 0)} – {number_text(float(t.max()), 0)}",
+                "spread_pct": 100 * (float(t.max()) / float(t.min()) - 1),
+                "tokens_per_step": b["summary"]["tokens_per_step_mean"],
+            }
+        )
+    return pd.DataFrame(rows).set_index("run")
+
+
+def timing_sentence(benches: dict[str, dict[str, Any]]) -> str:
+    """What the step times of separate CPU runs can and cannot say, with the two numbers that decide it."""
+    table = bench_table(benches)
+    within = float(table["spread_pct"].max())
+    medians = table["step_time_median_ms"]
+    between = 100 * (float(medians.max()) / float(medians.min()) - 1)
+    verdict = (
+        "the gap between runs is inside the noise of one run"
+        if between <= within
+        else "runs made one after another on a shared machine differ by more than the steps of one run do"
+    )
+    return (
+        f"Inside one run the slowest timed step is up to **{within:.0f} %** slower than the fastest; the "
+        f"median step times of the {len(table)} runs differ by **{between:.0f} %**, so {verdict}. These "
+        "CPU runs were made one after another on a small shared machine: they show that each engine trains "
+        "and what the meter records, not which strategy is faster. Speed is measured on a GPU (the last "
+        "section)."
+    )
+
+
+def run_sentence(bench: dict[str, Any]) -> str:
+    """Where one bench.json was measured, its MFU (or why there is none) and what a token is."""
+    s = bench["summary"]
+    mfu = f"{100 * s['mfu_median']:.1f} %" if s.get("mfu_median") is not None else "not defined"
+    return (
+        f"Measured on {bench['world_size']} × {bench['device'].upper()} ({bench['device_name'] or 'no GPU'}), "
+        f"{s['timed_steps']} timed steps. MFU: {mfu} ({bench['mfu_reason']}). Tokens counted: "
+        f"{bench['tokens_counted']}."
+    )
+
+
+STEP_COLUMNS = ["step", "step_time_ms", "tokens", "tokens_per_s", "tflops", "tensor_bytes", "rss_peak_bytes"]
+
+
+def steps_table(bench: dict[str, Any]) -> pd.DataFrame:
+    """The per-step rows of a bench.json that a reader compares (index ``step``; warm-up marked)."""
+    steps = steps_frame(bench)[STEP_COLUMNS + ["warmup"]]
+    steps["step"] = [
+        f"{s} (warm-up)" if w else str(s) for s, w in zip(steps["step"], steps["warmup"], strict=True)
+    ]
+    return steps.drop(columns="warmup").set_index("step")
+
+
+def trace_step_tables(report: TraceReport) -> dict[str, pd.DataFrame]:
+    """The report's per-step figures in two frames of a page's width (index ``step``).
+
+    ``"communication"``: step time, compute, communication, overlapped, exposed, overlap %.
+    ``"phases"``: step time and the ``forward_backward`` / ``clip`` / ``optimizer`` ranges.
+    """
+    steps = report.steps.set_index("step")
+    return {
+        "communication": steps[
+            ["dur_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
+        ],
+        "phases": steps[["dur_us", "forward_backward_us", "clip_us", "optimizer_us"]],
+    }
+
+
+def trace_sentence(trace: pd.DataFrame, report: TraceReport) -> str:
+    """How big the trace is, which kind, its steps, and any fallback the analysis took."""
+    notes = " ".join(f"Note: {n}." for n in report.notes)
+    return (
+        f"{len(trace):,} events, a {report.mode.upper()} trace; profiled {_steps(report.steps['step'])}. {notes}"
+    ).strip()
+
+
+def timeline_sentence(report: TraceReport) -> str:
+    """What to read in the CPU timeline: how busy the compute row is, and where communication runs."""
+    c = seed_checks(report).mean()
+    return (
+        f"Read the rows against each other: the row that computes is busy {c['compute_row_busy_pct']:.0f} % of a "
+        "step; the communication (red) runs on gloo's own threads, and the figure below says how much of it "
+        "has compute beside it."
+    )
+
+
+def gathers_sentence(report: TraceReport) -> str:
+    """What the per-unit all-gather figure holds: units, passes, gathers per pass over the profiled steps."""
+    g = report.gathers
+    per_pass = g.groupby("pass").size().reindex(["forward", "backward"]).dropna().astype(int)
+    layers = sorted({int(x) for x in g.loc[g["layer"] >= 0, "layer"]})
+    counts = ", ".join(f"{n:,} in {p}" for p, n in per_pass.items())
+    n_steps = report.steps["step"].nunique()
+    return (
+        f"{len(g):,} all-gathers over {n_steps} profiled step{'s' if n_steps != 1 else ''} ({counts}), decoder layers "
+        f"{cell_text(layers)}. Read each unit's two bars: forward and backward gather the same bytes, so a large "
+        "difference between them is waiting (on CPU, gloo's queue), not size."
+    )
+
+
+def overlap_sentence(report: TraceReport, what: str) -> str:
+    """How much communication was exposed over the report's complete steps, for the sentence under a figure."""
+    share = exposed_share(report)
+    if share["exposed_pct"] is None:
+        return f"{what}: the profiled steps hold no communication."
+    return (
+        f"{what}, {_steps(share['steps'])}: {number_text(share['comm_us'] / 1e3, 1)} ms of communication, "
+        f"of which **{share['exposed_pct']:.0f} %** ({number_text(share['exposed_comm_us'] / 1e3, 1)} ms) ran "
+        f"with no compute beside it and {share['overlap_pct']:.0f} % was hidden behind compute."
+    )
+
+
+def seed_check_sentence(report: TraceReport) -> str:
+    """The seed's three visual readings against the measured checks, averaged over the profiled steps."""
+    c = seed_checks(report).mean()
+    return (
+        f"On average over the profiled steps the busiest compute row is busy {c['compute_row_busy_pct']:.0f} % "
+        f"of the step (its longest gap {number_text(c['compute_row_longest_gap_us'] / 1e3, 1)} ms); "
+        f"{c['exposed_comm_pct']:.0f} % of the step is communication that nothing overlaps; "
+        f"{number_text(c['comm_head_us'] / 1e3, 1)} ms of communication falls in the first tenth of a step and "
+        f"{number_text(c['comm_tail_us'] / 1e3, 1)} ms in the last; the optimizer takes "
+        f"{c['optimizer_pct']:.0f} % of the step."
+    )
+
+
+def prefetch_sentence(prefetch: dict[str, Any]) -> str:
+    """FSDP's prefetch as issued (annotated ranges) and as it ran (transfers in flight together)."""
+    layers = prefetch["annotated_layers"]
+    issued = f"for layers {cell_text(layers)}" if layers else f"in {prefetch['annotated']} ranges"
+    return (
+        f"Prefetch: FSDP issued `backward_prefetch` {issued}; of {prefetch['transfers']:,} all-gather "
+        f"transfers, {prefetch['concurrent_gathers']:,} pairs were in flight together (at most "
+        f"{prefetch['max_in_flight']} at once)."
+    )
+
+
+def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
+    """The real GPU trace's exposed communication, checked against HTA, and what it says about the seed."""
+    share = exposed_share(report)
+    steps = _steps(share["steps"])
+    check = (
+        f"HTA's `get_comm_comp_overlap` gives {hta_pct:.2f} % overlap for the same steps "
+        f"(ours {share['overlap_pct']:.2f} %; the residual comes from HTA flooring nanosecond timestamps to whole "
+        "microseconds, which opens sub-µs gaps between back-to-back kernels)."
+        if hta_pct is not None
+        else "HTA is not installed here, so the cross-check is skipped."
+    )
+    busy = seed_checks(report).loc[share["steps"], "compute_row_busy_pct"].mean()
+    return (
+        f"Over the complete {steps}, **{share['exposed_pct']:.0f} % of the NCCL time is exposed**: "
+        f"{number_text(share['exposed_comm_us'] / 1e3, 1)} of {number_text(share['comm_us'] / 1e3, 1)} ms ran while "
+        "no compute kernel did. That is the opposite of the seed's picture of communication hidden behind "
+        f"compute. The compute stream itself is busy only {busy:.0f} % of a step (the GPU mostly waits for "
+        "the CPU to launch work), so the gradient all-reduces find little compute to hide behind. "
+        f"{check} HTA drops the last profiler step (its GPU work may be cut off), so both use the complete steps."
+    )

@@ -1,0 +1,186 @@
+"""Reader-shaped views of the scaling projections, on the book's own full recipe.
+
+Used by the chapter "Scaling out" (notebooks/07_scaling.ipynb). ``smolfsdp.measure.comm.scaling_table``
+computes the projections; this module picks the recipe (sequence, micro-batch, gradient accumulation,
+FSDP version, activation checkpointing from ``configs/runs/smollm3_3b_medical.yaml``), turns the frames
+into tables a reader can scan (units, percentages, "from 8 GPUs" instead of ``8.0``/``NaN``), sweeps the
+tokens per step, and writes the verdict sentences from the numbers.
+
+    python -c "from smolfsdp.book.scaling_views import book_assumptions; print(book_assumptions())"
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from smolfsdp.config import load_config, recipe
+from smolfsdp.measure import comm
+from smolfsdp.measure.memory import GIB, estimate_memory
+
+STRATEGY_NAMES = {
+    "NO_SHARD": "NO_SHARD (DDP)",
+    "SHARD_GRAD_OP": "SHARD_GRAD_OP (ZeRO-2)",
+    "FULL_SHARD": "FULL_SHARD (ZeRO-3)",
+    "HYBRID_SHARD": "HYBRID_SHARD (HSDP)",
+}
+
+
+def book_assumptions(
+    recipe_name: str = "smollm3_3b_medical",
+    *,
+    gpu: str = "H100 SXM",
+    gpus_per_node: int = 8,
+    network: str = "InfiniBand NDR 400 Gb/s",
+    mfu: float = 0.4,
+) -> dict:
+    """``scaling_table`` arguments for the committed run recipe: its ``max_length`` as the sequence, its
+    micro-batch, gradient accumulation, FSDP version and activation checkpointing; the cluster and the MFU
+    are assumptions (an MFU of 0.4 is typical of well-tuned bf16 training, not measured here)."""
+    cfg = load_config(recipe(recipe_name))
+    return dict(
+        gpu=gpu, gpus_per_node=gpus_per_node, network=network, mfu=mfu, seq_len=cfg.max_length,
+        micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        fsdp_version=cfg.fsdp_version, activation_checkpointing=cfg.activation_checkpointing,
+    )  # fmt: skip
+
+
+def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> str:
+    tokens = a["seq_len"] * a["micro_batch"]
+    return (
+        f"From `configs/runs/{recipe_name}.yaml`: sequences of up to {a['seq_len']:,} tokens, micro-batch "
+        f"{a['micro_batch']}, so **{tokens:,} tokens per GPU per micro-batch**, {a['gradient_accumulation_steps']} "
+        f"micro-batches per optimizer step ({tokens * a['gradient_accumulation_steps']:,} tokens per GPU and step), "
+        f"FSDP{a['fsdp_version']}, activation checkpointing {'on' if a['activation_checkpointing'] else 'off'}, "
+        f"bf16 compute with fp32 gradient reduction, AdamW. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
+        f"{a['network']} between nodes, MFU {a['mfu']:.0%}; weak scaling (tokens per GPU fixed)."
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def preview(scaling: pd.DataFrame, n_gpus=(2, 16, 1024)) -> pd.DataFrame:
+    """A few rows of the projection with units: step time, communication, what stays exposed, memory."""
+    d = scaling[scaling["n_gpus"].isin(n_gpus)]
+    return pd.DataFrame(
+        {
+            "model": d["model"],
+            "strategy": d["strategy"].map(STRATEGY_NAMES),
+            "GPUs": d["n_gpus"].map("{:,}".format),
+            "compute per step (s)": d["compute_s"].map("{:,.2f}".format),
+            "communication per step (s)": d["comm_s"].map("{:,.2f}".format),
+            "step with overlap (s)": d["step_s"].map("{:,.2f}".format),
+            "efficiency": d["efficiency"].map(_pct),
+            "memory per GPU (GiB)": d["memory_gib"].map("{:,.1f}".format),
+            "fits": d["fits"].map({True: "yes", False: "no"}),
+        }
+    ).set_index(["model", "strategy", "GPUs"])
+
+
+def efficiency_view(scaling: pd.DataFrame, n_gpus=(8, 16, 1024)) -> pd.DataFrame:
+    """Efficiency (compute / step time with overlap) per model and GPU count, one column per strategy."""
+    d = scaling[scaling["n_gpus"].isin(n_gpus)]
+    table = d.pivot_table(index=["model", "n_gpus"], columns="strategy", values="efficiency")
+    table = table.rename(columns=STRATEGY_NAMES).map(_pct)
+    table.index = table.index.set_names(["model", "GPUs"])
+    return table
+
+
+def fits_from_view(scaling: pd.DataFrame) -> pd.DataFrame:
+    """The smallest GPU count at which each strategy fits the model, as words ("from 8 GPUs", "never ...")."""
+    top = int(scaling["n_gpus"].max())
+    out = {}
+    for (model, strategy), d in scaling.groupby(["model", "strategy"], sort=False):
+        ok = d.loc[d["fits"], "n_gpus"]
+        out.setdefault(model, {})[STRATEGY_NAMES[strategy]] = (
+            f"from {int(ok.min()):,} GPUs" if len(ok) else f"not up to {top:,} GPUs"
+        )
+    return pd.DataFrame(out).T.rename_axis("model")
+
+
+def tokens_sweep(a: dict, model="smollm3-3b", n_gpus: int = 16, micro_batches=(1, 2, 4, 8)) -> pd.DataFrame:
+    """How the verdict at ``n_gpus`` moves with tokens per step: FULL_SHARD and HSDP for each micro-batch,
+    with the recipe's accumulation reducing every micro-batch, and under ``no_sync`` (FSDP1 ``no_sync()``:
+    one reduction per optimizer step, paid for with a full unsharded gradient on every GPU)."""
+    rows = []
+    acc = a["gradient_accumulation_steps"]
+    kw = {k: a[k] for k in ("gpu", "gpus_per_node", "network", "mfu", "seq_len", "fsdp_version")}
+    for strategy in ("FULL_SHARD", "HYBRID_SHARD"):
+        for mb in micro_batches:
+            for no_sync in (False, True):
+                step = comm.estimate_step(model, strategy=strategy, n_gpus=n_gpus, micro_batch=mb,
+                                          gradient_accumulation_steps=acc, no_sync=no_sync, **kw)  # fmt: skip
+                mem = estimate_memory(
+                    model, world_size=n_gpus, strategy=strategy, seq_len=a["seq_len"], micro_batch=mb,
+                    activation_checkpointing=a["activation_checkpointing"], fsdp_version=a["fsdp_version"],
+                    gpus_per_node=a["gpus_per_node"], no_sync=no_sync,
+                )  # fmt: skip
+                rows.append({
+                    "strategy": STRATEGY_NAMES[strategy],
+                    "tokens per GPU per micro-batch": f"{mb * a['seq_len']:,}",
+                    "gradient reduction": "once per step (no_sync)" if no_sync else f"every micro-batch ({acc}x)",
+                    "efficiency": _pct(step["efficiency"]),
+                    "memory per GPU (GiB)": f"{mem.peak_bytes / GIB:,.1f}",
+                    "_efficiency": step["efficiency"],
+                })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def verdicts_markdown(scaling: pd.DataFrame, sweep: pd.DataFrame, n_gpus: int = 16) -> str:
+    """The chapter's verdict sentences, from the numbers (model = the first one in ``scaling``)."""
+    model = scaling["model"].iloc[0]
+    at = scaling[(scaling["model"] == model)].set_index(["strategy", "n_gpus"])["efficiency"]
+    top = int(scaling["n_gpus"].max())
+    fs = sweep[sweep["strategy"] == STRATEGY_NAMES["FULL_SHARD"]]
+    every = fs[~fs["gradient reduction"].str.startswith("once")]
+    best = every.loc[every["_efficiency"].idxmax()]
+    tok = "tokens per GPU per micro-batch"
+    moves = ", ".join(f"{r[tok]} tokens give {r['efficiency']}" for _, r in every.iterrows())
+    return (
+        f"For {model} on the book's recipe, FULL_SHARD keeps {_pct(at[('FULL_SHARD', 8)])} of the compute-only "
+        f"speed on 8 GPUs (one node) and {_pct(at[('FULL_SHARD', n_gpus)])} on {n_gpus} (two nodes); HSDP keeps "
+        f"{_pct(at[('HYBRID_SHARD', n_gpus)])} on {n_gpus} and {_pct(at[('HYBRID_SHARD', top)])} on {top:,}. "
+        f"More tokens per micro-batch move the FULL_SHARD verdict on {n_gpus} GPUs: "
+        f"{moves} "
+        f"(best: {best['efficiency']} at {best[tok]} tokens, "
+        f"{best['memory per GPU (GiB)']} GiB per GPU). More accumulation steps alone do not: FSDP gathers and "
+        "reduces for every micro-batch, so communication grows with the compute it should hide."
+    )
+
+
+def tokens_sweep_view(sweep: pd.DataFrame) -> pd.DataFrame:
+    """``tokens_sweep`` pivoted: one row per tokens per micro-batch, one column per (strategy, reduction),
+    each cell "efficiency · memory per GPU"."""
+    cell = sweep["efficiency"] + " · " + sweep["memory per GPU (GiB)"] + " GiB"
+    table = sweep.assign(cell=cell).pivot(
+        index="tokens per GPU per micro-batch", columns=["strategy", "gradient reduction"], values="cell"
+    )
+    order = list(dict.fromkeys(sweep["tokens per GPU per micro-batch"]))
+    return table.reindex(order)
+
+
+def no_sync_markdown(sweep: pd.DataFrame, tokens: str) -> str:
+    """What FSDP1 ``no_sync`` buys and costs for FULL_SHARD at ``tokens`` per micro-batch (from the sweep)."""
+    fs = sweep[
+        (sweep["strategy"] == STRATEGY_NAMES["FULL_SHARD"])
+        & (sweep["tokens per GPU per micro-batch"] == tokens)
+    ]
+    every, once = fs.iloc[0], fs.iloc[1]
+    extra = float(once["memory per GPU (GiB)"].replace(",", "")) - float(
+        every["memory per GPU (GiB)"].replace(",", "")
+    )
+    return (
+        f"Reducing gradients once per optimizer step instead of after every micro-batch (FSDP1 `no_sync()`) takes "
+        f"FULL_SHARD at {tokens} tokens from {every['efficiency']} to {once['efficiency']}, and costs {extra:,.1f} GiB "
+        "more per GPU: every GPU then holds the whole unsharded gradient between micro-batches."
+    )
+
+
+def latency_bounds(models, a: dict, n_gpus: int = 1024) -> pd.DataFrame:
+    """Efficiency at ``n_gpus`` with NCCL's ring latency and with no latency at all: the two bounds."""
+    cols = {}
+    for label, latency in (("ring latency (default)", True), ("no latency", False)):
+        d = comm.scaling_table(models, n_gpus=(n_gpus,), latency=latency, **a)
+        cols[label] = d.set_index(["model", d["strategy"].map(STRATEGY_NAMES)])["efficiency"].map(_pct)
+    return pd.DataFrame(cols).rename_axis(["model", "strategy"])

@@ -1,0 +1,88 @@
+"""The arithmetic of one native training step: forward/backward over micro-batches, clipping, evaluation.
+
+Each step all-reduces the number of label tokens so the loss is the mean over the global batch
+(gradients then equal a single-process run on the full batch, as ``tests/test_gradients.py`` checks);
+evaluation runs on every rank in lock-step so FSDP's collectives match. ``smolfsdp.train.native``
+calls these in its ``train_step``; tests and chapters call them to run one step by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from smolfsdp.data.prepare import IGNORE_INDEX
+from smolfsdp.sharding.distributed import DistInfo
+from smolfsdp.train.batches import count_label_tokens
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def forward_backward(
+    model: nn.Module,
+    micro_batches: list[dict[str, torch.Tensor]],
+    world_size: int,
+    device: torch.device,
+    reduce_loss: bool = True,
+) -> tuple[float, int]:
+    """Forward and backward over this rank's micro-batches of one optimizer step.
+
+    The loss of each micro-batch is its summed token loss divided by the label tokens of the whole
+    global batch (all ranks, all micro-batches; one all-reduce), times ``world_size`` because FSDP
+    averages gradients over ranks. The gradient is then exactly that of the mean token loss over the
+    global batch, as in a single-process run. Returns ``(global mean loss, global label tokens)``;
+    with ``reduce_loss=False`` the loss is this rank's share (sum it over ranks to get the mean),
+    so the training loop can fold that all-reduce into its per-step one.
+    """
+    local_items = torch.tensor([sum(count_label_tokens(b) for b in micro_batches)], device=device)
+    dist.all_reduce(local_items)
+    n_items = int(local_items.item())
+    total = torch.zeros((), device=device)
+    for batch in micro_batches:
+        out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1))
+        (out.loss * world_size).backward()
+        total += out.loss.detach().float()
+    if reduce_loss:
+        dist.all_reduce(total)
+    return float(total.item()), n_items
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float, fsdp_version: int) -> float:
+    """Clip the global gradient norm to ``max_norm`` and return the norm before clipping.
+
+    FSDP1 needs its own ``clip_grad_norm_`` (each rank holds a shard of every FlatParameter's
+    gradient); under FSDP2 torch's ``clip_grad_norm_`` works on the DTensor gradients and returns
+    the norm as a DTensor, which ``full_tensor()`` turns into one number.
+    """
+    if fsdp_version == 1:
+        return float(model.clip_grad_norm_(max_norm))
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, eval_ds, collator, batch_size: int, info: DistInfo) -> float:
+    """Mean token loss over the whole eval split. Rows are split over ranks; ranks with fewer rows
+    run fully-masked batches so every rank makes the same number of FSDP forward calls."""
+    model.eval()
+    idx = list(range(info.rank, len(eval_ds), info.world_size))
+    n_batches = math.ceil(math.ceil(len(eval_ds) / info.world_size) / batch_size)
+    sums = torch.zeros(2, device=info.device, dtype=torch.float64)
+    for b in range(n_batches):
+        rows = [eval_ds[i] for i in idx[b * batch_size : (b + 1) * batch_size]]
+        if not rows:  # keep collectives in step: one row, no labels
+            rows = [{**eval_ds[0], "labels": [IGNORE_INDEX] * len(eval_ds[0]["labels"])}]
+        batch = collator(rows)
+        n = count_label_tokens(batch)
+        out = model(**_to(batch, info.device), num_items_in_batch=1)  # loss = summed token loss
+        sums += torch.tensor(
+            [out.loss.double().item() if n else 0.0, n], device=info.device, dtype=torch.float64
+        )
+    dist.all_reduce(sums)
+    model.train()
+    return float(sums[0] / sums[1])

@@ -1,0 +1,81 @@
+"""Mechanism figures: the step probe's counts, bytes and losses, the timeline drawing exactly what its
+sentence counts, and the communication volumes in model sizes."""
+
+import pytest
+
+from smolfsdp.book import figures_mechanisms as fm
+from smolfsdp.book.step_probe import measure_step_variants, unit_of
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    return measure_step_variants(tmp_path_factory.mktemp("probe"))
+
+
+def test_unit_names():
+    assert unit_of("FSDP::all_gather (model.layers.1)") == "model.layers.1"
+    assert unit_of("FSDP::pre_forward") == "root"  # FSDP2 names the root group with no module name
+    assert unit_of("FSDP::post_backward_reduce") == "root"
+    assert unit_of("FSDP::backward_prefetch for model.layers.2") is None
+    assert unit_of("FSDP::root_pre_forward") is None
+
+
+def test_probe_counts_bytes_and_losses(probe):
+    for rank in probe:
+        by = {r["variant"]: r for r in rank}
+        gathers = {v: sum(c["kind"] == "all-gather" for c in r["collectives"]) for v, r in by.items()}
+        assert gathers == {
+            "root resharded": 10, "root kept (default)": 9, "nothing resharded": 5, "explicit prefetch": 9,
+        }  # fmt: skip
+        assert all(sum(c["kind"] == "reduce-scatter" for c in r["collectives"]) == 5 for r in rank)
+        assert len({r["loss"] for r in rank}) == 1  # resharding and prefetch change when, never what
+        assert by["root resharded"]["root_sharded_between_forward_and_backward"] is True
+        assert by["root kept (default)"]["root_sharded_between_forward_and_backward"] is False
+    table = fm.probe_vs_model(probe[0])  # every measured size equals comm.estimate_collectives'
+    assert (table["measured (count)"] == table["model (count)"]).all()
+    assert (table["measured (bytes)"] == table["model (bytes)"]).all()
+
+
+def test_timeline_draws_what_the_sentence_counts(probe):
+    default = next(r for r in probe[0] if r["variant"] == "root kept (default)")
+    counts = fm.collective_counts(default["events"])
+    assert counts == {
+        "all-gather in forward": 5,
+        "all-gather in backward": 4,
+        "reduce-scatter in backward": 5,
+    }
+    fig = fm.plot_step_timeline(default["events"])
+    drawn = [t for t in fig.data if t.name in ("all-gather", "reduce-scatter")]
+    assert (
+        sum(t.name == "all-gather" for t in drawn) == 9
+        and sum(t.name == "reduce-scatter" for t in drawn) == 5
+    )
+    span = max(e["start_us"] + e["dur_us"] for e in default["events"] if e["kind"] == "phase") / 1e3
+    assert min(t.x[0] for t in drawn) >= 0.03 * span - 1e-9  # no hairlines
+    lanes = {t.y[0] for t in drawn}
+    assert lanes == {"root", "layer 0", "layer 1", "layer 2", "layer 3"}
+    assert all(t.text[0] in ("AG", "RS") for t in drawn)
+
+
+def test_comm_volumes_in_model_sizes():
+    df = fm.comm_volume_table("tiny", n_gpus=8)
+    ring = 7 / 8
+    assert df.loc["DDP (NO_SHARD)", "total"] == pytest.approx(2 * ring, rel=0.01)  # one all-reduce
+    assert df.loc["ZeRO-2 (SHARD_GRAD_OP)", "total"] == pytest.approx(2 * ring, rel=0.01)
+    assert df.loc["FULL_SHARD, root resharded", "total"] == pytest.approx(3 * ring, rel=0.01)
+    kept = df.loc["ZeRO-3 / FSDP (FULL_SHARD)", "total"]
+    assert 2 * ring < kept < 3 * ring  # the root's backward all-gather saved
+
+
+def test_tables_are_shaped_for_readers():
+    from smolfsdp.book.mechanics import fsdp_unit_table
+
+    units = fm.unit_table(fsdp_unit_table("tiny"))
+    assert units.columns.tolist() == [
+        "parameters", "full (KiB)", "shard per rank (KiB)", "held while it computes (KiB)",
+    ]  # fmt: skip
+    assert units.iloc[1]["parameters"] == "184,576"
+    sync = fm.no_sync_table("tiny", n_gpus=2, accumulation=4)
+    assert sync["reduce-scatters per step"].tolist() == ["20", "5"]  # 5 units x 4 micro-batches, or once
+    hfu = fm.mfu_hfu_table("tiny", seq_len=64)
+    assert hfu.attrs["hfu_over_mfu"] == pytest.approx(4 / 3)

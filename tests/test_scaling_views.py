@@ -1,0 +1,58 @@
+"""The scaling chapter's views: the book's recipe, reader-shaped tables, and the tokens-per-step sweep."""
+
+import pandas as pd
+
+from smolfsdp.book import scaling_views as sv
+from smolfsdp.measure import comm
+
+
+def test_assumptions_come_from_the_full_recipe():
+    a = sv.book_assumptions()
+    assert (a["seq_len"], a["micro_batch"], a["gradient_accumulation_steps"], a["fsdp_version"]) == (
+        2048,
+        2,
+        8,
+        1,
+    )
+    assert a["activation_checkpointing"] is True
+    assert "4,096 tokens per GPU per micro-batch" in sv.assumptions_markdown(a)
+
+
+def test_tables_are_words_not_nan():
+    a = sv.book_assumptions()
+    scaling = comm.scaling_table(["smollm3-3b"], n_gpus=(2, 8, 16), **a)
+    fits = sv.fits_from_view(scaling)
+    assert fits.loc["smollm3-3b", "FULL_SHARD (ZeRO-3)"] == "from 2 GPUs"
+    tiny_gpu = comm.scaling_table(
+        ["smollm3-3b"], strategies=("NO_SHARD",), n_gpus=(2, 4), **{**a, "gpu": "A10G"}
+    )
+    assert sv.fits_from_view(tiny_gpu).loc["smollm3-3b", "NO_SHARD (DDP)"] == "not up to 4 GPUs"
+    eff = sv.efficiency_view(scaling, n_gpus=(8, 16))
+    assert eff.shape == (2, 4) and all(str(v).endswith("%") for v in eff.to_numpy().ravel())
+    shown = sv.preview(scaling).to_string()
+    assert "nan" not in shown.lower() and "..." not in shown
+
+
+def test_accumulation_alone_does_not_move_efficiency_but_tokens_and_no_sync_do():
+    a = sv.book_assumptions()
+    kw = {k: a[k] for k in ("gpu", "gpus_per_node", "network", "mfu", "seq_len", "fsdp_version")}
+    one = comm.estimate_step("smollm3-3b", n_gpus=16, micro_batch=2, gradient_accumulation_steps=1, **kw)
+    eight = comm.estimate_step("smollm3-3b", n_gpus=16, micro_batch=2, gradient_accumulation_steps=8, **kw)
+    assert abs(one["efficiency"] - eight["efficiency"]) < 1e-9
+    sweep = sv.tokens_sweep(a, micro_batches=(1, 2))
+    fs = sweep[sweep["strategy"] == "FULL_SHARD (ZeRO-3)"].set_index(
+        ["tokens per GPU per micro-batch", "gradient reduction"]
+    )
+    every, once = fs.loc[("4,096", "every micro-batch (8x)")], fs.loc[("4,096", "once per step (no_sync)")]
+    assert abs(every["_efficiency"] - eight["efficiency"]) < 1e-9
+    assert once["_efficiency"] > every["_efficiency"]
+    assert float(once["memory per GPU (GiB)"]) > float(every["memory per GPU (GiB)"])
+    assert (
+        fs.loc[("4,096", "every micro-batch (8x)"), "_efficiency"]
+        > fs.loc[("2,048", "every micro-batch (8x)"), "_efficiency"]
+    )
+    view = sv.tokens_sweep_view(sweep)
+    assert list(view.index) == ["2,048", "4,096"] and view.shape == (2, 4)
+    assert "GiB" in view.iloc[0, 0]
+    assert "no_sync()" in sv.no_sync_markdown(sweep, "4,096")
+    assert isinstance(view, pd.DataFrame)

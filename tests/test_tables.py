@@ -1,0 +1,122 @@
+"""smolfsdp.book.tables on real frames (the real GPU trace's analysis in ../shared/traces), the seed's
+checks computed in smolfsdp.traces.checks, and the chapter sentences of smolfsdp.book.profiling."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+import pytest
+from conftest import SHARED
+
+from smolfsdp.book import profiling, tables
+from smolfsdp.traces import analysis as ta
+from smolfsdp.traces import checks
+
+DDP = SHARED / "traces" / "ddp_2rank_a100_rank0.json.gz"
+REPR = re.compile(r"[{}\[\]]|\bnan\b|\bNone\b|e\+0", re.I)  # what a reader must never see in a cell
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    if not DDP.is_file():
+        pytest.skip(f"{DDP} is absent: the real GPU traces live in ../shared/traces/ (CI has them)")
+    df = ta.load_trace(DDP)
+    return df, ta.analyze(df)
+
+
+def _cells(styler) -> list[str]:
+    return [str(v) for v in styler.data.to_numpy().ravel()] + [str(c) for c in styler.data.columns]
+
+
+def test_cell_text_never_shows_a_repr():
+    assert tables.cell_text(1296.968774) == "1,296.97"
+    assert tables.cell_text(1296.968774, 0) == "1,297"
+    assert tables.cell_text(1234567) == "1,234,567"
+    assert tables.cell_text(float("nan")) == tables.cell_text(None) == "—"
+    assert tables.cell_text([0, 1, 2, 3]) == "0, 1, 2, 3"
+    assert tables.cell_text({"rank0": -11, "ok_now": True}) == "rank0: -11; ok now: yes"
+    assert tables.cell_text([]) == "—"
+    assert tables.cell_text(3.2e-8) == "3.2 × 10⁻⁸" and tables.cell_text(0.0) == "0.00"  # never a false 0.00
+
+
+def test_reader_frame_scales_and_labels_real_trace_steps(gpu):
+    _, report = gpu
+    steps = report.steps.set_index("step")
+    frame = tables.reader_frame(steps[["dur_us", "comm_us", "overlap_pct", "collectives_head"]])
+    assert list(frame.columns) == ["dur (ms)", "comm (ms)", "overlap (%)", "collectives head"]
+    assert frame["dur (ms)"].tolist() == pytest.approx((steps["dur_us"] / 1e3).tolist())
+    assert frame.index.name == "step" and list(frame.index) == [4, 5, 6]
+    text = tables.format_frame(frame)
+    # ~222 ms steps: typical value >= 100 -> 0 decimals; the same decimals for every row of a column
+    assert text["dur (ms)"].tolist() == [f"{v / 1e3:,.0f}" for v in steps["dur_us"]]
+    assert text["overlap (%)"].tolist() == [f"{v:.1f}" for v in steps["overlap_pct"]]
+    assert text["collectives head"].tolist() == ["2", "2", "2"]
+
+
+def test_bytes_columns_get_a_binary_unit():
+    frame = tables.reader_frame(
+        pd.DataFrame({"rss_peak_bytes": [631187072, 628074112], "tensor_bytes": [6956116, 10]})
+    )
+    assert list(frame.columns) == ["RSS peak (MiB)", "tensor (MiB)"]
+    assert frame.iloc[0, 0] == pytest.approx(631187072 / 2**20)
+    rates = tables.reader_frame(
+        pd.DataFrame({"tokens_per_s": [612.4], "step_time_ms": [2957.1], "wall_s": [3.0]})
+    )
+    assert list(rates.columns) == ["tokens/s", "step time (ms)", "wall (s)"]  # "_per_s" before "_s"
+
+
+def test_show_wraps_long_text_and_refuses_wide_tables(gpu):
+    df, report = gpu
+    by_row = ta.comm_by_row(df)
+    long = "x" * 300
+    by_row.loc[0, "row"] = long
+    html = tables.show(
+        tables.reader_frame(by_row[["row", "device", "comm_us", "compute_us", "events"]])
+    ).to_html()
+    assert long in html  # the whole text is there, wrapped by the browser, never cut with "..."
+    assert "white-space: normal" in html and "..." not in html
+    assert not REPR.search(" ".join(_cells(tables.show(tables.reader_frame(by_row)))))
+    with pytest.raises(ValueError, match="split them with tables.split_wide"):
+        tables.show(report.steps)  # 15 columns
+
+
+def test_split_wide_and_to_long_on_real_steps(gpu):
+    _, report = gpu
+    parts = tables.split_wide(report.steps, keep=["step"])
+    assert all(len(p.columns) <= tables.MAX_COLUMNS and p.columns[0] == "step" for p in parts)
+    assert sorted({c for p in parts for c in p.columns}) == sorted(report.steps.columns)
+    with pytest.raises(ValueError, match="not there"):
+        tables.split_wide(report.steps, keep=["no_such"])
+    long = tables.to_long(report.steps[["step", "dur_us", "comm_us"]], "step")
+    assert list(long.columns) == [4, 5, 6] and list(long.index) == ["dur_us", "comm_us"]
+
+
+def test_seed_checks_and_exposed_share_on_the_real_gpu_trace(gpu):
+    _, report = gpu
+    c = checks.seed_checks(report)
+    assert list(c.index) == [4, 5, 6]
+    assert c["compute_row_busy_pct"].tolist() == pytest.approx(
+        report.rows[report.rows["row"] == "GPU 0 stream 7"]["busy_pct"].tolist()
+    )
+    s = checks.exposed_share(report)
+    assert s["steps"] == [4, 5]
+    assert s["exposed_pct"] == pytest.approx(100 - s["overlap_pct"])
+    assert 84 < s["exposed_pct"] < 86  # the real DDP run hides ~15 % of its NCCL time
+    sentence = profiling.gpu_overlap_sentence(report, hta_pct=None)
+    assert f"**{s['exposed_pct']:.0f} % of the NCCL time is exposed**" in sentence
+    assert "opposite of the seed" in sentence and not REPR.search(sentence.replace("[", "").replace("]", ""))
+    with pytest.raises(ValueError, match="complete_steps"):
+        checks.exposed_share(report, "all")
+
+
+def test_kernels_by_op_on_the_real_gpu_trace(gpu):
+    df, _ = gpu
+    k = checks.kernels_by_op(ta.collective_kernels(df))
+    ar = k[k["kind"] == "all-reduce"]
+    assert set(ar["op"]) == {"nccl:all_reduce"} and ar["kernels"].tolist() == [5, 5, 5]
+    assert not math.isnan(ar["gpu_us"].sum()) and ar["gpu_us"].gt(0).all()
+    by_step = tables.reader_frame(k.set_index("step"), rename={"gpu_us": "GPU time"})  # repeated index
+    html = tables.show(by_step).to_html()
+    assert html.count("nccl:all_reduce") == 3 and "GPU time (ms)" in html and ">step<" in html
