@@ -55,7 +55,10 @@ NOT_HERE = (
     (r"--nnodes", "needs several nodes (tests/test_faults.py runs the multi-node path on one machine)"),
     (r"gpu_check\.sh", "needs a CUDA GPU (tests/test_gpu_check.py runs its --simulate-cpu mode)"),
     (r"/path/to/", "a data file of the reader's (filled with ../shared/data's MedQuAD rows where present)"),
-    (r"(^|\s)\.\.\.(\s|$)|\$\w+|<[^>]*>", "elided arguments or a placeholder the docs' runs do not provide"),
+    (
+        r"(^|\s)(\.\.\.|NAME|N)(\s|$)|\$\w+|<[^>]*>",
+        "elided arguments or a placeholder the docs' runs do not provide",
+    ),
 )
 #: Placeholders the docs' own runs fill: a glob over the copy's run folders (newest match), or a path.
 PLACEHOLDERS = {
@@ -231,6 +234,8 @@ def test_the_docs_document_the_commands_a_newcomer_runs():
     assert any(t.startswith("smolfsdp memory --model smollm3-3b") for t in texts)
     assert any("--stop_at_step 3" in t for t in texts)  # chapter 06's resume drill
     assert "OUT=<empty folder> bash scripts/gpu_check.sh" in texts
+    gotcha = resolve(Documented("x", "smolfsdp gotchas --run NAME"), ROOT, ROOT, "")
+    assert gotcha.argv is None and "placeholder" in gotcha.why_not
     assert make_demo_command() == ".venv/bin/smolfsdp train --config configs/runs/smoke.yaml"
     assert _shell_lines("a \\\n  b  # note\n# only a comment\n") == ["a b"]
 
