@@ -1,6 +1,6 @@
 """Execute the chapters listed in _quarto.yml (all, or those named) in one profile and write HTML
 (no Quarto needed; `make book`). The profile is injected through papermill as `quarto render -P` does;
-the notebooks on disk are never written. The HTML is an execution check, not the book: render that
+the notebooks on disk are never written. A bar per chapter shows which cell is running. The HTML is an execution check, not the book: render that
 with `make render` (Quarto), or read the published site.
 
 python scripts/execute_notebooks.py --profile smoke --html-dir _book_html
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
         parser.error(str(e))
     for nb in selected:
         t0 = time.time()
-        execute_chapter(nb, args.profile, args.html_dir)
+        execute_chapter(nb, args.profile, args.html_dir, progress=True)
         print(
             f"{nb.name}: executed in {time.time() - t0:.0f} s -> {args.html_dir}/{nb.stem}.html", flush=True
         )

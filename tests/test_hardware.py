@@ -5,7 +5,8 @@ import math
 import pytest
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, recommend
+from smolfsdp.measure.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name
+from smolfsdp.measure.recommend import recommend
 from smolfsdp.measure.memory import estimate_memory
 
 
@@ -39,15 +40,95 @@ def test_fit_verdict_is_peak_against_memory():
 
 def test_recommend_walks_the_flowchart():
     small = recommend("tiny", "L4", 2, seq_len=512)
-    assert small.decision == "full replica"
+    assert (small.decision, small.lever) == ("full replica", "none")
     sharded = recommend("smollm3-3b", "A100 40GB", 2, seq_len=4096, activation_checkpointing=True)
-    assert sharded.decision == "FULL_SHARD" and sharded.estimate.strategy == "FULL_SHARD"
+    assert sharded.lever == "sharding" and sharded.estimate.strategy in ("SHARD_GRAD_OP", "FULL_SHARD")
     offload = recommend("smollm3-3b", "A10G", 2, seq_len=2048, activation_checkpointing=True)
-    assert offload.decision == "FULL_SHARD + CPU offload" and offload.estimate.offload
+    assert (
+        offload.decision.endswith("_OP + activation checkpointing + CPU offload") and offload.estimate.offload
+    )
+    assert offload.lever == "CPU offload" and "GiB over PCIe per GPU per step" in offload.cost
     more = recommend("smollm3-3b", "A10G", 2, seq_len=2048, activation_checkpointing=True, host_memory_gib=16)
-    assert more.decision == "more GPUs" and more.gpus > 2 and fits(more.estimate, GPUS["A10G"])
+    assert more.lever == "more GPUs" and more.gpus > 2 and fits(more.estimate, GPUS["A10G"])
     never = recommend("smollm3-3b", get_gpu(None, 2), 1, seq_len=32768)
     assert never.decision == "does not fit"
+
+
+def test_recommend_prefers_activation_checkpointing_to_offload_in_the_reported_cases():
+    """Issue 17: SmolLM3-3B on 2 x A100 40GB at 4k asked as FULL_SHARD, and one A10G with LoRA at 4k, were
+    sent to CPU offload while activation checkpointing alone fits."""
+    a100 = recommend("smollm3-3b", "A100 40GB", 2, strategy="FULL_SHARD", seq_len=4096, fsdp_version=1)
+    assert (a100.decision, a100.lever) == (
+        "FULL_SHARD + activation checkpointing",
+        "activation checkpointing",
+    )
+    assert a100.estimate.peak_bytes / 2**30 == pytest.approx(30.9, abs=0.1)
+    assert "FSDP1 FULL_SHARD" in a100.reason and "~33% more compute" in a100.reason
+    a10g = recommend("smollm3-3b", "A10G", 1, seq_len=4096, lora=True)
+    assert a10g.lever == "activation checkpointing" and not a10g.estimate.offload
+    assert fits(a10g.estimate, GPUS["A10G"])
+
+
+def _fits(model, gpu, gpus, setting, chosen):
+    """The estimator's verdict with the levers in ``chosen`` pushed to their most relieving setting."""
+    kw = dict(setting, world_size=gpus)
+    kw["activation_checkpointing"] = (
+        kw.get("activation_checkpointing", False) or "activation checkpointing" in chosen
+    )
+    kw["micro_batch"] = 1 if "micro-batch" in chosen else kw.get("micro_batch", 1)
+    kw["strategy"] = "FULL_SHARD" if "sharding" in chosen else kw.get("strategy", "NO_SHARD")
+    kw["offload"] = "CPU offload" in chosen
+    return fits(estimate_memory(model, **kw), GPUS[gpu])
+
+
+GRID_SETTINGS = [
+    {"seq_len": 2048},
+    {"seq_len": 4096, "fsdp_version": 1},
+    {"seq_len": 8192, "micro_batch": 4},
+    {"seq_len": 4096, "lora": True},
+    {"seq_len": 2048, "micro_batch": 8, "recipe": "pure-bf16"},
+    {"seq_len": 16384, "strategy": "FULL_SHARD", "fsdp_version": 1},
+]
+
+
+def _deeper_smollm3():
+    """SmolLM3-3B's geometry with twice the layers (~6B parameters): a model where more levers matter."""
+    from smolfsdp.measure.memory import resolve_model_config
+
+    config = resolve_model_config("smollm3-3b")
+    deeper = config.__class__.from_dict(config.to_dict())
+    deeper.num_hidden_layers = 2 * config.num_hidden_layers
+    deeper.layer_types = 2 * list(config.layer_types) if getattr(config, "layer_types", None) else None
+    deeper.no_rope_layers = (
+        2 * list(config.no_rope_layers) if getattr(config, "no_rope_layers", None) else None
+    )
+    return deeper
+
+
+@pytest.mark.parametrize("model", ["smollm3-3b", "deeper"])
+@pytest.mark.parametrize("gpu", ["A10G", "A100 40GB", "H100 SXM"])
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_recommend_never_skips_a_cheaper_lever(model, gpu, gpus):
+    """On a grid of models x GPUs x world sizes x settings: when the answer's dearest lever is L, the
+    estimator says no cheaper lever fits (alone, or with all the other cheaper ones), and the answer fits."""
+    from itertools import combinations
+
+    from smolfsdp.measure.recommend import LEVERS
+
+    model = _deeper_smollm3() if model == "deeper" else model
+    for setting in GRID_SETTINGS:
+        rec = recommend(model, gpu, gpus, **setting)
+        assert fits(rec.estimate, GPUS[gpu]) == (rec.lever != "does not fit"), (setting, rec)
+        if rec.lever == "none":
+            continue
+        assert not _fits(model, gpu, gpus, setting, ()), (setting, rec.decision)
+        dearest = len(LEVERS) if rec.lever in ("more GPUs", "does not fit") else LEVERS.index(rec.lever)
+        cheaper = LEVERS[:dearest]
+        for n in range(1, len(cheaper) + 1):
+            for chosen in combinations(cheaper, n):
+                assert not _fits(model, gpu, gpus, setting, chosen), (setting, rec.decision, chosen)
+        if rec.lever in LEVERS:
+            assert rec.lever in rec.levers and rec.lever in rec.reason and rec.cost in rec.reason
 
 
 def test_cli_custom_gpu_memory_is_labelled_as_custom(capsys):

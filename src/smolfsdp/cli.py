@@ -136,7 +136,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
-    from smolfsdp.measure.hardware import fits, get_gpu, recommend  # deferred: transformers configs
+    from smolfsdp.measure.hardware import fits, get_gpu  # deferred: transformers configs
+    from smolfsdp.measure.recommend import recommend  # deferred with hardware
     from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
 
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default

@@ -22,10 +22,12 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
 import yaml
+from tqdm import tqdm
 
 from smolfsdp.errors import ConfigError, did_you_mean
 from smolfsdp.paths import repo_root
@@ -131,13 +133,63 @@ def inject_parameters(nb, **params) -> None:
     nb.metadata.setdefault("papermill", {})["parameters"] = dict(params)
 
 
+def _kernel_config(socket_dir: str):
+    """nbclient configuration for a kernel that talks over IPC (Unix sockets in ``socket_dir``).
+
+    ipykernel 7.4 warns "Kernel is running over TCP without encryption ..." at every kernel start when
+    the transport is TCP (jupyter_client's default), once per chapter in ``make book``: the kernel and
+    this process share the machine, so Unix-domain sockets, which the warning itself suggests, are the
+    right transport here and the warning has no cause left. The socket files go to a temporary folder,
+    never beside the notebook (the kernel's working directory).
+    """
+    from traitlets.config import Config  # deferred: dev extra (jupyter), book tooling only
+
+    cfg = Config()
+    cfg.KernelManager.transport = "ipc"
+    cfg.KernelManager.ip = str(Path(socket_dir) / "kernel")
+    return cfg
+
+
+def _cell_title(cell, width: int = 48) -> str:
+    """What a progress line shows for a code cell: its ``#| label``, else its first line of code."""
+    options = _option_lines(cell.source)
+    label = next((o.split(":", 1)[1].strip() for o in options if o.startswith("label:")), None)
+    code = next((ln.strip() for ln in cell.source.splitlines() if ln.strip() and not ln.startswith("#|")), "")
+    title = label or code
+    return title if len(title) <= width else title[: width - 3] + "..."
+
+
+def _attach_progress(client, nb, name: str) -> tqdm:
+    """A tqdm bar over ``nb``'s code cells, named ``name`` and showing the running cell's number and
+    title; advanced by nbclient's ``on_cell_execute`` / ``on_cell_executed`` hooks (the first runs
+    before a cell is sent, the second once its reply is in; ``on_cell_complete`` fires at send)."""
+    total = sum(1 for c in nb.cells if c.cell_type == "code" and c.source.strip())
+    bar = tqdm(total=total, desc=name, unit="cell", dynamic_ncols=True)
+
+    def started(cell, cell_index):
+        bar.set_postfix_str(f"cell {cell_index + 1}/{len(nb.cells)}: {_cell_title(cell)}")
+
+    def finished(cell, cell_index, execute_reply):
+        bar.update(1)
+
+    client.on_cell_execute = started
+    client.on_cell_executed = finished
+    return bar
+
+
 def execute_chapter(
-    path: str | Path, profile: str = "smoke", html_dir: str | Path | None = None, timeout: int = 900
+    path: str | Path,
+    profile: str = "smoke",
+    html_dir: str | Path | None = None,
+    timeout: int = 900,
+    progress: bool = False,
 ):
     """Execute one notebook (cwd = its folder) and optionally write ``<html_dir>/<stem>.html``.
 
     The notebook is read, parameterised (:func:`inject_parameters`) and executed in memory: the file
-    on disk is never written. Cells tagged ``remove-cell`` (the parameters and the injected cell) are
+    on disk is never written. The kernel talks over IPC (:func:`_kernel_config`). ``progress`` shows a
+    bar over the code cells on stderr, with the running cell's number and label or first line.
+    Cells tagged ``remove-cell`` (the parameters and the injected cell) are
     left out of the HTML, as Quarto leaves them out of the book. Returns the executed notebook.
     Raises ``nbclient.exceptions.CellExecutionError`` on the first failing cell, with its traceback.
     """
@@ -146,9 +198,20 @@ def execute_chapter(
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     inject_parameters(nb, PROFILE=profile)
-    NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    ).execute()
+    with tempfile.TemporaryDirectory(prefix="smolfsdp-kernel-") as sockets:
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(path.parent)}},
+            config=_kernel_config(sockets),
+        )
+        bar = _attach_progress(client, nb, path.stem) if progress else None
+        try:
+            client.execute()
+        finally:
+            if bar is not None:
+                bar.close()
     if html_dir is not None:
         from nbconvert import HTMLExporter  # deferred: dev extra, book tooling only
         from traitlets.config import Config  # deferred: dev extra (nbconvert's), book tooling only

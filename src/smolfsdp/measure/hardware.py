@@ -1,8 +1,8 @@
-"""GPUs and the "Does FSDP fit?" decision (chapter "Where the memory goes").
+"""GPUs and networks (chapter "Where the memory goes").
 
-A small table of data-centre GPUs with the figures their vendor datasheets state, a fit verdict
-per GPU for an estimate from ``smolfsdp.measure.memory``, and ``recommend``: the seed's flowchart as a
-function (full replica -> FULL_SHARD -> FULL_SHARD + CPU offload -> more GPUs).
+A small table of data-centre GPUs with the figures their vendor datasheets state, and a fit verdict
+per GPU for an estimate from ``smolfsdp.measure.memory``. The "Does FSDP fit?" decision built on it is
+``smolfsdp.measure.recommend``.
 
     smolfsdp memory --model smollm3-3b --gpus 2 --gpu A10G
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from smolfsdp.errors import ConfigError, did_you_mean
-from smolfsdp.measure.memory import estimate_memory
 
 
 @dataclass(frozen=True)
@@ -192,55 +191,3 @@ def fit_table(estimates: dict[str, object], gpus=None):
                 }
             )
     return pd.DataFrame(rows)
-
-
-@dataclass
-class Recommendation:
-    decision: str  # "full replica", "FULL_SHARD", "FULL_SHARD + CPU offload", "more GPUs", "does not fit"
-    gpus: int
-    estimate: object
-    reason: str
-
-
-def recommend(
-    model="smollm3-3b",
-    gpu: GPU | str = "H100 SXM",
-    gpus: int = 1,
-    *,
-    host_memory_gib: float | None = None,
-    max_gpus: int = 1024,
-    **kwargs,
-) -> Recommendation:
-    """The "Does FSDP fit?" flowchart for ``gpus`` GPUs of one kind (``kwargs`` go to ``estimate_memory``).
-
-    1. a full replica per GPU (NO_SHARD / DDP) fits -> no sharding needed;
-    2. else FULL_SHARD over ``gpus`` fits -> FULL_SHARD;
-    3. else FULL_SHARD + CPU offload fits on the device (and ``host_memory_gib`` per node, if given,
-       holds the offloaded shards) -> offload;
-    4. else the smallest world size (powers of two up to ``max_gpus``) where FULL_SHARD fits.
-    """
-    g = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("strategy", "offload", "world_size")}
-    replica = estimate_memory(model, world_size=gpus, strategy="NO_SHARD", **kwargs)
-    if fits(replica, g):
-        return Recommendation("full replica", gpus, replica, f"a whole copy fits on one {g.name}")
-    shard = estimate_memory(model, world_size=gpus, strategy="FULL_SHARD", **kwargs)
-    if fits(shard, g):
-        return Recommendation("FULL_SHARD", gpus, shard, f"sharded over {gpus} x {g.name}")
-    off = estimate_memory(model, world_size=gpus, strategy="FULL_SHARD", offload=True, **kwargs)
-    per_node = off.host_bytes * min(gpus, kwargs.get("gpus_per_node", 8))
-    host_ok = host_memory_gib is None or per_node <= host_memory_gib * 2**30
-    if fits(off, g) and host_ok:
-        return Recommendation(
-            "FULL_SHARD + CPU offload", gpus, off, f"{per_node / 2**30:.1f} GiB of state per node on the host"
-        )
-    n = gpus
-    while n < max_gpus:
-        n *= 2
-        more = estimate_memory(model, world_size=n, strategy="FULL_SHARD", **kwargs)
-        if fits(more, g):
-            return Recommendation("more GPUs", n, more, f"FULL_SHARD fits from {n} x {g.name}")
-    return Recommendation(
-        "does not fit", gpus, off,
-        "activations and gathered units alone exceed the GPU: use activation checkpointing or a shorter sequence",
-    )  # fmt: skip
