@@ -42,6 +42,11 @@ from test_quiet import third_party_warning_lines
 
 from smolfsdp.book.chapters import chapters
 
+# ~12 minutes on the 2-core CI machine (about 17 launched runs): outside the default suite, which the CI
+# time budget (~40 min) holds; run it with `pytest -m slow tests/test_documented_commands.py`. The default
+# suite keeps test_quiet's warning counts on the demo, LoRA and TRL runs.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 MEDQUAD = ROOT.parent / "shared" / "data" / "medquad_cancergov_niddk.jsonl"
 
