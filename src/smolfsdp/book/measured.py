@@ -1,0 +1,70 @@
+"""The chapters' measurements that launch runs: the estimator against counted bytes, the communication
+model against a profiler trace. Each returns the table its chapter shows and raises when the two sides
+disagree, so a chapter never shows a check that failed.
+
+Used by "Where the memory goes" (``measure_tiny_memory``) and "Scaling out" (``model_vs_trace``).
+
+    python -c "from smolfsdp.book.measured import measure_tiny_memory; print(measure_tiny_memory())"
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from smolfsdp.config import load_config
+from smolfsdp.launch import runner
+from smolfsdp.launch.torchrun import launch_env
+from smolfsdp.measure import comm, comm_trace
+from smolfsdp.measure.memory_measure import compare_with_estimate
+from smolfsdp.paths import recipe, repo_root
+
+
+def measure_tiny_memory(nproc: int = 2, timeout: float = 600) -> pd.DataFrame:
+    """Bytes of parameter shards, gradient shards and AdamW state counted on ``nproc`` gloo ranks after one
+    step (``scripts/measure_memory.py``, every case of ``memory_measure.CASES``), beside the estimator's
+    bytes (``memory_measure.compare_with_estimate``). Raises RuntimeError with the launcher's output tail
+    when the launch fails."""
+    out = Path(tempfile.mkdtemp(prefix="smolfsdp-measured-")) / "measured.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(repo_root() / "scripts" / "measure_memory.py"), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, env=launch_env(nproc), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"measure_memory.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    return compare_with_estimate(json.loads(out.read_text()))
+
+
+def model_vs_trace(runs_dir: str | Path) -> pd.DataFrame:
+    """Collectives of one training step: the communication model (``comm.estimate_collectives``) beside a
+    profiler trace of the same step (``comm_trace.trace_step_bytes``), for an FSDP1 fp32 and an FSDP2 bf16
+    benchmark run of the tiny model on 2 gloo ranks written under ``runs_dir``.
+
+    Returns one row per (run, collective kind): count, elements and bytes, model and trace side by side.
+    Raises AssertionError when a count or an element total differs (the model is exact for these runs)."""
+    checks = {}
+    for version, precision in ((1, "no"), (2, "bf16")):
+        cfg = load_config(
+            recipe("smoke"), name=f"comm_fsdp{version}", output_dir=str(runs_dir), fsdp_version=version,
+            mixed_precision=precision, benchmark_steps=2, benchmark_warmup_steps=0, profile=True,
+            profile_wait=0, profile_warmup=1, profile_active=1, record_shapes=True, eval_size=0,
+        )  # fmt: skip
+        runner.run(cfg, capture=True, timeout=900)
+        model = comm.step_bytes(comm.estimate_collectives(
+            "tiny", n_gpus=2, fsdp_version=version, mixed_precision=precision, include_loop=True))  # fmt: skip
+        trace = comm_trace.trace_step_bytes(cfg.run_dir / "traces" / "rank0.json.gz")
+        checks[f"FSDP{version} ({'fp32' if precision == 'no' else precision})"] = pd.DataFrame({
+            "model: count": model["count"], "trace: count": trace["count"],
+            "model: elements": model["numel_total"], "trace: elements": trace["numel_total"],
+            "model: bytes": model["logical_bytes"], "trace: bytes": trace["logical_bytes"],
+        })  # fmt: skip
+    table = pd.concat(checks, names=["run", "collective"])
+    assert (table["model: count"] == table["trace: count"]).all(), table
+    assert (table["model: elements"] == table["trace: elements"]).all(), table
+    return table
