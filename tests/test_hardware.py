@@ -6,8 +6,8 @@ import pytest
 
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name
-from smolfsdp.measure.recommend import recommend
 from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.recommend import recommend
 
 
 def test_gpu_table_has_the_issue_gpus_with_sources():

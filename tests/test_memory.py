@@ -263,7 +263,11 @@ def test_cli_memory_json_and_table(capsys):
     assert main(["memory", "--model", "smollm3-3b", "--gpus", "2", "--seq-len", "4096", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["estimate"]["world_size"] == 2 and out["recommendation"]["decision"]
-    assert out["estimate"]["params_bytes"] == estimate_memory("smollm3-3b", world_size=2).params_bytes
+    # the CLI evaluates FSDP1 by default, the README's Trainer run (issue 17: the header said FSDP2)
+    assert out["estimate"]["fsdp_version"] == 1
+    assert out["estimate"]["params_bytes"] == (
+        estimate_memory("smollm3-3b", world_size=2, fsdp_version=1).params_bytes
+    )
     assert main(["memory", "--model", "tiny", "--gpu", "L4", "--lora"]) == 0
     text = capsys.readouterr().out
     assert "optimizer" in text and "verdict: fits on L4" in text

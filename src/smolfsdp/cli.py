@@ -137,8 +137,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
     from smolfsdp.measure.hardware import fits, get_gpu  # deferred: transformers configs
-    from smolfsdp.measure.recommend import recommend  # deferred with hardware
     from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
+    from smolfsdp.measure.recommend import recommend  # deferred with hardware
 
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
     gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
@@ -323,7 +323,9 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     p.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute activations in backward"
     )
-    p.add_argument("--fsdp-version", type=int, default=2, help="1 or 2")
+    p.add_argument(
+        "--fsdp-version", type=int, default=1, help="1 (the README's Trainer run, the default) or 2"
+    )
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (HYBRID_SHARD groups)")
     p.add_argument("--gpu", default=None, help="a GPU of smolfsdp.measure.hardware.GPUS (default: H100 SXM)")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
