@@ -13,6 +13,7 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from smolfsdp.data.chat import IGNORE_INDEX
 from smolfsdp.sharding.distributed import DistInfo
@@ -84,5 +85,10 @@ def evaluate(model: nn.Module, eval_ds, collator, batch_size: int, info: DistInf
             [out.loss.double().item() if n else 0.0, n], device=info.device, dtype=torch.float64
         )
     dist.all_reduce(sums)
+    # FSDP2 keeps the root gathered after forward (``apply_fsdp2``: backward needs it at once); evaluation
+    # has no backward to reshard it, so free the gathered root here (a no-op for sharded groups and FSDP1)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
     model.train()
     return float(sums[0] / sums[1])
