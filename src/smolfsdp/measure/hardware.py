@@ -123,18 +123,24 @@ def _did_you_mean(name, options) -> str:
     return did_you_mean(str(name), options, form=" (did you mean {}?)", hits=hits or None)
 
 
+def _lookup(table: dict, name, kind: str, otherwise: str):
+    """``table``'s entry for ``name`` (case, spaces, dashes and underscores ignored); ConfigError naming
+    the known entries, a did-you-mean, and ``otherwise`` (what to do for one not in the table)."""
+    by_key = {_compact(k): v for k, v in table.items()}
+    if _compact(name) in by_key:
+        return by_key[_compact(name)]
+    raise ConfigError(
+        f"Unknown {kind} {name!r}{_did_you_mean(name, table)}. Known: {', '.join(table)}; {otherwise}."
+    )
+
+
 def get_network(name: str) -> Network:
     """A fabric from ``NETWORKS`` (case, spaces, dashes and underscores ignored). Raises ConfigError
     naming the known fabrics that start with or contain ``name``, else the nearest spelling."""
     if isinstance(name, Network):
         return name
-    by_key = {_compact(k): n for k, n in NETWORKS.items()}
-    if _compact(name) in by_key:
-        return by_key[_compact(name)]
-    raise ConfigError(
-        f"Unknown network {name!r}"
-        + _did_you_mean(name, NETWORKS)
-        + f". Known: {', '.join(NETWORKS)}; or build a smolfsdp.measure.hardware.Network(name, per_gpu_gbs, source)."
+    return _lookup(
+        NETWORKS, name, "network", "or build a smolfsdp.measure.hardware.Network(name, per_gpu_gbs, source)"
     )
 
 
@@ -159,14 +165,7 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
         )
     if isinstance(name, GPU):
         return name
-    by_key = {_compact(k): g for k, g in GPUS.items()}
-    if _compact(name) in by_key:
-        return by_key[_compact(name)]
-    raise ConfigError(
-        f"Unknown GPU {name!r}"
-        + _did_you_mean(name, GPUS)
-        + f". Known: {', '.join(GPUS)}; or give its memory with --gpu-memory-gib."
-    )
+    return _lookup(GPUS, name, "GPU", "or give its memory with --gpu-memory-gib")
 
 
 def fits(estimate, gpu: GPU) -> bool:
