@@ -4,6 +4,7 @@ sentence counts, and the communication volumes in model sizes."""
 import pytest
 
 from smolfsdp.book import figures_mechanisms as fm
+from smolfsdp.book import probe_views
 from smolfsdp.book.step_probe import measure_step_variants, unit_of
 
 
@@ -80,7 +81,42 @@ def test_tables_are_shaped_for_readers():
         "parameters", "full (KiB)", "shard per rank (KiB)", "held while it computes (KiB)",
     ]  # fmt: skip
     assert units.iloc[1]["parameters"] == "184,576"
+    held = fsdp_unit_table("tiny")["held_while_computing_bytes"].tolist()
+    shards = 262_400 + 4 * 369_152  # fp32 halves: root 131,200 params, each layer 184,576
+    # root: + itself + layer 0 (prefetched); a layer: + itself + the next + the root (gathered all forward)
+    assert held == [shards + 262_400 + 369_152] + [shards + 2 * 369_152 + 262_400] * 3 + [
+        shards + 369_152 + 262_400
+    ]
     sync = fm.no_sync_table("tiny", n_gpus=2, accumulation=4)
     assert sync["reduce-scatters per step"].tolist() == ["20", "5"]  # 5 units x 4 micro-batches, or once
     hfu = fm.mfu_hfu_table("tiny", seq_len=64)
     assert hfu.attrs["hfu_over_mfu"] == pytest.approx(4 / 3)
+
+
+def test_probe_peaks_come_with_their_spread_and_the_sentences_read_only_what_beats_it(probe):
+    for rank in probe:
+        for r in rank:
+            lo, hi = r["peak_above_start_range_bytes"]
+            assert 0 < lo <= r["peak_above_start_bytes"] <= hi, r["variant"]
+    by = {r["variant"]: r for r in probe[0]}
+    text = probe_views.memory_sentence(by)
+    assert all(
+        probe_views.peak_range_text(by[v]) in text for v in ("root kept (default)", "nothing resharded")
+    )
+    root = probe_views.root_reshard_sentence(by["root kept (default)"], by["root resharded"])
+    assert "(10 instead of 9)" in root and "the same loss" in root
+    assert "128,256 x 2,048 embedding, 0.49 GiB in bf16" in root  # SmolLM3-3B's tied embedding
+
+
+def test_peaks_differ_only_outside_each_others_range():
+    def r(lo, hi):
+        return {"peak_above_start_range_bytes": [lo, hi]}
+
+    assert not probe_views.peaks_differ(r(8400, 8983), r(8400, 8912))  # the helper's two executions
+    assert probe_views.peaks_differ(r(8400, 8983), r(10273, 10300))
+    assert "outside the default's range" in probe_views.memory_sentence(
+        {"root kept (default)": r(100, 110), "root resharded": r(105, 108), "nothing resharded": r(200, 201)}
+    )
+    assert "Every range overlaps" in probe_views.memory_sentence(
+        {"root kept (default)": r(100, 110), "root resharded": r(105, 108), "nothing resharded": r(109, 120)}
+    )

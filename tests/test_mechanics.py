@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from smolfsdp.book import fsdp_versions
 from smolfsdp.book.mechanics import collective_kind, measure_mechanics
 
 
@@ -77,3 +78,14 @@ def test_freezing_one_parameter(fsdp1, fsdp2):
     assert fsdp1[0]["freeze_one_param"]["use_orig_params=True"]["ok"]
     bad = fsdp1[0]["freeze_one_param"]["use_orig_params=False"]
     assert not bad["ok"] and re.search("uniform `requires_grad`", bad["error"])
+
+
+def test_the_chapters_versions_table_says_which_weight_and_where_a_row_does_not_apply(fsdp1, fsdp2):
+    table = fsdp_versions.versions_table({1: fsdp1, 2: fsdp2})
+    key = "sharded state dict: model.layers.0.self_attn.q_proj.weight, rank 0's shape of the full one"
+    assert table.loc[key, "FSDP1"] == table.loc[key, "FSDP2"] == "64 x 128 of 128 x 128"
+    assert table.loc["sharded state dict: value type"].tolist() == ["ShardedTensor", "DTensor"]
+    assert table.loc["freeze one weight (per-parameter)", "FSDP1"] == "does not apply"
+    assert table.loc["freeze one weight (use_orig_params=True)", "FSDP1"] == "works"
+    rows = fsdp_versions.fsdp2_sharding_view(fsdp2[0]["sharding"])
+    assert set(rows["placement"]) == {"Shard(0)"}

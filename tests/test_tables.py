@@ -155,3 +155,9 @@ def test_model_vs_trace_sentence_counts_the_rows_without_a_dtype():
     assert "(FSDP1 (fp32) all-gather)" in sentence
     html = tables.show(table).to_html()
     assert "nan" not in html.lower() and "—" in html
+
+
+def test_placements_read_as_the_docs_write_them():
+    assert tables.placement_text("(Shard(dim=0),)") == "Shard(0)"
+    assert tables.placement_text("(Replicate(), Shard(dim=0))") == "(Replicate(), Shard(0))"
+    assert tables.placement_text("") == ""

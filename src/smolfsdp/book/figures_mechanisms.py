@@ -15,7 +15,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
-from smolfsdp.book.step_probe import PHASES, unit_of
+from smolfsdp.book.step_probe import MEMORY_STEPS, PHASES, unit_of
+from smolfsdp.book.tables import placement_text
 from smolfsdp.measure.benchmark import flops_per_token
 from smolfsdp.measure.comm import estimate_collectives
 from smolfsdp.measure.memory import estimate_memory
@@ -155,7 +156,9 @@ def plot_step_memory(results: list[dict], title: str = "Memory of one step on ra
 
 
 def probe_table(results: list[dict]) -> pd.DataFrame:
-    """One row per variant of the step probe: collectives, their bytes, the measured peak and the loss."""
+    """One row per variant of the step probe: collectives, their bytes, the measured peak of the drawn step
+    and its range over the probe's steady steps (the noise any difference between variants must beat),
+    and the loss."""
     rows = []
     for r in results:
         coll = pd.DataFrame(r["collectives"])
@@ -170,6 +173,9 @@ def probe_table(results: list[dict]) -> pd.DataFrame:
                 "reduce-scatters": int(n.get("reduce-scatter", 0)),
                 "all-gathered (KiB)": f"{b.get('all-gather', 0) / 1024:,.0f}",
                 "peak above step start (KiB)": f"{r['peak_above_start_bytes'] / 1024:,.0f}",
+                f"peak over {MEMORY_STEPS} steps (KiB)": " – ".join(
+                    f"{b / 1024:,.0f}" for b in r["peak_above_start_range_bytes"]
+                ),
                 "loss": f"{r['loss']:.6f}",
             }
         )
@@ -347,7 +353,7 @@ def shard_shapes_table(ranks: list[dict], n: int = 12) -> pd.DataFrame:
     r0, r1 = (pd.DataFrame(r["sharding"]).set_index("name") for r in ranks[:2])
     return pd.DataFrame(
         {
-            "type": r0["type"], "placement": r0["placement"].str.replace("(Shard(dim=0),)", "Shard(0)", regex=False),
+            "type": r0["type"], "placement": r0["placement"].map(placement_text),
             "global shape": r0["global_shape"].map(shape), "rank 0 holds": r0["local_shape"].map(shape),
             "rank 1 holds": r1["local_shape"].map(shape),
         }

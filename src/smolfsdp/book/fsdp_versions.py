@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from smolfsdp.book.tables import placement_text
 from smolfsdp.measure.memory import estimate_memory
 
 MIB = 2**20
@@ -48,11 +49,38 @@ def fsdp2_sharding_view(rows: list[dict], limit: int = 10) -> pd.DataFrame:
         {
             "parameter": d["name"],
             "type": d["type"],
-            "placement": d["placement"],
+            "placement": d["placement"].map(placement_text),
             "shape held by this rank": d["local_shape"].map(_shape),
             "full shape": d["global_shape"].map(_shape),
         }
     ).set_index("parameter")
+
+
+def _version_column(ranks: list[dict]) -> dict[str, str]:
+    r0, r1 = ranks
+    sd = r0["state_dict"]
+    freeze = {k: "works" if x["ok"] else x["error"] for k, x in r0["freeze_one_param"].items()}
+    return {
+        "parameter type": r0["sharding"][0]["type"],
+        "parameter bytes, rank 0 / rank 1": f"{r0['param_bytes']:,} / {r1['param_bytes']:,}",
+        "Adam state bytes, rank 0": f"{r0['optimizer_bytes']:,}",
+        "sharded state dict: value type": sd["value_type"],
+        f"sharded state dict: {sd['example_key']}, rank 0's shape of the full one": (
+            f"{_shape(sd['local_shape'])} of {_shape(sd['global_shape'])}"
+        ),
+        "collectives to build it": f"{sd['collectives']:,}",
+        **{f"freeze one weight ({k})": text for k, text in freeze.items()},
+    }
+
+
+def versions_table(results: dict[int, list[dict]]) -> pd.DataFrame:
+    """FSDP1 beside FSDP2 from ``measure_mechanics`` runs (``{1: [rank0, rank1], 2: [...]}``): parameter
+    type, bytes per rank (parameters, Adam state), what a sharded state dict holds for one attention
+    weight (its key, value type, rank 0's shape of the full one) and the collectives it cost, and whether
+    freezing one weight inside a unit works (the error text when it does not). One column per version;
+    "does not apply" where a version has no such row."""
+    table = pd.DataFrame({f"FSDP{v}": _version_column(results[v]) for v in sorted(results)})
+    return table.fillna("does not apply")
 
 
 def dtype_rule_table(results: list[dict]) -> pd.DataFrame:

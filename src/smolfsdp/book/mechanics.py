@@ -251,7 +251,9 @@ def fsdp_unit_table(model: str = "tiny", world_size: int = 2, bytes_per_param: i
     Built on the meta device (no weights). Per unit: parameters; full bytes; the shard each rank
     keeps, ``ceil(n / world_size) * bytes`` (FSDP pads to a multiple of the world size); and the
     parameter bytes a rank holds while that unit computes in forward: every shard, plus this unit
-    and the next one gathered in full (the current unit and the prefetched one).
+    and the next one gathered in full (the current unit and the prefetched one), plus the root, which
+    is gathered first and stays gathered through the whole forward (its forward spans the model: the
+    embedding runs first, the tied ``lm_head`` last).
     """
     tok = load_tokenizer("tiny") if model == "tiny" else None
     net = build_meta_model(model, tok)
@@ -266,8 +268,10 @@ def fsdp_unit_table(model: str = "tiny", world_size: int = 2, bytes_per_param: i
     df["shard_bytes_per_rank"] = [math.ceil(n / world_size) * bytes_per_param for n in df["parameters"]]
     all_shards = int(df["shard_bytes_per_rank"].sum())
     unsharded_extra = list(df["full_bytes"] - df["shard_bytes_per_rank"])  # what gathering a unit adds
+    root_extra = unsharded_extra[0]  # row 0 is the root
     df["held_while_computing_bytes"] = [
         all_shards + unsharded_extra[i] + (unsharded_extra[i + 1] if i + 1 < len(df) else 0)
+        + (root_extra if i > 0 else 0)
         for i in range(len(df))
-    ]
+    ]  # fmt: skip
     return df.set_index("unit")

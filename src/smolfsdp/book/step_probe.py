@@ -6,7 +6,8 @@ tiny SmolLM3 (4 decoder layers), shards it with ``smolfsdp.sharding.fsdp2.apply_
 :data:`VARIANTS` (layers and root resharded after forward or not; explicit prefetch), takes a warm-up
 step, then profiles one step with ``record_shapes`` and ``profile_memory``: the FSDP annotations, the
 c10d collectives with their sizes (read back by ``smolfsdp.measure.comm_trace``), and the CPU allocator's
-running total (the memory of the step over time). The loss of every variant is recorded too: they
+running total (the memory of the step over time); four more steady steps give the spread of the step's
+peak, the yardstick for any memory difference between variants. The loss of every variant is recorded too: they
 must be equal, since resharding and prefetching change when bytes move, never what is computed.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.book.step_probe --out DIR
@@ -42,6 +43,8 @@ VARIANTS: dict[str, tuple[bool, bool, bool]] = {
     "explicit prefetch": (True, False, True),
 }
 PHASES = ("forward", "loss", "backward", "optimizer")
+#: steady steps profiled per variant with the allocator on: the first is drawn; all give the peak's spread
+MEMORY_STEPS = 5
 #: FSDP2's per-group ``record_function`` names, which it writes without a module name for the root
 #: group (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, ``_with_fqn``)
 ROOT_GROUP_ANNOTATIONS = (
@@ -132,15 +135,23 @@ def record_variant(name: str, out_dir: Path, rank: int, world: int) -> dict[str,
             opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    step()  # warm-up: AdamW state exists from here on, so the profiled step is a steady one
+    step()  # warm-up: AdamW state exists from here on, so the profiled steps are steady ones
     dist.barrier()
-    trace = out_dir / f"{re.sub(r'[^a-z]+', '_', name)}_rank{rank}.json"
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
-        loss = step()
-    prof.export_chrome_trace(str(trace))
-    events, curve = _trace_rows(trace)
+    stem = re.sub(r"[^a-z]+", "_", name)
+    trace = out_dir / f"{stem}_rank{rank}.json"
+    peaks = []
+    for i in range(MEMORY_STEPS):  # the first is the step drawn and counted; all give the peak's spread
+        path = trace if i == 0 else out_dir / f"{stem}_rank{rank}_step{i}.json"
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+            loss_i = step()
+        prof.export_chrome_trace(str(path))
+        rows_i, curve_i = _trace_rows(path)
+        peaks.append(max(b for _, b in curve_i) - curve_i[0][1] if curve_i else 0)
+        if i == 0:
+            loss, events, curve = loss_i, rows_i, curve_i
+        else:
+            path.unlink()
     sized = trace_collectives(trace)
-    base = curve[0][1] if curve else 0
     return {
         "variant": name,
         "rank": rank,
@@ -151,7 +162,11 @@ def record_variant(name: str, out_dir: Path, rank: int, world: int) -> dict[str,
         "root_sharded_between_forward_and_backward": facts["root_sharded_between"],
         "events": events,
         "memory": curve,
-        "peak_above_start_bytes": max(b for _, b in curve) - base if curve else 0,
+        "peak_above_start_bytes": peaks[0],
+        # the same peak over MEMORY_STEPS steady steps of one run: gloo's threads allocate beside the
+        # step, so the allocator's total moves from step to step; a difference between variants smaller
+        # than this spread is not one
+        "peak_above_start_range_bytes": [min(peaks), max(peaks)],
         "collectives": sized[["kind", "numel", "bytes", "ts_us"]].to_dict(orient="records"),
         "trace": str(trace),
     }

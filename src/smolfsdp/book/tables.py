@@ -234,3 +234,14 @@ def to_long(df: pd.DataFrame, label: str, name: str = "quantity") -> pd.DataFram
     out.index.name = name
     out.columns.name = None
     return out
+
+
+_SHARD_DIM = re.compile(r"Shard\(dim=(\d+)\)")
+
+
+def placement_text(placements: str) -> str:
+    """A DTensor's placements as the docs write them: ``"(Shard(dim=0),)" -> "Shard(0)"``,
+    ``"(Replicate(), Shard(dim=0))" -> "(Replicate(), Shard(0))"``; empty stays empty (a plain tensor)."""
+    text = _SHARD_DIM.sub(r"Shard(\1)", placements)
+    one = re.fullmatch(r"\((.*),\)", text)  # a 1-D mesh: a one-element tuple
+    return one.group(1) if one else text

@@ -1,0 +1,79 @@
+"""Sentences of the chapter "FSDP mechanics" that read the step probe (``smolfsdp.book.step_probe``):
+what resharding the root costs and saves, and how high each variant's memory hill is, each compared
+with the spread of the same peak over the probe's steady steps, so no CPU noise is read as a saving.
+
+    python -c "from smolfsdp.book.step_probe import measure_step_variants as m; from smolfsdp.book import \\
+        probe_views as v; r = {x['variant']: x for x in m('/tmp/probe')[0]}; print(v.memory_sentence(r))"
+"""
+
+from __future__ import annotations
+
+from smolfsdp.book.step_probe import MEMORY_STEPS
+from smolfsdp.measure.params import resolve_model_config
+
+KIB = 1024
+
+
+def peak_range_text(result: dict) -> str:
+    """``"8,400 – 8,983 KiB"``: a variant's step peak above the step's start, lowest to highest step."""
+    lo, hi = (b / KIB for b in result["peak_above_start_range_bytes"])
+    return f"{lo:,.0f} KiB" if lo == hi else f"{lo:,.0f} – {hi:,.0f} KiB"
+
+
+def peaks_differ(a: dict, b: dict) -> bool:
+    """True when the two variants' peak ranges over the steady steps do not overlap: a difference that
+    one run's step-to-step spread cannot explain."""
+    (lo_a, hi_a), (lo_b, hi_b) = a["peak_above_start_range_bytes"], b["peak_above_start_range_bytes"]
+    return hi_a < lo_b or hi_b < lo_a
+
+
+def _gathered_bytes(result: dict) -> int:
+    return sum(c["bytes"] for c in result["collectives"] if c["kind"] == "all-gather")
+
+
+def root_reshard_sentence(
+    kept: dict, resharded: dict, model: str = "smollm3-3b", label: str = "SmolLM3-3B"
+) -> str:
+    """What resharding the root did in the probe (all-gathers, bytes, loss, peak against its spread) and
+    what the root weighs for ``model``: its embedding, ``vocab_size x hidden_size`` in bf16 (2 bytes),
+    tied to ``lm_head`` in SmolLM3, so one matrix."""
+    n_kept = sum(c["kind"] == "all-gather" for c in kept["collectives"])
+    n_resharded = sum(c["kind"] == "all-gather" for c in resharded["collectives"])
+    if peaks_differ(kept, resharded):
+        higher = resharded["peak_above_start_range_bytes"][0] > kept["peak_above_start_range_bytes"][1]
+        peak = f"a peak {'higher' if higher else 'lower'} than the default's beyond the step-to-step spread"
+    else:
+        peak = "a peak inside the default's step-to-step spread, so no memory saved that one CPU run can show"
+    config = resolve_model_config(model)
+    embedding = config.vocab_size * config.hidden_size
+    return (
+        f"Resharding the root adds one all-gather per step ({n_resharded} instead of {n_kept}), "
+        f"{_gathered_bytes(resharded) - _gathered_bytes(kept):,} more bytes gathered per rank, "
+        f"{'the same loss' if kept['loss'] == resharded['loss'] else 'a different loss'} and {peak} "
+        f"({peak_range_text(resharded)} against {peak_range_text(kept)} over {MEMORY_STEPS} steps). So "
+        "`apply_fsdp2` keeps the root gathered (`root_reshard_after_forward=False`) and reshards only the "
+        f"decoder layers. For {label} the root is the {config.vocab_size:,} x {config.hidden_size:,} "
+        f"embedding, {embedding * 2 / 2**30:.2f} GiB in bf16: one all-gather of that per step, saved."
+    )
+
+
+def memory_sentence(by_variant: dict[str, dict]) -> str:
+    """How to read the memory figure: each drawn variant's peak over the steady steps, and which
+    differences lie outside the step-to-step spread (only those are differences)."""
+    default = by_variant["root kept (default)"]
+    shown = ("root kept (default)", "root resharded", "nothing resharded")
+    ranges = "; ".join(f"{v}: {peak_range_text(by_variant[v])}" for v in shown)
+    apart = [v for v in shown[1:] if peaks_differ(default, by_variant[v])]
+    verdict = (
+        f"Only the {' and the '.join(repr(v) for v in apart)} variant's peak lies outside the default's "
+        "range: that difference is real"
+        if apart
+        else "Every range overlaps the default's: on this tiny model no variant's peak differs beyond the noise"
+    )
+    return (
+        f"Read the height of each hill, the peak over {MEMORY_STEPS} steady steps of one run ({ranges}). "
+        f"{verdict}; the rest is gloo's own buffers coming and going beside the step. The top of the hill is "
+        "the end of forward, where every saved activation is alive; on a GPU (`torch.cuda.memory_allocated` "
+        "over a step) the same shape appears, with the gathered bf16 units as steps of one layer's size at "
+        "each all-gather and free."
+    )
