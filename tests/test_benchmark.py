@@ -125,7 +125,8 @@ def test_benchmark_run_bench_json_is_consistent(tmp_path):
     timed = steps[~steps["warmup"]]["step_time_ms"]
     assert table["timed_steps"] == 3 and table["strategy"] == "FSDP2"
     assert table["spread_pct"] == pytest.approx(100 * (timed.max() / timed.min() - 1))
-    assert table["step_time_median_ms"] == pytest.approx(timed.median())
+    assert "step_time_median_ms" not in table  # a CPU run's step time is never set beside another run's
+    assert "not set side by side" in profiling.timing_sentence({"FSDP2": bench})
     # the same rows went to metrics.jsonl
     from smolfsdp.measure.results import load_run
 

@@ -62,6 +62,11 @@ def test_comm_volumes_in_model_sizes():
     ring = 7 / 8
     assert df.loc["DDP (NO_SHARD)", "total"] == pytest.approx(2 * ring, rel=0.01)  # one all-reduce
     assert df.loc["ZeRO-2 (SHARD_GRAD_OP)", "total"] == pytest.approx(2 * ring, rel=0.01)
+    zero1 = df.loc["ZeRO-1 (optimizer state)"]  # DDP's all-reduce as its two halves
+    assert zero1["all-reduce"] == 0 and zero1["reduce-scatter"] == zero1["all-gather"] == pytest.approx(
+        ring, rel=0.01
+    )
+    assert zero1["total"] == df.loc["DDP (NO_SHARD)", "total"]
     assert df.loc["FULL_SHARD, root resharded", "total"] == pytest.approx(3 * ring, rel=0.01)
     kept = df.loc["ZeRO-3 / FSDP (FULL_SHARD)", "total"]
     assert 2 * ring < kept < 3 * ring  # the root's backward all-gather saved

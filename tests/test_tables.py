@@ -11,6 +11,7 @@ import pytest
 from conftest import SHARED
 
 from smolfsdp.book import profiling, tables
+from smolfsdp.book.measured import model_vs_trace_sentence
 from smolfsdp.traces import analysis as ta
 from smolfsdp.traces import checks
 
@@ -120,3 +121,37 @@ def test_kernels_by_op_on_the_real_gpu_trace(gpu):
     by_step = tables.reader_frame(k.set_index("step"), rename={"gpu_us": "GPU time"})  # repeated index
     html = tables.show(by_step).to_html()
     assert html.count("nccl:all_reduce") == 3 and "GPU time (ms)" in html and ">step<" in html
+
+
+def _bench(device: str, times_ms: list[float]) -> dict:
+    """A bench.json's fields that the chapter's run table reads: one warm-up step, then timed steps."""
+    steps = [{"step": i + 1, "warmup": i == 0, "step_time_ms": t} for i, t in enumerate(times_ms)]
+    return {"strategy": "fsdp2", "device": device, "steps": steps, "summary": {"tokens_per_step_mean": 512.0}}
+
+
+def test_run_table_sets_step_times_side_by_side_only_on_a_gpu():
+    cpu = {"FSDP1": _bench("cpu", [900, 100, 110, 120]), "FSDP2": _bench("cpu", [900, 150, 160, 165])}
+    table = profiling.bench_table(cpu)
+    assert "step_time_median_ms" not in table  # no CPU step time beside another run's
+    assert table.loc["FSDP1", "spread_pct"] == pytest.approx(20.0)  # 120 / 100: the warm-up is left out
+    assert table.loc["FSDP2", "spread_pct"] == pytest.approx(10.0)
+    sentence = profiling.timing_sentence(cpu)
+    assert "**20 %**" in sentence and "not set side by side" in sentence
+    gpu = {"FSDP2": _bench("cuda", [900, 100, 104, 102])}
+    assert profiling.bench_table(gpu).loc["FSDP2", "step_time_median_ms"] == pytest.approx(102.0)
+    assert "side by side" not in profiling.timing_sentence(gpu)
+
+
+def test_model_vs_trace_sentence_counts_the_rows_without_a_dtype():
+    index = pd.MultiIndex.from_tuples(
+        [("FSDP1 (fp32)", "all-gather"), ("FSDP1 (fp32)", "reduce-scatter"), ("FSDP2 (bf16)", "all-gather")],
+        names=["run", "collective"],
+    )
+    table = pd.DataFrame(
+        {"model: bytes": [10.0, 20.0, 30.0], "trace: bytes": [math.nan, 20.0, 30.0]}, index=index
+    )
+    sentence = model_vs_trace_sentence(table)
+    assert sentence.startswith("All 3 rows agree exactly") and "on the 2 rows where" in sentence
+    assert "(FSDP1 (fp32) all-gather)" in sentence
+    html = tables.show(table).to_html()
+    assert "nan" not in html.lower() and "—" in html

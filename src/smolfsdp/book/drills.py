@@ -155,20 +155,27 @@ def launch_and_kill(cfg, step: int, *, rank: int | None = None, timeout: float |
 
 
 def kill_rank_drill(
-    cfg, *, rank: int = 1, after_step: int = 3, timeout: float | None = 900
+    cfg,
+    *,
+    rank: int = 1,
+    after_step: int = 3,
+    timeout: float | None = 900,
+    reference: str | Path | None = None,
 ) -> dict[str, Any]:
     """SIGKILL one rank after ``after_step``'s checkpoint, read the launcher's verdict, resume, compare.
 
     With ``cfg.max_restarts > 0`` torchrun restarts the workers itself and they resume from the
     latest checkpoint (elastic); otherwise the run fails, and a second launch with
-    ``resume_from="latest"`` (``smolfsdp train --resume``) finishes it. Runs ``<name>_whole`` and
-    ``<name>_killed`` under ``cfg.output_dir``. Returns the launcher's last line, the checkpoint the
-    run resumed from, the optimizer steps done and the largest weight difference from the run
-    left alone. Raises ConfigError when ``after_step`` is not inside the run, RuntimeError when the
+    ``resume_from="latest"`` (``smolfsdp train --resume``) finishes it. Runs ``<name>_whole`` (unless
+    ``reference``, the folder of a finished run of the same settings, is given: e.g. an earlier drill's)
+    and ``<name>_killed`` under ``cfg.output_dir``. Returns the launcher's last line, the checkpoint the
+    run resumed from, the optimizer steps done, the largest weight difference from the run left alone,
+    and that run's folder (``reference``). Raises ConfigError when ``after_step`` is not inside the run, RuntimeError when the
     kill came too late (the run finished first).
     """
     _check_inside(cfg, after_step)
-    whole = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout)
+    if reference is None:
+        reference = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout).path
     victim = cfg.replace(name=f"{cfg.name}_killed", save_steps=1, save_total_limit=cfg.max_steps)
     preflight(victim)
     first, killed = launch_and_kill(victim, after_step, rank=rank, timeout=timeout)
@@ -184,7 +191,7 @@ def kill_rank_drill(
     m = resumed.summary["metrics"]
     if not m.get("resumed_from"):
         raise RuntimeError("the run finished before the kill; raise max_steps or kill earlier")
-    tensors, diff = max_abs_diff(whole.path, resumed.path)
+    tensors, diff = max_abs_diff(reference, resumed.path)
     return {
         "killed": f"rank {rank} (pid {killed['pid']}) after step {after_step}",
         "max_restarts": cfg.max_restarts,
@@ -194,4 +201,5 @@ def kill_rank_drill(
         "optimizer_steps": m.get("optimizer_step", m.get("steps")),
         "tensors": tensors,
         "max_abs_diff": diff,
+        "reference": str(reference),
     }

@@ -215,6 +215,16 @@ STRATEGY_NAMES = {
 }
 
 
+def _zero1_row(ddp: dict) -> dict:
+    """ZeRO-1 (optimizer state sharded, ZeRO paper sec. 5.1 and 7.2): each rank reduce-scatters the gradients
+    to the owner of each optimizer shard and, after its step, all-gathers the updated parameters, once per
+    step. FSDP has no ZeRO-1 mode, so this row is derived from DDP's: a ring all-reduce *is* a reduce-scatter
+    followed by an all-gather of the same buckets (NCCL's ring algorithm), so the same bytes, in two halves."""
+    half = ddp["all-reduce"] / 2
+    return {"strategy": "ZeRO-1 (optimizer state)", **dict.fromkeys(KIND_COLORS, 0.0),
+            "reduce-scatter": half, "all-gather": half}  # fmt: skip
+
+
 def comm_volume_table(model: str = "smollm3-3b", n_gpus: int = 8) -> pd.DataFrame:
     """Bytes each rank sends per optimizer step, per collective kind, in units of the model's fp32 size
     (``comm.estimate_collectives`` with fp32 all-gathers and reductions, so the units are clean; ring
@@ -227,6 +237,8 @@ def comm_volume_table(model: str = "smollm3-3b", n_gpus: int = 8) -> pd.DataFram
         est = estimate_collectives(config, strategy=strategy, n_gpus=n_gpus, mixed_precision="no", **kw)
         sent = (est["sent_bytes"] * est["count"]).groupby(est["kind"]).sum()
         rows.append({"strategy": label, **{k: float(sent.get(k, 0.0)) / size for k in KIND_COLORS}})
+        if strategy == "NO_SHARD":
+            rows.append(_zero1_row(rows[-1]))
     df = pd.DataFrame(rows).set_index("strategy")
     df["total"] = df.sum(axis=1)
     df.attrs["model_bytes"], df.attrs["n_gpus"] = size, n_gpus
