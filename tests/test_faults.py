@@ -21,7 +21,7 @@ import torch
 from _dist import free_port
 from safetensors.torch import load_file
 
-from smolfsdp.book import drills
+from smolfsdp.book import drills, tables
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
@@ -339,6 +339,47 @@ def test_resume_on_restart_picks_latest(tmp_path):
     (done / checkpoint.MARKER).write_text("ok\n")
     assert launch.resume_on_restart(cfg, {"TORCHELASTIC_RESTART_COUNT": "1"}).resume_from == "latest"
     assert os.environ.get("TORCHELASTIC_RESTART_COUNT") is None
+
+
+def test_drill_table_labels_runs_and_says_the_difference_exactly(tmp_path):
+    """Before: a plain DataFrame with index 0/1, snake_case headers, absolute /tmp paths cut at 50
+    characters, and the difference rounded (0.004 and 0 both read 0.00)."""
+    ckpt = tmp_path / "fault_killed" / "checkpoints" / "step-000003"
+    row = {  # the keys and values kill_rank_drill returns (tests/test_trl_engine.py runs it for real)
+        "run": "rank 1 killed, then --resume",
+        "killed": "rank 1 (pid 4242) after step 3",
+        "max_restarts": 0,
+        "first_launch_exit_code": 1,
+        "launcher_said": "[smolfsdp] run 'fault_killed' failed: ...",
+        "resumed_from": str(ckpt),
+        "optimizer_steps": 6,
+        "tensors": 38,
+        "max_abs_diff": 0.0,
+        "reference": str(tmp_path / "fault_whole"),
+    }
+    elastic = {**row, "run": "rank 1 killed, torchrun restarts (max_restarts=1)", "max_restarts": 1}
+    elastic.update(first_launch_exit_code=0, max_abs_diff=0.0041729, resumed_from="/elsewhere/step-000004")
+    frame = drills.drill_table([row, elastic], root=tmp_path)
+    assert list(frame.index) == [row["run"], elastic["run"]] and frame.index.name == "run"
+    assert list(frame.columns) == [
+        "killed",
+        "first launch's exit code",
+        "resumed from (checkpoint)",
+        "optimizer steps",
+        "tensors compared",
+        "largest weight difference from the run left alone",
+    ]
+    assert frame["resumed from (checkpoint)"].tolist() == [
+        "fault_killed/checkpoints/step-000003",
+        "/elsewhere/step-000004",  # not under root: kept whole, never cut
+    ]
+    diffs = frame["largest weight difference from the run left alone"].tolist()
+    assert diffs == ["0 (bitwise identical)", "4.17 × 10⁻³"]
+    assert drills.difference_text(2.5e-7) == "2.50 × 10⁻⁷"
+    html = tables.show(frame).to_html()
+    assert "fault_killed/checkpoints/step-000003" in html and "max_abs_diff" not in html and "nan" not in html
+    with pytest.raises(KeyError, match="no 'run' label"):
+        drills.drill_table([{"max_abs_diff": 0.0}])
 
 
 # ------------------------------------------------------------------ launcher: causes named, one run per name, SIGTERM

@@ -45,8 +45,19 @@ def test_fsdp2_mixed_dtensor_outside_the_root(results):
     assert "got mixed torch.Tensor and DTensor" in r.failing["message"]
     assert r.fixed["outcome"] == "ok" and r.fixed["shape"] == [2, 24, 128]
     assert r.fixed["parameter_types_after"] == ["DTensor"]  # resharded after the explicit unshard
-    assert r.fixed["fsdp1_pinned"]["error"] == "RuntimeError"  # pinning FSDP1 does not fix this form
+    assert r.seed_fix["error"] == "RuntimeError"  # pinning FSDP1 (the seed's fix) does not fix this form
+    assert "'weight' must be 2-D" in r.seed_fix["message"] and "1-D shard" in r.seed_fix["why"]
     assert r.fixed["fsdp1_summon"]["shape"] == [2, 24, 128]
+    # before: the seed's failing fix was a row "fsdp1 pinned" in the fixed column, as if our fix failed
+    table = gotchas_view.side_by_side(r)
+    assert list(table.columns) == ["failing", "the seed's fix", "fixed"]
+    assert table.loc["outcome"].tolist() == [
+        f"error: RuntimeError: {r.failing['message']}",
+        f"still fails: RuntimeError: {r.seed_fix['message']}. Why: {r.seed_fix['why']}",
+        "ok",
+    ]
+    assert "fsdp1 pinned" not in table.index and not table["fixed"].str.contains("error").any()
+    assert table.loc["FSDP1 summon"].tolist() == ["—", "—", "ok; shape: 2, 24, 128"]
 
 
 def test_checkpoint_refused_before_it_fills_the_disk(results):
@@ -96,6 +107,8 @@ def test_trainer_fsdp_runs_as_ddp_on_cpu(results):
     assert r.fixed["strategy"] == "fsdp1" and r.fixed["fsdp_units"] == 5
     assert r.fixed["wrapper"] == "FullyShardedDataParallel" and r.fixed["held_per_rank"] == 0.5
     assert "smolfsdp.train.accelerate_cpu_fsdp" in r.fixed["reason"]
+    held = gotchas_view.side_by_side(r).loc["held per rank"].tolist()
+    assert held == ["100%", "50%"]  # before: "1.0000" / "0.5000"
 
 
 def test_gradient_checkpointing_recomputes_without_extra_all_gather(results):
@@ -177,14 +190,20 @@ def test_every_gotcha_renders_failing_and_fixed_side_by_side(results):
     if disk.fixed["outcome"] != "skipped":
         said = gotchas_view.side_by_side(disk).loc["outcome", "fixed"]
         assert said.startswith("refused: DiskSpaceError: ") and disk.fixed["message"] in said  # never cut
+    # before: rows labelled "failing"/"fixed" (the `none` baseline read "fixed"); now by their setting
     grid = gotchas_view.grid(results["gradient_checkpointing"])
-    assert len(grid) == 8 and list(grid.columns) == [
-        "setting",
-        "form",
+    assert list(grid.columns) == [
+        "FSDP version",
+        "activation recomputation",
         "all-gather",
         "reduce-scatter",
         "layer forwards",
     ]
+    settings = list(gotchas_view.SETTING_WORDS.values())
+    assert grid["FSDP version"].tolist() == ["FSDP1"] * 4 + ["FSDP2"] * 4
+    assert grid["activation recomputation"].tolist() == settings * 2
+    assert settings[0] == "none (activations stored)" and settings[1] == "FSDP activation checkpointing"
+    assert grid["layer forwards"].tolist() == [4, 8, 8, 8] * 2  # from the profiled runs
 
 
 def test_overview_says_what_each_form_did(results):

@@ -322,7 +322,7 @@ def test_no_shard_and_shard_grad_op_on_both_versions():
 def test_hsdp_checkpoint_stop_and_resume_equals_uninterrupted(tmp_path):
     """DCP checkpoints of a 2x2 HSDP mesh (DTensors placed (Replicate(), Shard(0))): stopped after step 2
     of 4 and resumed, the final model is bitwise the uninterrupted run's."""
-    from smolfsdp.book.drills import resume_drill
+    from smolfsdp.book.drills import drill_table, resume_drill
 
     cfg = TrainConfig(
         name="hsdp_drill", output_dir=str(tmp_path), nproc=4, fsdp_version=2, sharding_strategy="HYBRID_SHARD",
@@ -333,3 +333,7 @@ def test_hsdp_checkpoint_stop_and_resume_equals_uninterrupted(tmp_path):
     assert out["strategy"] == "fsdp2" and out["steps"] == 4
     assert out["resumed_from"].endswith("step-000002")
     assert out["tensors"] == 38 and out["max_abs_diff"] == 0.0
+    table = drill_table([out], root=tmp_path)  # the chapter's table of it
+    assert table.loc["native engine: stopped, then --resume_from latest", "resumed from (checkpoint)"] == (
+        "hsdp_drill_resumed/checkpoints/step-000002"
+    )

@@ -1,6 +1,7 @@
 """The scaling chapter's views: the book's recipe, reader-shaped tables, and the tokens-per-step sweep."""
 
 import pandas as pd
+import pytest
 
 from smolfsdp.book import scaling_views as sv
 from smolfsdp.measure.scaling import estimate_step, scaling_table
@@ -52,5 +53,14 @@ def test_accumulation_alone_does_not_move_efficiency_but_tokens_and_no_sync_do()
     view = sv.tokens_sweep_view(sweep)
     assert list(view.index) == ["2,048", "4,096"] and view.shape == (2, 4)
     assert "GiB" in view.iloc[0, 0]
-    assert "no_sync()" in sv.no_sync_markdown(sweep, "4,096")
+    said = sv.no_sync_markdown(sweep, a)  # the recipe's 2,048 x 2 tokens, not a typed-in count
+    assert (
+        f"at 4,096 tokens from {every['efficiency']} to {once['efficiency']}" in said and "no_sync()" in said
+    )
+    extra = float(once["memory per GPU (GiB)"]) - float(every["memory per GPU (GiB)"])
+    assert f"costs {extra:,.1f} GiB more per GPU" in said
+    at_1 = sv.no_sync_markdown(sweep, {**a, "micro_batch": 1})
+    assert "at 2,048 tokens" in at_1
+    with pytest.raises(ValueError, match="no FULL_SHARD rows at 16,384 tokens"):
+        sv.no_sync_markdown(sweep, {**a, "micro_batch": 8})
     assert isinstance(view, pd.DataFrame)

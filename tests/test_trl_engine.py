@@ -151,3 +151,7 @@ def test_trl_elastic_restart_after_a_killed_rank(tmp_path):
     assert "failed (exitcode: -9) local_rank: 1" in out["launcher_said"]
     assert int(out["resumed_from"].split("-")[-1]) >= 3 and out["optimizer_steps"] == 6
     assert out["max_abs_diff"] == 0.0
+    table = drills.drill_table([out], root=tmp_path)  # the chapter's table of it
+    assert list(table.index) == ["rank 1 killed, torchrun restarts (max_restarts=1)"]
+    assert table.iloc[0]["resumed from (checkpoint)"] == str(Path(out["resumed_from"]).relative_to(tmp_path))
+    assert table.iloc[0]["largest weight difference from the run left alone"] == "0 (bitwise identical)"

@@ -5,7 +5,9 @@ these; ``tests/test_checkpoint.py``, ``tests/test_trl_engine.py`` and ``tests/te
 the same claims to stricter checks. Each drill compares the final model of the interrupted run with
 the final model of the same run left alone.
 
-    python -c "from smolfsdp import drills, config; print(drills.kill_rank_drill(config.TrainConfig(max_steps=6)))"
+    python -c "from smolfsdp.book import drills; from smolfsdp import config; print(drills.kill_rank_drill(config.TrainConfig(max_steps=6)))"
+
+The chapters show the drills' rows with ``tables.show(drills.drill_table(rows, root=output_dir))``.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import psutil
 from safetensors.torch import load_file
 
+from smolfsdp.book import tables
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.runner import preflight, run
@@ -53,8 +57,8 @@ def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str,
 
     The stopped run saves every step (``save_steps=1``) and ends after step ``stop_at`` as if killed
     (``stop_at_step``; the tests SIGKILL the processes instead). Runs ``<name>_whole`` and
-    ``<name>_resumed`` under ``cfg.output_dir``. Returns engine, strategy that ran, steps, the
-    checkpoint resumed from, tensors compared and the largest absolute difference (0.0 = bitwise
+    ``<name>_resumed`` under ``cfg.output_dir``. Returns a label for the table (``run``), engine,
+    strategy that ran, steps, the checkpoint resumed from (absolute path), tensors compared and the largest absolute difference (0.0 = bitwise
     equal). Raises ConfigError when ``stop_at`` is not inside the run.
     """
     _check_inside(cfg, stop_at)
@@ -65,6 +69,7 @@ def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str,
     resumed = run(part.replace(resume_from="latest"), capture=True, timeout=timeout)
     tensors, diff = max_abs_diff(whole.path, resumed.path)
     return {
+        "run": f"{cfg.engine} engine: stopped, then --resume_from latest",
         "engine": cfg.engine,
         "strategy": resumed.summary["effective"]["strategy"],
         "steps": resumed.summary["metrics"]["steps"],
@@ -77,8 +82,6 @@ def resume_drill(cfg, stop_at: int, *, timeout: float | None = 900) -> dict[str,
 
 def find_rank_process(rank: int, deadline: float, cmd_hint: str = "smolfsdp.cli"):
     """The ``psutil.Process`` of this process tree's worker with ``RANK=<rank>``, or None at the deadline."""
-    import psutil  # deferred: only this drill needs it (a dependency of accelerate)
-
     while time.time() < deadline:
         for p in psutil.Process().children(recursive=True):
             try:
@@ -170,7 +173,7 @@ def kill_rank_drill(
     ``reference``, the folder of a finished run of the same settings, is given: e.g. an earlier drill's)
     and ``<name>_killed`` under ``cfg.output_dir``. Returns the launcher's last line, the checkpoint the
     run resumed from, the optimizer steps done, the largest weight difference from the run left alone,
-    and that run's folder (``reference``). Raises ConfigError when ``after_step`` is not inside the run, RuntimeError when the
+    that run's folder (``reference``) and a label for the table (``run``). Raises ConfigError when ``after_step`` is not inside the run, RuntimeError when the
     kill came too late (the run finished first).
     """
     _check_inside(cfg, after_step)
@@ -192,7 +195,9 @@ def kill_rank_drill(
     if not m.get("resumed_from"):
         raise RuntimeError("the run finished before the kill; raise max_steps or kill earlier")
     tensors, diff = max_abs_diff(reference, resumed.path)
+    how = f"torchrun restarts (max_restarts={cfg.max_restarts})" if cfg.max_restarts else "then --resume"
     return {
+        "run": f"rank {rank} killed, {how}",
         "killed": f"rank {rank} (pid {killed['pid']}) after step {after_step}",
         "max_restarts": cfg.max_restarts,
         "first_launch_exit_code": first.returncode,
@@ -203,3 +208,61 @@ def kill_rank_drill(
         "max_abs_diff": diff,
         "reference": str(reference),
     }
+
+
+# ------------------------------------------------------------------------------ the drills' table
+# a drill row's key -> its header, in the table's column order
+DRILL_HEADERS = {
+    "strategy": "strategy that ran",
+    "steps": "steps",
+    "stopped_after": "stopped after step",
+    "killed": "killed",
+    "first_launch_exit_code": "first launch's exit code",
+    "resumed_from": "resumed from (checkpoint)",
+    "optimizer_steps": "optimizer steps",
+    "tensors": "tensors compared",
+    "max_abs_diff": "largest weight difference from the run left alone",
+}
+# said elsewhere: in the row label (engine, max_restarts), quoted apart (launcher_said), or a folder (reference)
+NOT_SHOWN = ("run", "engine", "max_restarts", "launcher_said", "reference")
+
+
+def difference_text(diff: float) -> str:
+    """A weight difference exactly: ``0.0 -> "0 (bitwise identical)"``, ``0.00417 -> "4.17 × 10⁻³"``."""
+    return "0 (bitwise identical)" if diff == 0.0 else tables.scientific_text(diff, digits=2)
+
+
+def _relative(path: str | Path | None, root: str | Path | None) -> str | None:
+    """``path`` relative to ``root`` when it lies under it (both resolved: /tmp may be a link), else as given."""
+    if path is None or root is None:
+        return None if path is None else str(path)
+    full, base = Path(path).resolve(), Path(root).resolve()
+    return str(full.relative_to(base)) if full.is_relative_to(base) else str(path)
+
+
+def drill_table(rows: list[dict[str, Any]], root: str | Path | None = None) -> pd.DataFrame:
+    """The rows of :func:`resume_drill` / :func:`kill_rank_drill` shaped for a reader (pass to ``tables.show``).
+
+    One row per drill, labelled by its ``run``; headers in words (:data:`DRILL_HEADERS`), the checkpoint
+    relative to ``root`` (the drills' ``output_dir``: ``drill_native_resumed/checkpoints/step-000003``),
+    the weight difference exact (:func:`difference_text`), never rounded to ``0.00``. Keys in
+    :data:`NOT_SHOWN` are said elsewhere; any other key gets a column of its own. Raises KeyError
+    naming a row without ``run``.
+    """
+    for i, row in enumerate(rows):
+        if "run" not in row:
+            raise KeyError(
+                f"drill row {i} has no 'run' label: pass rows returned by resume_drill/kill_rank_drill"
+            )
+    keys = [k for k in DRILL_HEADERS if any(k in r for r in rows)]
+    keys += [k for r in rows for k in r if k not in DRILL_HEADERS and k not in NOT_SHOWN and k not in keys]
+    out = []
+    for row in rows:
+        shown = {k: row.get(k) for k in keys}
+        if "resumed_from" in shown:
+            shown["resumed_from"] = _relative(shown["resumed_from"], root)
+        if shown.get("max_abs_diff") is not None:
+            shown["max_abs_diff"] = difference_text(shown["max_abs_diff"])
+        out.append(shown)
+    frame = pd.DataFrame(out, index=pd.Index([r["run"] for r in rows], name="run"))
+    return frame.rename(columns={k: DRILL_HEADERS.get(k, tables.readable_name(k)) for k in keys})

@@ -99,14 +99,16 @@ def fsdp2_mixed_dtensor(rank: int, world: int) -> dict[str, Any]:
         return {"shape": list(hidden.shape), "parameter_types_after": types}
 
     fixed = attempt(unshard_call)
-    m1 = wrap_fsdp1(tiny_model()[0], decoder_layer_cls())
+    m1 = wrap_fsdp1(tiny_model()[0], decoder_layer_cls())  # the seed's fix: pin FSDP1
     seed_fix = attempt(lambda: {"shape": list(m1.module.model(input_ids=ids).last_hidden_state.shape)})
 
     def summon():
         with FSDP.summon_full_params(m1, recurse=False):
             return {"shape": list(m1.module.model(input_ids=ids).last_hidden_state.shape)}
 
-    return {"failing": failing, "fixed": {**fixed, "fsdp1_pinned": seed_fix, "fsdp1_summon": attempt(summon)}}
+    if seed_fix["outcome"] == "error":
+        seed_fix["why"] = "outside the root's forward FSDP1 leaves each parameter as its 1-D shard"
+    return {"failing": failing, "fixed": {**fixed, "fsdp1_summon": attempt(summon)}, "seed_fix": seed_fix}
 
 
 @gotcha(

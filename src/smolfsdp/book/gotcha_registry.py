@@ -41,6 +41,8 @@ class GotchaResult:
     fixed: dict[str, Any]
     explanation: str
     versions: dict[str, str]
+    # the fix a seed (one of the book's source posts) gave, where it differs from ours and was run too
+    seed_fix: dict[str, Any] | None = None
 
 
 GOTCHAS: dict[str, Gotcha] = {}

@@ -88,9 +88,12 @@ def run_gotchas(names: list[str] | None = None, out: str | Path | None = None) -
             raw[n] = {"failing": _crash_form(out / n, True), "fixed": _crash_form(out / n, False)}
     vers = versions()
     return {
-        n: GotchaResult(n, GOTCHAS[n].title, raw[n]["failing"], raw[n]["fixed"], GOTCHAS[n].explanation, vers)
+        n: GotchaResult(
+            n, GOTCHAS[n].title, raw[n]["failing"], raw[n]["fixed"], GOTCHAS[n].explanation, vers,
+            seed_fix=raw[n].get("seed_fix"),
+        )
         for n in names
-    }
+    }  # fmt: skip
 
 
 def summary_frame(results: dict[str, GotchaResult]):
@@ -115,6 +118,8 @@ def format_result(r: GotchaResult, width: int = 60) -> str:
         a = left[i] if i < len(left) else ""
         b = right[i] if i < len(right) else ""
         rows.append(f"{a:<{width}}| {b}")
+    if r.seed_fix is not None:  # the seed's own fix, run too: said under the table (it may fail)
+        rows += ["", *textwrap.wrap(f"THE SEED'S FIX: {r.seed_fix}", 2 * width)]
     return f"== {r.title} ({r.name})\n" + "\n".join(rows) + "\n\n" + textwrap.fill(r.explanation, 2 * width)
 
 

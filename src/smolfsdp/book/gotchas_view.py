@@ -24,8 +24,17 @@ from smolfsdp.book.gotcha_registry import WRONG
 from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND, GotchaResult
 
 FORMS = ("failing", "fixed")
+SEED_FIX = "the seed's fix"  # the column of GotchaResult.seed_fix, between the failing and the fixed form
 DECIMALS = 4  # a loss of 6.9995 or a change of 0.0101 must not read 7.00 / 0.01
-SAID = ("outcome", "error", "message", "symptom")  # folded into the outcome row, not rows of their own
+SAID = ("outcome", "error", "message", "symptom", "why")  # folded into the outcome row, not rows of their own
+PERCENT = ("held_per_rank",)  # shares of the model (1.0 = all of it): read as "100%", not 1.0000
+# the gradient-checkpointing grid's settings (gotcha_cases_distributed.gradient_checkpointing), in words and order
+SETTING_WORDS = {
+    "none": "none (activations stored)",
+    "fsdp_ac": "FSDP activation checkpointing",
+    "hf_use_reentrant_false": "HF gradient_checkpointing, use_reentrant=False",
+    "hf_use_reentrant_true": "HF gradient_checkpointing, use_reentrant=True",
+}
 
 
 def _signal_name(code: int) -> str:
@@ -35,15 +44,22 @@ def _signal_name(code: int) -> str:
         return f"exit code {code}"
 
 
-def outcome_text(form: Mapping[str, Any], refusal: bool = False) -> str:
+def outcome_text(form: Mapping[str, Any], refusal: bool = False, seed: bool = False) -> str:
     """What one form did, in words: ``"error: ValueError: <first line>"``, ``"wrong result: <symptom>"``,
-    ``"crash: rank0 killed by SIGSEGV"``, ``"skipped: <why>"``, ``"ran; measured below"`` or ``"ok"``.
+    ``"crash: rank0 killed by SIGSEGV"``, ``"skipped: <why>"``, ``"ran; measured below"`` or ``"ok"``;
+    a form's ``why`` follows as ``". Why: ..."``.
 
     ``refusal``: the form is a fix, so an exception is the fix refusing early (``"refused: ..."``).
+    ``seed``: the form is the seed's fix, so an exception means it does not fix this (``"still fails: ..."``).
     """
+    said = _outcome_words(form, refusal, seed)
+    return f"{said}. Why: {form['why']}" if form.get("why") else said
+
+
+def _outcome_words(form: Mapping[str, Any], refusal: bool, seed: bool) -> str:
     outcome = form.get("outcome")
     if outcome == "error":
-        said = "refused" if refusal else "error"
+        said = "still fails" if seed else "refused" if refusal else "error"
         return f"{said}: {form.get('error')}: {form.get('message', '')}".rstrip(": ")
     if outcome == WRONG:
         return f"wrong result: {form.get('symptom', '')}"
@@ -58,8 +74,11 @@ def outcome_text(form: Mapping[str, Any], refusal: bool = False) -> str:
     return str(outcome)
 
 
-def _value(value: Any) -> str:
-    """A nested attempt (a dict with an outcome) reads as its outcome and its values; the rest as cells."""
+def _value(value: Any, key: str = "") -> str:
+    """A nested attempt (a dict with an outcome) reads as its outcome and its values; a share of the
+    model (:data:`PERCENT`) as a percentage; the rest as cells."""
+    if key in PERCENT and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.0%}"
     if isinstance(value, Mapping) and "outcome" in value:
         rest = {k: v for k, v in value.items() if k not in SAID}
         said = outcome_text(value)
@@ -76,32 +95,52 @@ def is_grid(result: GotchaResult) -> bool:
 
 
 def grid(result: GotchaResult) -> pd.DataFrame:
-    """One row per setting (``fsdp1/hf_use_reentrant_true``), its form, and the measured counts."""
+    """One row per setting, labelled by what it is (``fsdp1/hf_use_reentrant_true`` -> ``FSDP1`` and
+    ``HF gradient_checkpointing, use_reentrant=True``, :data:`SETTING_WORDS`), then the measured counts.
+
+    Which settings are the failing form and which the fix is the chapter's sentence, not a column: a
+    baseline (``none``) is neither.
+    """
     rows = []
     for form in FORMS:
         for setting, values in getattr(result, form).items():
             if setting not in SAID:
-                rows.append({"setting": setting.replace("/", " · "), "form": form, **values})
-    frame = pd.DataFrame(rows).sort_values(["setting"], kind="stable")
+                version, _, mode = setting.rpartition("/")
+                order = list(SETTING_WORDS).index(mode) if mode in SETTING_WORDS else len(SETTING_WORDS)
+                words = SETTING_WORDS.get(mode, tables.readable_name(mode))
+                rows.append({"_order": (version, order), "FSDP version": version.upper(),
+                             "activation recomputation": words, **values})  # fmt: skip
+    frame = pd.DataFrame(rows).sort_values("_order", kind="stable").drop(columns="_order")
     frame.columns = [tables.readable_name(str(c)) for c in frame.columns]
     return frame.reset_index(drop=True)
 
 
-def side_by_side(result: GotchaResult) -> pd.DataFrame:
-    """Rows: ``outcome`` then each measured quantity; columns ``failing`` and ``fixed`` (text cells).
+def forms(result: GotchaResult) -> dict[str, Mapping[str, Any]]:
+    """The table's columns: ``failing``, then :data:`SEED_FIX` where the seed's fix was run, then ``fixed``."""
+    seed = {SEED_FIX: result.seed_fix} if result.seed_fix is not None else {}
+    return {"failing": result.failing, **seed, "fixed": result.fixed}
 
-    A quantity measured in one form only reads ``—`` in the other.
+
+def side_by_side(result: GotchaResult) -> pd.DataFrame:
+    """Rows: ``outcome`` then each measured quantity; columns ``failing``, the seed's fix where it was
+    run (:func:`forms`) and ``fixed`` (text cells).
+
+    A quantity measured in one form only reads ``—`` in the others.
     """
+    cols = forms(result)
     keys: list[str] = []
-    for form in FORMS:
-        keys += [k for k in getattr(result, form) if k not in SAID and k not in keys]
-    rows = {"outcome": [outcome_text(getattr(result, form), refusal=form == "fixed") for form in FORMS]}
+    for form in cols.values():
+        keys += [k for k in form if k not in SAID and k not in keys]
+    rows = {
+        "outcome": [
+            outcome_text(form, refusal=name == "fixed", seed=name == SEED_FIX) for name, form in cols.items()
+        ]
+    }
     for k in keys:
         rows[tables.readable_name(k)] = [
-            _value(getattr(result, form)[k]) if k in getattr(result, form) else tables.MISSING
-            for form in FORMS
+            _value(form[k], k) if k in form else tables.MISSING for form in cols.values()
         ]
-    frame = pd.DataFrame.from_dict(rows, orient="index", columns=list(FORMS))
+    frame = pd.DataFrame.from_dict(rows, orient="index", columns=list(cols))
     frame.index.name = "what was seen"
     return frame
 

@@ -161,12 +161,22 @@ def tokens_sweep_view(sweep: pd.DataFrame) -> pd.DataFrame:
     return table.reindex(order)
 
 
-def no_sync_markdown(sweep: pd.DataFrame, tokens: str) -> str:
-    """What FSDP1 ``no_sync`` buys and costs for FULL_SHARD at ``tokens`` per micro-batch (from the sweep)."""
+def no_sync_markdown(sweep: pd.DataFrame, a: dict) -> str:
+    """What FSDP1 ``no_sync`` buys and costs for FULL_SHARD at the recipe's tokens per micro-batch
+    (``a``: :func:`book_assumptions`; its ``seq_len`` × ``micro_batch``), read from :func:`tokens_sweep`.
+
+    Raises ValueError when the sweep has no row for that many tokens (sweep the recipe's micro-batch).
+    """
+    tokens = f"{a['seq_len'] * a['micro_batch']:,}"
     fs = sweep[
         (sweep["strategy"] == STRATEGY_NAMES["FULL_SHARD"])
         & (sweep["tokens per GPU per micro-batch"] == tokens)
     ]
+    if len(fs) != 2:
+        raise ValueError(
+            f"the sweep has no FULL_SHARD rows at {tokens} tokens per micro-batch (the recipe's micro-batch "
+            f"{a['micro_batch']}); include it in tokens_sweep(..., micro_batches=...)."
+        )
     every, once = fs.iloc[0], fs.iloc[1]
     extra = float(once["memory per GPU (GiB)"].replace(",", "")) - float(
         every["memory per GPU (GiB)"].replace(",", "")

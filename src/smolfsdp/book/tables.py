@@ -54,9 +54,16 @@ def number_text(value: float, decimals: int = 2) -> str:
     if math.isinf(value):
         return "∞" if value > 0 else "-∞"
     if value and abs(value) < 0.5 * 10**-decimals:  # would read 0.00: say its size instead
-        mantissa, exponent = f"{value:.1e}".split("e")
-        return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}"
+        return scientific_text(value)
     return f"{value:,.{decimals}f}"
+
+
+def scientific_text(value: float, digits: int = 1) -> str:
+    """``0.004172 -> "4.2 × 10⁻³"`` (``digits`` after the point of the mantissa); ``0.0 -> "0"``."""
+    if not value:
+        return "0"
+    mantissa, exponent = f"{value:.{digits}e}".split("e")
+    return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}"
 
 
 def cell_text(value, decimals: int = 2) -> str:
