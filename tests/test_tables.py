@@ -41,6 +41,7 @@ def test_cell_text_never_shows_a_repr():
     assert tables.cell_text([]) == "—"
     assert tables.cell_text(3.2e-8) == "3.2 × 10⁻⁸" and tables.cell_text(0.0) == "0.00"  # never a false 0.00
     assert tables.scientific_text(0.0041729, digits=2) == "4.17 × 10⁻³" and tables.scientific_text(0.0) == "0"
+    assert tables.readable_name("fsdp1_summon") == "FSDP1 summon"
 
 
 def test_reader_frame_scales_and_labels_real_trace_steps(gpu):

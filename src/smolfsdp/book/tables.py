@@ -35,7 +35,16 @@ SUFFIX_UNITS: dict[str, tuple[str, float]] = {  # first match wins: "_per_s" bef
 }
 BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-WORDS = {"rss": "RSS", "mfu": "MFU", "tflops": "TFLOP/s", "gpu": "GPU", "cpu": "CPU", "fsdp": "FSDP"}
+WORDS = {
+    "rss": "RSS",
+    "mfu": "MFU",
+    "tflops": "TFLOP/s",
+    "gpu": "GPU",
+    "cpu": "CPU",
+    "fsdp": "FSDP",
+    "fsdp1": "FSDP1",
+    "fsdp2": "FSDP2",
+}
 
 
 def _is_missing(value) -> bool:
