@@ -38,6 +38,9 @@ def test_medquad_every_row_is_accounted_for_and_ends_its_turn(medquad_path, toke
     assert sum(s[k] for k in OUTCOMES) == n_lines
     assert s["kept"] == s["train_rows"] + s["eval_rows"]
     assert s["dropped_too_long"] > 100 and s["truncated"] == 0
+    counts = data.row_counts()  # the chapter's ledger: the counts alone, the settings left out
+    assert counts == {k: v for k, v in s.items() if k not in ("mapping", "too_long")}
+    assert all(isinstance(v, int) for v in counts.values())
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
     for split in (data.train, data.eval):
         for ids, labels in zip(split["input_ids"], split["labels"], strict=True):

@@ -120,14 +120,29 @@ def test_dtype_rule_is_per_group_and_trainable_only(tmp_path):
     j = sc.dtype_rule(results)
     assert "uniform original parameter dtype" in j.evidence
     table = sc.summary_table(sc.judge_all(results))
-    assert len(table) == 10 and table.index[7] == "FSDP2 and parameter dtypes"
+    assert len(table) == 11 and table.index[8] == "FSDP2 and parameter dtypes"
 
 
 def test_verdict_summary_counts():
     js = [sc.bytes_per_param(), sc.offload_policy(), sc.lora_size()]
     text = sc.verdict_summary(js)
     assert text.startswith("Of 3 claims, 2 are wrong (1 of them because of how the pinned libraries behave)")
-    assert "size of the LoRA update: right in size, wrong in what it names" in text
+    assert "size of the LoRA update: right in size, wrong in what it names" in text and text.endswith(").")
+    with_open = sc.verdict_summary([*js, sc.prefetch_overlap(Path("/nonexistent/trace.json.gz"))])
+    assert "none of the other 1 holds" in with_open
+    assert with_open.endswith(
+        ", and 1 stays open: prefetch hides communication (needs an FSDP trace from 2+ GPUs)."
+    )
+
+
+@pytest.mark.skipif(not sc.GPU_TRACE.is_file(), reason="needs ../shared/traces")
+def test_prefetch_claim_stays_open_with_the_real_trace_as_evidence():
+    j = sc.prefetch_overlap()
+    assert j.verdict == "open: needs an FSDP trace from 2+ GPUs" and j.seed == sc.SEED1
+    assert 84 < j.values["ddp_exposed_pct"] < 86  # the real DDP run hides ~15 % of its NCCL time
+    assert f"{j.values['ddp_exposed_pct']:.0f} % of its NCCL time is exposed" in j.evidence
+    absent = sc.prefetch_overlap(Path("/nonexistent/trace.json.gz"))
+    assert "is absent" in absent.evidence and absent.values == {}
 
 
 def test_book_recipe_table_reads_as_text():

@@ -12,7 +12,7 @@ import pytest
 from conftest import SHARED
 
 from smolfsdp.book import profiling, tables
-from smolfsdp.book.measured import model_vs_trace_sentence
+from smolfsdp.book.measured import memory_check_view, model_vs_trace_sentence
 from smolfsdp.measure.benchmark import peak_tflops
 from smolfsdp.traces import analysis as ta
 from smolfsdp.traces import checks
@@ -268,3 +268,23 @@ def test_placements_read_as_the_docs_write_them():
     assert tables.placement_text("(Shard(dim=0),)") == "Shard(0)"
     assert tables.placement_text("(Replicate(), Shard(dim=0))") == "(Replicate(), Shard(0))"
     assert tables.placement_text("") == ""
+
+
+def test_memory_check_view_keeps_exact_bytes_and_says_where_the_estimate_is_off():
+    def row(case, rank, optimizer_estimate):
+        return {
+            "case": case, "rank": rank, "measured_params": 1_739_008, "estimated_params": 1_739_008,
+            "measured_grads": 0, "estimated_grads": 0, "measured_optimizer": 100,
+            "estimated_optimizer": optimizer_estimate, "measured_static": 1_739_108,
+            "estimated_static": 1_739_008 + optimizer_estimate,
+            "rel_error": (optimizer_estimate - 100) / 1_739_108,
+        }  # fmt: skip
+
+    compared = pd.DataFrame([row("FSDP2 full fp32", 0, 100), row("FSDP1 LoRA bf16", 0, 100),
+                             row("FSDP2 full fp32", 1, 100), row("FSDP1 LoRA bf16", 1, 104)])  # fmt: skip
+    view = memory_check_view(compared)
+    assert list(view.index) == [("FSDP2 full fp32", 0), ("FSDP2 full fp32", 1), ("FSDP1 LoRA bf16", 0),
+                                ("FSDP1 LoRA bf16", 1)]  # fmt: skip
+    assert view["estimate"].tolist() == ["exact", "exact", "exact", "+2.30e-06 of the total"]
+    html = tables.show(view).to_html()
+    assert "1,739,008" in html and "measured_" not in html and "nan" not in html.lower()

@@ -41,6 +41,29 @@ def measure_tiny_memory(nproc: int = 2, timeout: float = 600) -> pd.DataFrame:
     return compare_with_estimate(json.loads(out.read_text()))
 
 
+COMPONENTS = {"params": "parameters", "grads": "gradients", "optimizer": "AdamW m + v"}
+
+
+def memory_check_view(compared: pd.DataFrame) -> pd.DataFrame:
+    """:func:`measure_tiny_memory`'s table for reading: one row per (case, rank), the bytes counted on that
+    rank per component and in total (exact integers), and whether the estimator's prediction equals
+    each of them (``"exact"``) or by how much it is off (relative error of the static total)."""
+    view = compared.set_index(["case", "rank"])
+    out = pd.DataFrame(index=view.index)
+    for key, label in COMPONENTS.items():
+        out[f"{label} (bytes)"] = view[f"measured_{key}"].astype(int)
+    out["static total (bytes)"] = view["measured_static"].astype(int)
+    exact = pd.concat(
+        [view[f"measured_{k}"] == view[f"estimated_{k}"] for k in (*COMPONENTS, "static")], axis=1
+    ).all(axis=1)
+    out["estimate"] = [
+        "exact" if ok else f"{err:+.2e} of the total"
+        for ok, err in zip(exact, view["rel_error"], strict=True)
+    ]
+    order = {case: i for i, case in enumerate(dict.fromkeys(compared["case"]))}  # the measured order
+    return out.sort_index(key=lambda idx: idx.map(order) if idx.name == "case" else idx)
+
+
 def model_vs_trace(runs_dir: str | Path) -> pd.DataFrame:
     """Collectives of one training step: the communication model (``comm.estimate_collectives``) beside a
     profiler trace of the same step (``comm_trace.trace_step_bytes``), for an FSDP1 fp32 and an FSDP2 bf16

@@ -89,6 +89,15 @@ class PreparedData:
     def n_truncated(self) -> int:
         return self.counts["truncated"]
 
+    def row_counts(self) -> dict[str, int]:
+        """Every row accounted for, counts only: rows in, each outcome, the notes on kept rows
+        (reasoning cut, truncated, duplicate questions), and the kept rows' train/eval split."""
+        return {
+            **{k: v for k, v in self.counts.items() if isinstance(v, int)},
+            "train_rows": len(self.train),
+            "eval_rows": 0 if self.eval is None else len(self.eval),
+        }
+
     def stats(self) -> dict[str, Any]:
         return {
             "mapping": self.mapping,

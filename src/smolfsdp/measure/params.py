@@ -102,6 +102,17 @@ def llama3_70b_config():
     )  # fmt: skip
 
 
+def llama3_8b_config():
+    """A Llama-3-8B geometry as a ``LlamaConfig`` (meta-llama/Meta-Llama-3-8B config.json: hidden 4096,
+    32 layers, 32 heads, 8 KV heads, MLP 14336, vocab 128256, untied): 8.03 B parameters, 16.1 GB in
+    bf16, the "16 GB model" of seed 2. No download."""
+    return LlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
 def _param_specs(module, prefix: str, skip: list[str], lora: LoraSpec | None, seen: set[int]):
     """``module``'s parameters outside ``skip`` (each once: tied weights are seen once), LoRA adapters
     after each target's weight."""
