@@ -127,6 +127,10 @@ def test_benchmark_run_bench_json_is_consistent(tmp_path):
     assert table["spread_pct"] == pytest.approx(100 * (timed.max() / timed.min() - 1))
     assert "step_time_median_ms" not in table  # a CPU run's step time is never set beside another run's
     assert "not set side by side" in profiling.timing_sentence({"FSDP2": bench})
+    # the chapter's per-step table: no TFLOP/s on a CPU run; the sentence says "not defined" once
+    assert "tflops" not in profiling.steps_table(bench).columns
+    assert profiling.steps_table({**bench, "device": "cuda"})["tflops"].tolist() == steps["tflops"].tolist()
+    assert profiling.run_sentence(bench).count("not defined") == 1
     # the same rows went to metrics.jsonl
     from smolfsdp.measure.results import load_run
 

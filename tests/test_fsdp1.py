@@ -19,6 +19,20 @@ def test_seed_settings():
     assert cfg["cpu_offload"] is False
 
 
+def test_the_chapter_shows_the_config_the_run_passes():
+    """``trl_args`` builds its fsdp_config with ``trainer_fsdp_config``, which the chapter shows."""
+    from smolfsdp.train.trl_engine import trainer_fsdp_config  # deferred: imports trl
+
+    recipe_cfg = TrainConfig(engine="trl", cpu_offload=True)
+    on_cpu = trainer_fsdp_config(recipe_cfg, "SmolLM3DecoderLayer", on_cpu=True)
+    on_gpu = trainer_fsdp_config(recipe_cfg, "SmolLM3DecoderLayer", on_cpu=False)
+    assert on_cpu["sync_module_states"] is False and on_gpu["sync_module_states"] is True
+    assert {k: v for k, v in on_cpu.items() if k != "sync_module_states"} == {
+        k: v for k, v in on_gpu.items() if k != "sync_module_states"
+    }
+    assert on_cpu["cpu_offload"] is True and on_cpu["backward_prefetch"] == "BACKWARD_PRE"
+
+
 def _trainer_args(rank, world):
     """SFTConfig for three settings, built inside a 2-rank group as the Trainer would be."""
     from smolfsdp.train.trl_engine import trl_args

@@ -3,6 +3,7 @@ checks computed in smolfsdp.traces.checks, and the chapter sentences of smolfsdp
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 
@@ -12,6 +13,7 @@ from conftest import SHARED
 
 from smolfsdp.book import profiling, tables
 from smolfsdp.book.measured import memory_check_view, model_vs_trace_sentence
+from smolfsdp.measure.benchmark import peak_tflops
 from smolfsdp.traces import analysis as ta
 from smolfsdp.traces import checks
 
@@ -109,9 +111,114 @@ def test_seed_checks_and_exposed_share_on_the_real_gpu_trace(gpu):
     assert 84 < s["exposed_pct"] < 86  # the real DDP run hides ~15 % of its NCCL time
     sentence = profiling.gpu_overlap_sentence(report, hta_pct=None)
     assert f"**{s['exposed_pct']:.0f} % of the NCCL time is exposed**" in sentence
-    assert "opposite of the seed" in sentence and not REPR.search(sentence.replace("[", "").replace("]", ""))
+    assert "This trace is DDP" in sentence and "opposite of the seed" not in sentence
+    assert "needs an FSDP trace from two or more GPUs" in sentence
+    assert not REPR.search(sentence.replace("[", "").replace("]", ""))
     with pytest.raises(ValueError, match="complete_steps"):
         checks.exposed_share(report, "all")
+
+
+def test_show_keeps_step_numbers_that_do_not_start_at_zero(gpu):
+    """Steps 4, 5, 6 make a RangeIndex(start=4) in pandas: show() once hid it as if it were 0..n-1."""
+    _, report = gpu
+    parts = profiling.trace_step_tables(report)
+    comm = parts["communication"]
+    assert isinstance(comm.index, pd.RangeIndex) and list(comm.index) == [4, 5, 6]
+    shown = tables.show(tables.reader_frame(comm))
+    assert list(shown.data.columns[:2]) == ["step", "step time (ms)"]
+    assert list(shown.data["step"]) == ["4", "5", "6"]
+    steps = report.steps.set_index("step")
+    assert comm["step_time_us"].tolist() == steps["dur_us"].tolist()
+    assert list(tables.reader_frame(parts["phases"]).columns)[0] == "step time (ms)"
+    assert "step" not in tables.show(pd.DataFrame({"a": [1.0, 2.0]})).data.columns  # plain 0..n-1: hidden
+    assert tables.is_plain_range(pd.RangeIndex(3)) and not tables.is_plain_range(pd.RangeIndex(2, 5))
+    assert not tables.is_plain_range(pd.RangeIndex(3, name="step"))
+    assert not tables.is_plain_range(pd.RangeIndex(0, 6, 2))
+
+
+def test_seed_checks_header_says_exposed_comm_is_a_share_of_the_step(gpu):
+    _, report = gpu
+    c = checks.seed_checks(report)
+    steps = report.steps.set_index("step")
+    assert c["exposed_comm_pct_of_step"].tolist() == pytest.approx(
+        (100 * steps["exposed_comm_us"] / steps["dur_us"]).tolist()
+    )
+    shown = tables.show(tables.reader_frame(c))
+    assert "exposed comm (% of step)" in shown.data.columns and list(shown.data["step"]) == ["4", "5", "6"]
+    mean = c["exposed_comm_pct_of_step"].mean()
+    assert f"{mean:.0f} % of the step is communication" in profiling.seed_check_sentence(report)
+
+
+def test_busy_rows_drop_the_rows_that_did_no_work(gpu):
+    df, _ = gpu
+    kept, note = profiling.busy_rows(df)
+    assert list(kept["row"]) == [
+        "GPU 0 stream 40",
+        "GPU 0 stream 7",
+        "thread 2910249 (pt_main_thread)",
+        "thread 2919752 (pt_autograd_0)",
+    ]
+    assert len(ta.comm_by_row(df)) == 6  # the analysis API keeps every row
+    assert "thread -549452224 (42 × `cudaEventQuery`)" in note
+    assert "thread PyTorch Profiler (1 × `PyTorch Profiler (0)`)" in note
+    assert kept[["comm_us", "compute_us", "cpu_op_us"]].sum(axis=1).gt(0).all()
+
+
+def test_hta_overlap_prints_nothing_and_restores_its_logger(capsys, caplog):
+    pytest.importorskip("hta", reason="HolisticTraceAnalysis is not installed (pip install -e .[dev])")
+    if not DDP.is_file():
+        pytest.skip(f"{DDP} is absent")
+    caplog.set_level(logging.DEBUG)
+    pct = checks.hta_overlap_pct(DDP)
+    assert pct == pytest.approx(14.31, abs=0.01)  # HTA's overlap of the real DDP trace, steps 4 and 5
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "")
+    assert [r for r in caplog.records if r.name.startswith("hta")] == []
+    assert logging.getLogger("hta").disabled is False  # given back as it was
+
+
+def test_steps_table_shows_tflops_only_for_a_gpu_run():
+    def bench(device):
+        steps = [
+            {
+                "step": i + 1,
+                "warmup": i == 0,
+                "step_time_ms": 700.0 + i,
+                "tokens": 1700 + i,
+                "tokens_per_s": 2400.0,
+                "tflops": 0.002 * (i + 1),
+                "tensor_bytes": 6956116,
+                "rss_peak_bytes": 563 * 2**20,
+            }
+            for i in range(3)
+        ]
+        return {"device": device, "steps": steps}
+
+    assert "tflops" not in profiling.steps_table(bench("cpu")).columns
+    gpu = profiling.steps_table(bench("cuda"))
+    assert gpu["tflops"].tolist() == [0.002, 0.004, 0.006]
+    assert list(gpu.index) == ["1 (warm-up)", "2", "3"]
+
+
+def test_run_sentence_says_why_there_is_no_mfu_once():
+    _, reason = peak_tflops(None)  # what a CPU run's bench.json carries as mfu_reason
+    cpu = {
+        "world_size": 2,
+        "device": "cpu",
+        "device_name": None,
+        "summary": {"timed_steps": 4, "mfu_median": None},
+        "mfu_reason": reason,
+        "tokens_counted": "non-padding input tokens",
+    }
+    sentence = profiling.run_sentence(cpu)
+    assert sentence.count("not defined") == 1
+    assert f"MFU: none ({reason})." in sentence
+    _, unknown = peak_tflops("Some Future GPU")
+    assert "MFU: none (GPU 'Some Future GPU' is not in" in profiling.run_sentence(
+        {**cpu, "device": "cuda", "device_name": "Some Future GPU", "mfu_reason": unknown}
+    )
+    gpu = {**cpu, "device": "cuda", "summary": {"timed_steps": 4, "mfu_median": 0.4123}}
+    assert "MFU: 41.2 % (" in profiling.run_sentence(gpu)
 
 
 def test_kernels_by_op_on_the_real_gpu_trace(gpu):

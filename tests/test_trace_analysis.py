@@ -72,6 +72,15 @@ def test_synthetic_gpu_trace_overlap_and_steps(tmp_path):
     assert r.prefetch["transfers"] == 1
 
 
+def test_note_on_events_outside_every_step_counts_them_in_good_english(tmp_path):
+    one = [_x("ProfilerStep#2", 0, 50, cat="user_annotation"), _x("aten::mm", 10, 5), _x("aten::add", 60, 5)]
+    r = ta.analyze(ta.load_trace(_write(tmp_path / "one.json", one)))
+    assert "1 event launched outside any ProfilerStep range is left out of per-step figures" in r.notes
+    two = [*one, _x("aten::mul", 70, 5)]
+    r = ta.analyze(ta.load_trace(_write(tmp_path / "two.json", two)))
+    assert "2 events launched outside any ProfilerStep range are left out of per-step figures" in r.notes
+
+
 def test_trace_without_step_annotation_is_one_span_and_says_so(tmp_path):
     ev = [_x("c10d::allreduce_", 0, 10), _x("gloo:all_reduce", 2, 20, tid=2), _x("aten::mm", 12, 8)]
     r = ta.analyze(ta.load_trace(_write(tmp_path / "t.json", ev)))

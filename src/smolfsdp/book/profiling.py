@@ -16,7 +16,7 @@ import pandas as pd
 
 from smolfsdp.book.tables import cell_text, number_text
 from smolfsdp.measure.benchmark import steps_frame
-from smolfsdp.traces.analysis import TraceReport
+from smolfsdp.traces.analysis import TraceReport, comm_by_row
 from smolfsdp.traces.checks import exposed_share, seed_checks
 
 
@@ -77,9 +77,12 @@ def timing_sentence(benches: dict[str, dict[str, Any]]) -> str:
 
 
 def run_sentence(bench: dict[str, Any]) -> str:
-    """Where one bench.json was measured, its MFU (or why there is none) and what a token is."""
+    """Where one bench.json was measured, its MFU (or why there is none) and what a token is.
+
+    Without an MFU the sentence reads ``MFU: none (<mfu_reason>)``: the reason already says why (on CPU
+    "... so MFU is not defined"), so the sentence does not say it a second time."""
     s = bench["summary"]
-    mfu = f"{100 * s['mfu_median']:.1f} %" if s.get("mfu_median") is not None else "not defined"
+    mfu = f"{100 * s['mfu_median']:.1f} %" if s.get("mfu_median") is not None else "none"
     return (
         f"Measured on {bench['world_size']} × {bench['device'].upper()} ({bench['device_name'] or 'no GPU'}), "
         f"{s['timed_steps']} timed steps. MFU: {mfu} ({bench['mfu_reason']}). Tokens counted: "
@@ -91,8 +94,12 @@ STEP_COLUMNS = ["step", "step_time_ms", "tokens", "tokens_per_s", "tflops", "ten
 
 
 def steps_table(bench: dict[str, Any]) -> pd.DataFrame:
-    """The per-step rows of a bench.json that a reader compares (index ``step``; warm-up marked)."""
-    steps = steps_frame(bench)[STEP_COLUMNS + ["warmup"]]
+    """The per-step rows of a bench.json that a reader compares (index ``step``; warm-up marked).
+
+    ``tflops`` (model TFLOP/s per rank) only for a GPU run (``bench["device"] == "cuda"``): on a CPU it
+    measures nothing a reader can compare (no peak to hold it against, and a shared CPU's speed)."""
+    columns = [c for c in STEP_COLUMNS if c != "tflops" or bench["device"] == "cuda"]
+    steps = steps_frame(bench)[columns + ["warmup"]]
     steps["step"] = [
         f"{s} (warm-up)" if w else str(s) for s, w in zip(steps["step"], steps["warmup"], strict=True)
     ]
@@ -104,14 +111,40 @@ def trace_step_tables(report: TraceReport) -> dict[str, pd.DataFrame]:
 
     ``"communication"``: step time, compute, communication, overlapped, exposed, overlap %.
     ``"phases"``: step time and the ``forward_backward`` / ``clip`` / ``optimizer`` ranges.
+    The step's wall time (the report's ``dur_us``) is named ``step_time_us`` here, so its header reads
+    "step time (ms)" beside the step number, not a bare "dur".
     """
-    steps = report.steps.set_index("step")
+    steps = report.steps.set_index("step").rename(columns={"dur_us": "step_time_us"})
     return {
         "communication": steps[
-            ["dur_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
+            ["step_time_us", "compute_us", "comm_us", "overlap_us", "exposed_comm_us", "overlap_pct"]
         ],
-        "phases": steps[["dur_us", "forward_backward_us", "clip_us", "optimizer_us"]],
+        "phases": steps[["step_time_us", "forward_backward_us", "clip_us", "optimizer_us"]],
     }
+
+
+def busy_rows(trace: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """``comm_by_row`` of a loaded trace without the rows that did no work, and a sentence naming those.
+
+    Dropped: rows whose communication, compute and CPU-op time are all 0 (``comm_us``, ``compute_us``,
+    ``cpu_op_us``), e.g. on the real DDP trace a thread of 42 ``cudaEventQuery`` calls (CUDA runtime calls
+    are not CPU ops) and the profiler's own thread (1 event). The sentence names each dropped row with
+    its events, so nothing leaves the page unsaid; it is ``""`` when no row is dropped.
+    ``ta.comm_by_row`` itself keeps every row (``smolfsdp analyze-trace --json`` lists them all).
+    """
+    by_row = comm_by_row(trace)
+    idle = by_row[["comm_us", "compute_us", "cpu_op_us"]].eq(0).all(axis=1)
+    dropped = []
+    for row in by_row.loc[idle, "row"]:
+        names = trace.loc[trace["row"] == row, "name"].value_counts()
+        names = names[names > 0]  # ``name`` is categorical: value_counts lists every category
+        dropped.append(f"{row} ({', '.join(f'{n:,} × `{name}`' for name, n in names.items())})")
+    note = (
+        f"Left out of the table, as rows with no communication, compute or CPU-op time: {'; '.join(dropped)}."
+        if dropped
+        else ""
+    )
+    return by_row[~idle].reset_index(drop=True), note
 
 
 def trace_sentence(trace: pd.DataFrame, report: TraceReport) -> str:
@@ -164,7 +197,7 @@ def seed_check_sentence(report: TraceReport) -> str:
     return (
         f"On average over the profiled steps the busiest compute row is busy {c['compute_row_busy_pct']:.0f} % "
         f"of the step (its longest gap {number_text(c['compute_row_longest_gap_us'] / 1e3, 1)} ms); "
-        f"{c['exposed_comm_pct']:.0f} % of the step is communication that nothing overlaps; "
+        f"{c['exposed_comm_pct_of_step']:.0f} % of the step is communication that nothing overlaps; "
         f"{number_text(c['comm_head_us'] / 1e3, 1)} ms of communication falls in the first tenth of a step and "
         f"{number_text(c['comm_tail_us'] / 1e3, 1)} ms in the last; the optimizer takes "
         f"{c['optimizer_pct']:.0f} % of the step."
@@ -183,7 +216,10 @@ def prefetch_sentence(prefetch: dict[str, Any]) -> str:
 
 
 def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
-    """The real GPU trace's exposed communication, checked against HTA, and what it says about the seed."""
+    """The real GPU trace's exposed communication, checked against HTA, and what it can say about FSDP.
+
+    The trace is DDP (gradient all-reduces), so it says nothing on whether FSDP's prefetch hides its
+    all-gathers: the sentence says that this needs an FSDP trace from two or more GPUs."""
     share = exposed_share(report)
     steps = _steps(share["steps"])
     check = (
@@ -197,8 +233,10 @@ def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
     return (
         f"Over the complete {steps}, **{share['exposed_pct']:.0f} % of the NCCL time is exposed**: "
         f"{number_text(share['exposed_comm_us'] / 1e3, 1)} of {number_text(share['comm_us'] / 1e3, 1)} ms ran while "
-        "no compute kernel did. That is the opposite of the seed's picture of communication hidden behind "
-        f"compute. The compute stream itself is busy only {busy:.0f} % of a step (the GPU mostly waits for "
-        "the CPU to launch work), so the gradient all-reduces find little compute to hide behind. "
+        "no compute kernel did. This trace is DDP: what it exposes is the gradient all-reduce, and this much "
+        f"exposed is what the trace shows. The compute stream itself is busy only {busy:.0f} % of a step (the "
+        "GPU mostly waits for the CPU to launch work), so the all-reduces find little compute to hide behind. "
+        "Whether FSDP's prefetch hides its all-gathers, the seed's picture, needs an FSDP trace from two or "
+        "more GPUs. "
         f"{check} HTA drops the last profiler step (its GPU work may be cut off), so both use the complete steps."
     )

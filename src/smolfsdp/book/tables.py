@@ -26,6 +26,7 @@ MAX_COLUMNS = 7  # more columns than this overflow the book's text column: split
 # Column-name suffix -> (unit shown in the header, factor applied to the values). Bytes are scaled per
 # column by the largest value (see _bytes_unit), so a column reads "(MiB)" or "(GiB)", not raw bytes.
 SUFFIX_UNITS: dict[str, tuple[str, float]] = {  # first match wins: "_per_s" before "_s"
+    "_pct_of_step": ("% of step", 1.0),  # a share of the step's wall time, beside shares of something else
     "_per_s": ("/s", 1.0),
     "_us": ("ms", 1e-3),  # trace times are µs; a step is read in ms
     "_ms": ("ms", 1.0),
@@ -153,6 +154,13 @@ def column_decimals(values: pd.Series) -> int:
     return 0 if typical >= 100 else 1 if typical >= 10 else 2
 
 
+def is_plain_range(index: pd.Index) -> bool:
+    """True for the 0..n-1 positions pandas gives a frame without an index: an unnamed ``RangeIndex``
+    from 0 by 1. Step numbers 2, 3, 4 are a ``RangeIndex(start=2)`` too (pandas makes consecutive ints
+    one), and a named index is data: both are shown."""
+    return isinstance(index, pd.RangeIndex) and index.name is None and index.start == 0 and index.step == 1
+
+
 def _is_number_column(values: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
 
@@ -174,7 +182,7 @@ def format_frame(df: pd.DataFrame, decimals: Mapping[str, int] | int | None = No
             d = column_decimals(values) if pd.api.types.is_float_dtype(values) else 2
         out[col] = [cell_text(v, d) for v in values]
     frame = pd.DataFrame(out, index=df.index)
-    if not isinstance(df.index, (pd.RangeIndex, pd.MultiIndex)):
+    if not (is_plain_range(df.index) or isinstance(df.index, pd.MultiIndex)):
         frame.index = pd.Index([cell_text(v) for v in df.index], name=df.index.name)
     return frame
 
@@ -196,7 +204,7 @@ def show(
 ) -> Styler:
     """``df`` as an HTML table for the page: text cells (:func:`format_frame`), wrapped, not cut.
 
-    ``index``: show the index (default: only when it is not a plain 0..n-1 range). Raises ValueError
+    ``index``: show the index (default: unless it is a plain 0..n-1 range, :func:`is_plain_range`). Raises ValueError
     when ``df`` has more than :data:`MAX_COLUMNS` columns: split it (:func:`split_wide`) or pivot it
     (:func:`to_long`) so it fits the page.
     """
@@ -207,7 +215,7 @@ def show(
         )
     text = format_frame(df, decimals)
     if index is None:
-        index = not isinstance(df.index, pd.RangeIndex)
+        index = not is_plain_range(df.index)
     if index:  # the index becomes the first column(s): Styler styles cells only under unique labels
         text.index.names = [n if n is not None else "" for n in text.index.names]
         text = text.reset_index()

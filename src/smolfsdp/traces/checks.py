@@ -11,8 +11,11 @@ their unit (``_pct``, ``_us``) so ``smolfsdp.book.tables.reader_frame`` can labe
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,9 @@ def seed_checks(report: TraceReport) -> pd.DataFrame:
     """One row per profiled step (index ``step``), the seed's visual checks as measured values.
 
     Columns: ``compute_row_busy_pct`` and ``compute_row_longest_gap_us`` (the row doing the most
-    compute in that step: the Python thread on CPU, the compute stream on GPU), ``exposed_comm_pct``
-    (communication not hidden by compute, % of the step's wall time), ``comm_head_us`` and
+    compute in that step: the Python thread on CPU, the compute stream on GPU), ``exposed_comm_pct_of_step``
+    (communication not hidden by compute, % of the step's wall time; named so because the report's
+    ``overlap_pct`` is a share of the communication instead), ``comm_head_us`` and
     ``comm_tail_us`` (communication in the first and last 10 % of the step), ``optimizer_pct``
     (the ``optimizer`` range, % of the step; 0 when the trace has no such range).
     """
@@ -38,7 +42,7 @@ def seed_checks(report: TraceReport) -> pd.DataFrame:
         {
             "compute_row_busy_pct": main["busy_pct"],
             "compute_row_longest_gap_us": main["longest_gap_us"],
-            "exposed_comm_pct": 100 * steps["exposed_comm_us"] / steps["dur_us"],
+            "exposed_comm_pct_of_step": 100 * steps["exposed_comm_us"] / steps["dur_us"],
             "comm_head_us": steps["comm_head_us"],
             "comm_tail_us": steps["comm_tail_us"],
             "optimizer_pct": 100 * steps["optimizer_us"] / steps["dur_us"],
@@ -101,11 +105,33 @@ def kernels_by_op(kernels: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+HTA_LOGGER = "hta"  # hta/configs/config.py: the one logger every HTA module logs through
+
+
+@contextlib.contextmanager
+def hta_logging_silenced() -> Iterator[None]:
+    """Silence HTA's logger for the ``with`` body and give it back its previous state after.
+
+    HTA (hta.common.trace_parser) logs its progress at WARNING ("Parsed <file> time = ...", "Rounding
+    down ns resolution events ...", "leaving parse_traces ..."); with no handler configured Python's
+    last-resort handler prints them to stderr, that is into the book's page under the cell. They say
+    nothing about the trace, so they are switched off here, for HTA's logger only and only while HTA runs.
+    """
+    logger = logging.getLogger(HTA_LOGGER)
+    disabled = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
 def hta_overlap_pct(path: str | Path) -> float | None:
     """HTA's ``get_comm_comp_overlap`` for rank 0 of ``path`` (%), or None when HTA is not installed.
 
     HTA reads a folder of traces, so the file is copied into a temporary one. HTA drops the last
-    profiler step; compare it with ``exposed_share(report, "complete_steps")``.
+    profiler step; compare it with ``exposed_share(report, "complete_steps")``. HTA's progress log is
+    silenced for the call (:func:`hta_logging_silenced`).
     """
     try:
         from hta.trace_analysis import TraceAnalysis  # deferred: HTA is an optional, heavy dependency
@@ -113,5 +139,6 @@ def hta_overlap_pct(path: str | Path) -> float | None:
         return None
     with tempfile.TemporaryDirectory() as d:
         shutil.copy(path, d)
-        frame = TraceAnalysis(trace_dir=d).get_comm_comp_overlap(visualize=False)
+        with hta_logging_silenced():
+            frame = TraceAnalysis(trace_dir=d).get_comm_comp_overlap(visualize=False)
     return float(frame["comp_comm_overlap_pctg"].iloc[0])

@@ -45,8 +45,9 @@ def assign_steps(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str
         df["step"] = -1
     dropped = int((df["step"] == -2).sum())
     if dropped:
+        events, verb = ("event", "is") if dropped == 1 else ("events", "are")
         notes.append(
-            f"{dropped} events launched outside any ProfilerStep range are left out of per-step figures"
+            f"{dropped} {events} launched outside any ProfilerStep range {verb} left out of per-step figures"
         )
     # a step's window covers its GPU work too (kernels finish after the CPU range closes)
     ext = df[df["step"] >= -1].groupby("step")["end"].max()
@@ -178,7 +179,10 @@ def all_gathers(df: pd.DataFrame) -> pd.DataFrame:
     if not df["category"].eq("fsdp").any() and not g.empty:
         # FSDP1 records FullyShardedDataParallel.* ranges and FSDP2 FSDP::* ones, on CPU and GPU; with
         # neither, the all-gathers belong to someone else (DDP, the Trainer gathering metrics)
-        notes.append(f"no FSDP unit in this trace: its {len(g)} all-gathers are not FSDP's")
+        n = len(g)
+        notes.append(
+            f"no FSDP unit in this trace: its {n} all-gather{'s' if n != 1 else ''} {'is' if n == 1 else 'are'} not FSDP's"
+        )
         g, by_order = g.iloc[:0], False
     # the pass follows the CPU side (a kernel can run after the CPU has moved on to backward)
     cpu_ts = g["launch_us"] if "launch_us" in g else g["ts"]

@@ -111,6 +111,22 @@ def detect_effective(trainer, *, cpu_gate_lifted: bool = False) -> dict[str, Any
 MP_FIELDS = ("param_dtype", "reduce_dtype", "buffer_dtype")
 
 
+def trainer_fsdp_config(cfg: TrainConfig, wrap_class: str, *, on_cpu: bool) -> dict[str, Any]:
+    """The ``fsdp_config`` the Trainer receives for ``cfg`` (``fsdp1.hf_fsdp_config`` with the recipe's
+    settings). ``sync_module_states`` is off on CPU: every rank builds the same seeded model, and torch's
+    broadcast of module states needs an accelerator there (``smolfsdp.train.accelerate_cpu_fsdp``)."""
+    return fsdp1.hf_fsdp_config(
+        cfg.fsdp_version,
+        wrap_class,
+        sharding_strategy=cfg.sharding_strategy,
+        backward_prefetch=cfg.backward_prefetch,
+        state_dict_type=cfg.state_dict_type,
+        cpu_offload=cfg.cpu_offload,
+        activation_checkpointing=cfg.activation_checkpointing,
+        sync_module_states=not on_cpu,
+    )
+
+
 def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str):
     """The ``SFTConfig`` for the TRL engine (the seed run's settings; CPU-safe overrides on CPU)."""
 
@@ -148,18 +164,7 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         # checkpointing) makes DDP search the graph each step and warn that it found nothing unused.
         ddp_find_unused_parameters=False,
         fsdp=multi,
-        fsdp_config=fsdp1.hf_fsdp_config(
-            cfg.fsdp_version,
-            wrap_class,
-            sharding_strategy=cfg.sharding_strategy,
-            backward_prefetch=cfg.backward_prefetch,
-            state_dict_type=cfg.state_dict_type,
-            cpu_offload=cfg.cpu_offload,
-            activation_checkpointing=cfg.activation_checkpointing,
-            sync_module_states=not on_cpu,
-        )
-        if multi
-        else None,
+        fsdp_config=trainer_fsdp_config(cfg, wrap_class, on_cpu=on_cpu) if multi else None,
         dataset_kwargs={"skip_prepare_dataset": True},  # smolfsdp.data.prepare already tokenised with labels
         remove_unused_columns=False,
         include_num_input_tokens_seen="non_padding",
