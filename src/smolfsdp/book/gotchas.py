@@ -119,7 +119,8 @@ def format_result(r: GotchaResult, width: int = 60) -> str:
         b = right[i] if i < len(right) else ""
         rows.append(f"{a:<{width}}| {b}")
     if r.seed_fix is not None:  # the seed's own fix, run too: said under the table (it may fail)
-        rows += ["", *textwrap.wrap(f"THE SEED'S FIX: {r.seed_fix}", 2 * width)]
+        said = "; ".join(f"{k}: {v}" for k, v in r.seed_fix.items())
+        rows += ["", *textwrap.wrap(f"THE SEED'S FIX: {said}", 2 * width)]
     return f"== {r.title} ({r.name})\n" + "\n".join(rows) + "\n\n" + textwrap.fill(r.explanation, 2 * width)
 
 
