@@ -135,6 +135,13 @@ def test_tied_embeddings_in_separate_groups(results):
         and "shared with a parameter already managed" in r.failing["message"]
     )
     assert r.fixed == {"outcome": "ok", "same_parameter": True, "max_abs_diff": 0.0}
+    shown = gotchas_view.side_by_side(r)
+    assert shown.loc["max abs diff", "fixed"] == "0 (bitwise identical)"  # never a rounded "0.0000"
+
+
+def test_weight_differences_read_exactly():
+    assert tables.difference_text(0.0) == "0 (bitwise identical)"
+    assert tables.difference_text(0.00417) == "4.17 × 10⁻³"
 
 
 def test_optimizer_before_sharding_never_updates(results):

@@ -24,6 +24,7 @@ import psutil
 from safetensors.torch import load_file
 
 from smolfsdp.book import tables
+from smolfsdp.book.tables import difference_text
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.runner import preflight, run
@@ -225,11 +226,6 @@ DRILL_HEADERS = {
 }
 # said elsewhere: in the row label (engine, max_restarts), quoted apart (launcher_said), or a folder (reference)
 NOT_SHOWN = ("run", "engine", "max_restarts", "launcher_said", "reference")
-
-
-def difference_text(diff: float) -> str:
-    """A weight difference exactly: ``0.0 -> "0 (bitwise identical)"``, ``0.00417 -> "4.17 × 10⁻³"``."""
-    return "0 (bitwise identical)" if diff == 0.0 else tables.scientific_text(diff, digits=2)
 
 
 def _relative(path: str | Path | None, root: str | Path | None) -> str | None:

@@ -76,9 +76,12 @@ def _outcome_words(form: Mapping[str, Any], refusal: bool, seed: bool) -> str:
 
 def _value(value: Any, key: str = "") -> str:
     """A nested attempt (a dict with an outcome) reads as its outcome and its values; a share of the
-    model (:data:`PERCENT`) as a percentage; the rest as cells."""
+    model (:data:`PERCENT`) as a percentage; a weight difference exactly (``tables.difference_text``);
+    the rest as cells."""
     if key in PERCENT and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value:.0%}"
+    if key == "max_abs_diff" and isinstance(value, float):
+        return tables.difference_text(value)
     if isinstance(value, Mapping) and "outcome" in value:
         rest = {k: v for k, v in value.items() if k not in SAID}
         said = outcome_text(value)

@@ -269,3 +269,9 @@ def placement_text(placements: str) -> str:
     text = _SHARD_DIM.sub(r"Shard(\1)", placements)
     one = re.fullmatch(r"\((.*),\)", text)  # a 1-D mesh: a one-element tuple
     return one.group(1) if one else text
+
+
+def difference_text(diff: float) -> str:
+    """A weight difference exactly: ``0.0 -> "0 (bitwise identical)"``, ``0.00417 -> "4.17 × 10⁻³"``
+    (never rounded to ``0.00``, which cannot tell identical from close)."""
+    return "0 (bitwise identical)" if diff == 0.0 else scientific_text(diff, digits=2)
