@@ -568,3 +568,14 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_removes_the_temp_config(tm
         if proc.poll() is None:
             proc.kill()
     assert not (tmp_path / "runs" / ".term.lock").exists()
+
+
+def test_a_failed_probe_names_itself_and_quotes_the_ranks(tmp_path):
+    """``torchrun.run_probe``, the launch of the book's measuring scripts: a failure is an error naming the
+    probe with the ranks' output, before any caller reads a result file."""
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\nprint('probe started')\nsys.exit('no result for you')\n")
+    with pytest.raises(RuntimeError, match=r"(?s)my probe failed \(1\):.*no result for you"):
+        launch.run_probe("my probe", script, [], 1, timeout=120)
+    ok = launch.run_probe("module probe", "smolfsdp.errors", [], 1, timeout=120)  # -m form
+    assert ok.returncode == 0

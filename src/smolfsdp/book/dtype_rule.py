@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
-from smolfsdp.launch.torchrun import launch_env, torchrun_command
+from smolfsdp.launch.torchrun import run_probe
 
 CASES = (
     "frozen_bf16_beside_trainable_fp32",
@@ -90,12 +89,7 @@ def check_dtype_rule(out_dir: str | Path, timeout: float = 300) -> list[dict]:
     """Run the three cases with FSDP2, then FSDP1 (``use_orig_params=True``), on one gloo process; each result
     is ``{"fsdp", "case", "ok", "error"}`` (error: the first line of FSDP's message, or None). Raises RuntimeError with the output if the launch fails."""
     out_dir = Path(out_dir)
-    cmd = torchrun_command(1, ["--out", str(out_dir)], module="smolfsdp.book.dtype_rule")
-    proc = subprocess.run(cmd, env=launch_env(1), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"dtype-rule run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
+    run_probe("dtype-rule run", "smolfsdp.book.dtype_rule", ["--out", str(out_dir)], 1, timeout)
     return json.loads((out_dir / "dtype_rule.json").read_text())
 
 

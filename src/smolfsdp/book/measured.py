@@ -10,8 +10,6 @@ Used by "Where the memory goes" (``measure_tiny_memory``) and "Scaling out" (``m
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pandas as pd
 
 from smolfsdp.config import load_config
 from smolfsdp.launch import runner
-from smolfsdp.launch.torchrun import launch_env
+from smolfsdp.launch.torchrun import run_probe
 from smolfsdp.measure import comm, comm_trace
 from smolfsdp.measure.memory_measure import compare_with_estimate
 from smolfsdp.paths import recipe, repo_root
@@ -31,13 +29,8 @@ def measure_tiny_memory(nproc: int = 2, timeout: float = 600) -> pd.DataFrame:
     bytes (``memory_measure.compare_with_estimate``). Raises RuntimeError with the launcher's output tail
     when the launch fails."""
     out = Path(tempfile.mkdtemp(prefix="smolfsdp-measured-")) / "measured.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(repo_root() / "scripts" / "measure_memory.py"), "--out", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, env=launch_env(nproc), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"measure_memory.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-        )
+    script = repo_root() / "scripts" / "measure_memory.py"
+    run_probe("measure_memory.py", script, ["--out", str(out)], nproc, timeout)
     return compare_with_estimate(json.loads(out.read_text()))
 
 

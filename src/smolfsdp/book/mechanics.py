@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._flat_param import FlatParameter
 from torch.profiler import ProfilerActivity, profile
 
-from smolfsdp.launch.torchrun import launch_env, torchrun_command
+from smolfsdp.launch.torchrun import run_probe
 from smolfsdp.models.modeling import (
     build_meta_model,
     build_model,
@@ -224,12 +223,7 @@ def measure_mechanics(
     """Launch :func:`record` on ``nproc`` CPU processes and return each rank's result (by rank)."""
     out_dir = Path(out_dir)
     args = ["--fsdp-version", str(fsdp_version), "--out", str(out_dir)]
-    cmd = torchrun_command(nproc, args, module="smolfsdp.book.mechanics")
-    proc = subprocess.run(cmd, env=launch_env(nproc), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"mechanics run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
+    run_probe("mechanics run", "smolfsdp.book.mechanics", args, nproc, timeout)
     return [json.loads((out_dir / f"fsdp{fsdp_version}_rank{r}.json").read_text()) for r in range(nproc)]
 
 

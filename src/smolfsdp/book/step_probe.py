@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from smolfsdp.book.mechanics import collective_kind
-from smolfsdp.launch.torchrun import launch_env, torchrun_command
+from smolfsdp.launch.torchrun import run_probe
 from smolfsdp.measure.comm_trace import trace_collectives
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.distributed import init_distributed, teardown
@@ -188,12 +187,7 @@ def measure_step_variants(out_dir: str | Path, nproc: int = 2, timeout: float = 
     Raises RuntimeError with the ranks' output tails when the run fails.
     """
     out_dir = Path(out_dir)
-    cmd = torchrun_command(nproc, ["--out", str(out_dir)], module="smolfsdp.book.step_probe")
-    proc = subprocess.run(cmd, env=launch_env(nproc), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"step probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
+    run_probe("step probe", "smolfsdp.book.step_probe", ["--out", str(out_dir)], nproc, timeout)
     return [json.loads((out_dir / f"step_probe_rank{r}.json").read_text()) for r in range(nproc)]
 
 

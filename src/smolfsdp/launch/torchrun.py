@@ -202,6 +202,33 @@ def launch_env(nproc: int, max_restarts: int = 0) -> dict[str, str]:
     return env
 
 
+def run_probe(
+    what: str,
+    target: str | Path,
+    args: list[str],
+    nproc: int,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a measuring script on ``nproc`` CPU processes and wait: ``target`` is a module (``smolfsdp.book.x``,
+    run with ``-m``) or a script path; the book's probes write their results to files named in ``args``.
+
+    Returns the finished process (output captured). Raises RuntimeError naming ``what``, the exit code and
+    the last 3,000 characters of stdout and stderr when it fails, so a chapter never reads half-written files.
+    """
+    cmd = torchrun_command(nproc, args, module=str(target))
+    if not str(target).startswith("smolfsdp."):  # a script path: torchrun takes it without its -m
+        del cmd[cmd.index(str(target)) - 1]
+    proc = subprocess.run(
+        cmd, env={**launch_env(nproc), **(env or {})}, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
 # ------------------------------------------------------------------------------ running
 def launch(
     cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
