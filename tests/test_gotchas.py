@@ -142,6 +142,9 @@ def test_tied_embeddings_in_separate_groups(results):
 def test_weight_differences_read_exactly():
     assert tables.difference_text(0.0) == "0 (bitwise identical)"
     assert tables.difference_text(0.00417) == "4.17 × 10⁻³"
+    assert gotchas_view._value(0.0, "max_param_change") == "0 (no weight changed)"
+    assert gotchas_view._value(2.5e-7, "max_param_change") == "2.50 × 10⁻⁷"
+    assert gotchas_view._value([2, 24, 128], "shape") == "2 x 24 x 128"
 
 
 def test_optimizer_before_sharding_never_updates(results):

@@ -28,6 +28,8 @@ def test_tables_are_words_not_nan():
     assert sv.fits_from_view(tiny_gpu).loc["smollm3-3b", "NO_SHARD (DDP)"] == "not up to 4 GPUs"
     eff = sv.efficiency_view(scaling, n_gpus=(8, 16))
     assert eff.shape == (2, 4) and all(str(v).endswith("%") for v in eff.to_numpy().ravel())
+    big = sv.efficiency_view(scaling_table(["smollm3-3b"], n_gpus=(8, 1024), **a), n_gpus=(8, 1024))
+    assert list(big.index.get_level_values("GPUs")) == ["8", "1,024"]  # as the prose writes them, in order
     shown = sv.preview(scaling).to_string()
     assert "nan" not in shown.lower() and "..." not in shown
 

@@ -83,6 +83,9 @@ def test_lora_size_counts_from_the_config():
     assert j.values["trainable"] == per_layer * c.num_hidden_layers == 3_833_856
     assert j.values["Adam m + v (8 B/param)"] == 8 * 3_833_856
     assert j.values["nearest"] == "fp32 adapter + Adam m + v (12 B/param)"
+    assert (
+        "is 15.3 MB with the fp32 adapters the book's LoRA runs keep, 7.7 MB if saved in bf16" in j.correction
+    )
 
 
 def test_sixteen_gb_on_four_is_optimistic():
@@ -121,6 +124,7 @@ def test_dtype_rule_is_per_group_and_trainable_only(tmp_path):
     assert "uniform original parameter dtype" in j.evidence
     table = sc.summary_table(sc.judge_all(results))
     assert len(table) == 11 and table.index[8] == "FSDP2 and parameter dtypes"
+    assert not table.reset_index().map(lambda v: "`" in str(v)).any().any()  # plain text cells
 
 
 def test_verdict_summary_counts():

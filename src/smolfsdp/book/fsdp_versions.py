@@ -68,7 +68,7 @@ def _version_column(ranks: list[dict]) -> dict[str, str]:
         f"sharded state dict: {sd['example_key']}, rank 0's shape of the full one": (
             f"{_shape(sd['local_shape'])} of {_shape(sd['global_shape'])}"
         ),
-        "collectives to build it": f"{sd['collectives']:,}",
+        "collectives to build the sharded state dict": f"{sd['collectives']:,}",
         **{f"freeze one weight ({k})": text for k, text in freeze.items()},
     }
 

@@ -76,12 +76,16 @@ def _outcome_words(form: Mapping[str, Any], refusal: bool, seed: bool) -> str:
 
 def _value(value: Any, key: str = "") -> str:
     """A nested attempt (a dict with an outcome) reads as its outcome and its values; a share of the
-    model (:data:`PERCENT`) as a percentage; a weight difference exactly (``tables.difference_text``);
+    model (:data:`PERCENT`) as a percentage; a weight difference or change exactly (``tables.difference_text``), a shape as ``2 x 24 x 128``;
     the rest as cells."""
     if key in PERCENT and isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{value:.0%}"
     if key == "max_abs_diff" and isinstance(value, float):
         return tables.difference_text(value)
+    if key == "max_param_change" and isinstance(value, float):
+        return "0 (no weight changed)" if value == 0.0 else tables.scientific_text(value, digits=2)
+    if key == "shape" and isinstance(value, (list, tuple)):
+        return " x ".join(f"{n:,}" for n in value)
     if isinstance(value, Mapping) and "outcome" in value:
         rest = {k: v for k, v in value.items() if k not in SAID}
         said = outcome_text(value)

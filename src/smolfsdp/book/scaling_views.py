@@ -85,6 +85,7 @@ def efficiency_view(scaling: pd.DataFrame, n_gpus=(8, 16, 1024)) -> pd.DataFrame
     table = d.pivot_table(index=["model", "n_gpus"], columns="strategy", values="efficiency")
     table = table.rename(columns=STRATEGY_NAMES).map(_pct)
     table.index = table.index.set_names(["model", "GPUs"])
+    table.index = table.index.set_levels(table.index.levels[1].map("{:,}".format), level="GPUs")  # "1,024"
     return table
 
 

@@ -301,8 +301,9 @@ def lora_size() -> Judgement:
         f"has {n:,} trainable parameters: " + "; ".join(f"{k}: {v / 1e6:,.1f} MB" for k, v in sizes.items())
         + f". Closest to 50 MB: {near}.",
         "About 50 MB is what training the adapters keeps (their fp32 weights with Adam's m and v); the update "
-        f"itself, the adapter file a run saves, is {sizes['the adapter in bf16 (2 B/param)'] / 1e6:,.1f} MB in "
-        f"bf16. The frozen base is still the bulk of memory.",
+        f"itself, the adapter file a run saves, is {sizes['the adapter in fp32 (4 B/param)'] / 1e6:,.1f} MB with "
+        f"the fp32 adapters the book's LoRA runs keep, {sizes['the adapter in bf16 (2 B/param)'] / 1e6:,.1f} MB "
+        "if saved in bf16. The frozen base is still the bulk of memory.",
         {"trainable": n, "nearest": near, **sizes},
     )  # fmt: skip
 
@@ -349,7 +350,13 @@ def summary_table(judgements: list[Judgement]) -> pd.DataFrame:
     """One row per claim: seed, topic, what the seed says and the verdict (plain text, no truncation)."""
     return pd.DataFrame(
         [
-            {"seed": j.seed, "topic": j.topic, "the seed says": j.says, "verdict": j.verdict}
+            # a table cell is plain text, not Markdown: code marks would show as literal backticks
+            {
+                "seed": j.seed,
+                "topic": j.topic.replace("`", ""),
+                "the seed says": j.says.replace("`", ""),
+                "verdict": j.verdict,
+            }
             for j in judgements
         ]
     ).set_index("topic")

@@ -81,7 +81,7 @@ def _log_summary(s: dict[str, Any]) -> None:
     if "fraction_per_rank" in s.get("params", {}):
         log.info(
             "parameters held per rank: %s of %s",
-            s["params"]["fraction_per_rank"],
+            " / ".join(f"{f:.0%}" for f in s["params"]["fraction_per_rank"]),
             f"{s['params']['total']:,}",
         )
     if m.get("eval_loss_first") is None:
