@@ -5,6 +5,7 @@
     smolfsdp bench [--config configs/runs/smoke.yaml] [--benchmark_steps 5] [--profile false] [--<field> ...]
     smolfsdp analyze-trace runs/bench/traces/rank0.json.gz
     smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096
+    smolfsdp dryrun --config configs/runs/smollm3_3b_medical.yaml [--gpus 4] [--json]
     smolfsdp gotchas [--list] [--run NAME]
     smolfsdp convert runs/<name>/checkpoints/step-N OUT
 
@@ -24,6 +25,7 @@ import sys
 
 from smolfsdp import quiet
 from smolfsdp.cli_args import command_hint, field_parser, option_names, overrides_from, refuse_unknown
+from smolfsdp.cli_dryrun import add_dryrun_parser, cmd_dryrun
 from smolfsdp.cli_output import format_bench, format_data, format_trace
 from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.errors import ConfigError
@@ -234,6 +236,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "analyze-trace": cmd_analyze_trace,
     "memory": cmd_memory,
+    "dryrun": cmd_dryrun,
     "gotchas": cmd_gotchas,
     "convert": cmd_convert,
 }
@@ -290,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", help=".json or .json.gz PyTorch profiler traces")
     p.add_argument("--json", action="store_true", help="one JSON list, one object per trace (strict JSON)")
     add_memory_parser(sub, common)
+    add_dryrun_parser(sub, common)
     p = sub.add_parser("gotchas", help="reproduce the FSDP gotchas, failing and fixed", **common)
     p.add_argument("--list", action="store_true", help="list the gotchas")
     p.add_argument("--run", default=None, help="a gotcha name, several joined by commas, or 'all'")

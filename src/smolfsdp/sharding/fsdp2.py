@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -182,9 +183,11 @@ def build_mesh(device_type: str, shard_size: int, replicate_size: int | None = N
             f"a mesh of {replicate_size or 1} x {shard_size} = {size} ranks is {relation} than the world size "
             f"{world}; make replicate_size x shard_size = {world}, or launch {size} processes."
         )
-    if replicate_size is not None:
-        return init_device_mesh(device_type, (replicate_size, shard_size), mesh_dim_names=MESH_DIM_NAMES)
-    return init_device_mesh(device_type, (shard_size,), mesh_dim_names=MESH_DIM_NAMES[1:])
+    shape, names = ((replicate_size, shard_size), MESH_DIM_NAMES) if replicate_size else ((shard_size,), MESH_DIM_NAMES[1:])
+    # A mesh is bookkeeping (lists of ranks), never model memory: under the full-size dry run's
+    # FakeTensorMode (smolfsdp.dryrun) its rank tensor must still be real, or reading it back fails.
+    with unset_fake_temporarily():
+        return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def make_offload_policy(pin_memory: bool | None = None) -> CPUOffloadPolicy:

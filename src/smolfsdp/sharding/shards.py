@@ -27,8 +27,9 @@ def storage_bytes(tensors) -> int:
     seen, total = set(), 0
     for t in tensors:
         st = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
+        # the storage's own identity, not its data pointer: fake tensors (the dry run) all point at 0
+        if st._cdata not in seen:
+            seen.add(st._cdata)
             total += st.nbytes()
     return total
 

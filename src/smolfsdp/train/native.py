@@ -130,12 +130,17 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
     return model, {**evidence, "local_numel": local}
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters of the *sharded* model (so its state is sharded too)."""
+def make_optimizer(model: nn.Module, cfg: TrainConfig, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters of the *sharded* model (so its state is sharded too).
+
+    ``foreach=None`` is torch's own choice: the multi-tensor (foreach) implementation on CUDA, the
+    per-parameter loop on CPU. The full-size dry run passes ``True``, what a CUDA run takes.
+    """
     return torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
+        foreach=foreach,
     )
 
 

@@ -45,12 +45,21 @@ def forward_backward(
     n_items = int(local_items.item())
     total = torch.zeros((), device=device)
     for batch in micro_batches:
-        out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1))
-        (out.loss * world_size).backward()
-        total += out.loss.detach().float()
+        total += micro_batch_backward(model, batch, world_size, device, n_items)
     if reduce_loss:
         dist.all_reduce(total)
     return float(total.item()), n_items
+
+
+def micro_batch_backward(
+    model: nn.Module, batch: dict[str, torch.Tensor], world_size: int, device: torch.device, n_items: int
+) -> torch.Tensor:
+    """Forward and backward of one micro-batch whose loss is scaled to the global batch of ``n_items``
+    label tokens (see :func:`forward_backward`); returns the detached fp32 loss (a 0-d tensor, no sync).
+    The full-size dry run (``smolfsdp.dryrun``) calls this on fake tensors."""
+    out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1))
+    (out.loss * world_size).backward()
+    return out.loss.detach().float()
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float, fsdp_version: int) -> float:
@@ -60,10 +69,15 @@ def clip_grad_norm(model: nn.Module, max_norm: float, fsdp_version: int) -> floa
     gradient); under FSDP2 torch's ``clip_grad_norm_`` works on the DTensor gradients and returns
     the norm as a DTensor, which ``full_tensor()`` turns into one number.
     """
+    return float(clip_grad_norm_tensor(model, max_norm, fsdp_version))
+
+
+def clip_grad_norm_tensor(model: nn.Module, max_norm: float, fsdp_version: int) -> torch.Tensor:
+    """:func:`clip_grad_norm` without reading the norm back to the host (a 0-d tensor)."""
     if fsdp_version == 1:
-        return float(model.clip_grad_norm_(max_norm))
+        return model.clip_grad_norm_(max_norm)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 @torch.no_grad()

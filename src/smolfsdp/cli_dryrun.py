@@ -1,0 +1,83 @@
+"""``smolfsdp dryrun``: a run config at full size on fake tensors (``smolfsdp.dryrun``), as a table or JSON.
+
+    smolfsdp dryrun --config configs/runs/smollm3_3b_medical.yaml [--gpus 4] [--<field> VALUE ...] [--json]
+
+Light at import (the parser answers a misspelt option before torch loads); the run imports torch itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from smolfsdp.cli_args import field_parser, overrides_from
+from smolfsdp.config import load_config
+
+GIB = 2**30
+
+
+def add_dryrun_parser(sub: argparse._SubParsersAction, common: dict) -> None:
+    p = sub.add_parser(
+        "dryrun",
+        parents=[field_parser()],
+        help="a run config at full size on fake tensors: memory by moment, collectives, FLOPs (no GPU)",
+        usage="smolfsdp dryrun [--config YAML] [--gpus N] [--<field> VALUE ...] [--json]",
+        description="One optimizer step of the config's real model and sharding code on fake tensors and a "
+        "fake process group, rank 0's view: traced, not measured on a GPU.",
+        **common,
+    )
+    p.add_argument("--config", default=None, metavar="YAML", help="a run recipe; options override it")
+    p.add_argument("--gpus", type=int, default=None, help="world size of the fake group (default: nproc)")
+    p.add_argument("--json", action="store_true", help="the report as JSON (progress goes to stderr)")
+
+
+def cmd_dryrun(args: argparse.Namespace) -> int:
+    """Run the dry run, print the report and the estimator beside it."""
+    from smolfsdp.dryrun.compare import compare_with_estimate  # deferred: torch, transformers
+    from smolfsdp.dryrun.run import dry_run  # deferred: torch, transformers
+
+    cfg = load_config(args.config, **overrides_from(args))
+    if args.gpus is not None and args.gpus < 1:
+        raise ValueError("--gpus must be at least 1")
+    out = sys.stderr if args.json else sys.stdout
+    report = dry_run(cfg, args.gpus, progress=lambda msg: print(f"[dryrun] {msg}", file=out, flush=True))
+    table = compare_with_estimate(report, cfg)
+    if args.json:
+        print(json.dumps({**report.to_dict(), "estimate_vs_dry_run": table.to_dict("records")}, indent=1))
+        return 0
+    print(format_dryrun(report, table))
+    return 0
+
+
+def format_dryrun(report, table) -> str:
+    """The report for people: the setup, the peak and its moment, collectives, FLOPs, the estimate beside it."""
+    s = report.setup
+    lines = [
+        f"{s['model']}: {s['engine']} engine, FSDP{s['fsdp_version']} {s['sharding_strategy']} over {s['world_size']} "
+        f"ranks (fake), {s['gradient_accumulation_steps']} x {s['per_device_train_batch_size']} x {s['max_length']} "
+        f"tokens per step, mixed precision {s['mixed_precision']}, activation checkpointing "
+        f"{'on' if s['activation_checkpointing'] else 'off'}{', LoRA' if s['lora'] else ''}",
+        f"({report.label})",
+        "",
+        f"peak {report.peak_bytes / GIB:,.2f} GiB on rank 0, during {report.peak_moment.get('phase', '?')} "
+        f"({report.peak_moment.get('module', '?')}); at that moment:",
+    ]
+    lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
+    lines += ["", "collectives per step (rank 0): phase, kind, count, bytes"]
+    lines += [
+        f"  {c['phase']:<10} {c['kind']:<15} {c['count']:>5} {c['bytes'] / GIB:10.3f} GiB"
+        for c in report.collectives
+    ]
+    ratio = report.flops_counted / report.flops_formula if report.flops_formula else float("nan")
+    lines += [
+        "",
+        f"FLOPs per step: counted {report.flops_counted:.4g} (recompute included), the MFU formula "
+        f"6N + 12·L·H·Q·T gives {report.flops_formula:.4g} (counted / formula {ratio:.3f})",
+        "",
+        "estimate (smolfsdp memory) beside the dry run, GiB:",
+        table.to_string(index=False, float_format=lambda x: f"{x:,.3f}"),
+        "",
+        f"took {report.seconds:.0f} s",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,58 @@
+"""The estimator held to the dry run: static terms exact, the peak within a stated tolerance.
+
+``compare_with_estimate(report, cfg)`` puts ``smolfsdp.measure.memory.estimate_memory`` (static components) and
+``smolfsdp.measure.moments.peak_moments`` (the peak as it happens) beside what the dry run traced for the same
+setup. Used by ``smolfsdp dryrun``, ``scripts/dryrun_grid.py`` and chapter "Where the memory goes".
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from smolfsdp.config import TrainConfig
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.moments import peak_moments
+from smolfsdp.measure.params import resolve_model_config
+
+GIB = 2**30
+
+
+def estimate_for(cfg: TrainConfig, world_size: int):
+    """``estimate_memory`` for the setup ``cfg`` runs (the recipe smolfsdp's engines use: fp32 parameters,
+    gradients and AdamW state, bf16 compute under ``mixed_precision: bf16``)."""
+    return estimate_memory(
+        resolve_model_config(cfg.model),
+        world_size=world_size,
+        strategy=cfg.sharding_strategy,
+        recipe="hf-fsdp-bf16" if cfg.mixed_precision == "bf16" else "fp32",
+        seq_len=cfg.max_length,
+        micro_batch=cfg.per_device_train_batch_size,
+        lora=cfg.lora,
+        offload=cfg.cpu_offload,
+        activation_checkpointing=cfg.activation_checkpointing,
+        fsdp_version=cfg.fsdp_version,
+        gpus_per_node=world_size,
+    )
+
+
+def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
+    """Rows ``parameters``, ``gradients``, ``optimizer state`` (storage bytes after the step) and ``peak``:
+    ``estimate_gib``, ``dry_run_gib``, ``error_pct`` (estimate vs dry run, signed)."""
+    world = report.setup["world_size"]
+    est = estimate_for(cfg, world)
+    moments = peak_moments(est, resolve_model_config(cfg.model), cfg.gradient_accumulation_steps)
+    held = report.held_bytes
+    rows = [
+        ("parameters", est.params_bytes + est.master_bytes, held["param_bytes"]),
+        ("gradients", est.grads_bytes, held["grad_bytes"]),
+        ("optimizer state", est.optimizer_bytes, held["optimizer_bytes"]),
+        (
+            f"peak ({max(('loss', 'layer', 'optimizer'), key=moments.get)} moment)",
+            moments["peak"],
+            report.peak_bytes,
+        ),
+    ]
+    return pd.DataFrame(
+        [{"component": name, "estimate_gib": e / GIB, "dry_run_gib": d / GIB,
+          "error_pct": 100 * (e - d) / d if d else (0.0 if e == 0 else float("inf"))} for name, e, d in rows]
+    )  # fmt: skip

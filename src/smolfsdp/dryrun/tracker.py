@@ -1,0 +1,198 @@
+"""Counting one dry-run step: memory by category and the moment of the peak, collectives, memory over time.
+
+PyTorch's trackers do the counting (``torch.distributed._tools``): ``FSDPMemTracker`` for FSDP2 (memory by
+category: sharded/unsharded parameters, gradients, optimizer state, activations, temporaries, all-gather and
+reduce-scatter buffers), ``MemTracker`` for FSDP1 (parameters, gradients, optimizer state, activations,
+temporaries). :func:`moment_tracker` adds what they do not keep: *when* the peak happened (phase and
+innermost module), every collective with its bytes, and the total after each module's forward and backward
+(the series a figure draws). Used by ``smolfsdp.dryrun.run``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch._guards import active_fake_mode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+_TOTAL = "Total"
+aten = torch.ops.aten
+c10d = torch.ops.c10d
+fc = torch.ops._c10d_functional
+#: (op, kind, which argument holds the full tensor): all-gather output, reduce-scatter input, all-reduce buffer.
+COLLECTIVES = {
+    c10d._allgather_base_.default: ("all-gather", 0),
+    # FSDP1 falls back to the list all-gather when the backend lacks all_gather_into_tensor (gloo, the fake
+    # group); on NCCL it is _allgather_base_: the same bytes
+    c10d.allgather_.default: ("all-gather", 0),
+    c10d.allgather_into_tensor_coalesced_.default: ("all-gather", 0),
+    c10d._reduce_scatter_base_.default: ("reduce-scatter", 1),
+    c10d.reduce_scatter_tensor_coalesced_.default: ("reduce-scatter", 1),
+    c10d.allreduce_.default: ("all-reduce", 0),
+    fc.all_reduce.default: ("all-reduce", 0),
+    fc.all_gather_into_tensor.default: ("all-gather", -1),
+    fc.reduce_scatter_tensor.default: ("reduce-scatter", 0),
+}
+
+
+_PROPAGATING = [0]
+
+
+@contextmanager
+def untracked_sharding_propagation():
+    """While active, the tensors DTensor's sharding propagation builds are not counted as memory.
+
+    Why (torch 2.13): to learn an op's output shape, ``ShardingPropagator`` runs the op on fake tensors of the
+    *global* shape (``_propagate_tensor_meta_non_cached``). In eager mode it makes its own ``FakeTensorMode``,
+    which the trackers skip; inside the dry run's fake mode it reuses that mode, so the trackers would count
+    unsharded, gradient-sized tensors that a real run never allocates (seen in ``clip_grad_norm_`` and in the
+    first AdamW step: several times the shard size). This wrapper marks those calls; nothing else changes.
+    """
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def marked(self, *args, **kwargs):
+        _PROPAGATING[0] += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _PROPAGATING[0] -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = marked
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+def count_flops(func, args, kwargs, out) -> int:
+    """FLOPs of one op by torch's own formulas (``torch.utils.flop_counter.flop_registry``); the CPU
+    flash-attention op (forward and backward), which that registry leaves out, by its SDPA formulas."""
+    packet = func._overloadpacket
+    if packet in flop_registry:
+        return int(flop_registry[packet](*args, **(kwargs or {}), out_val=out))
+    if packet is aten._scaled_dot_product_flash_attention_for_cpu:
+        return sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape)
+    if packet is aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        return sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape)
+    return 0
+
+
+def _nbytes(value) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+class _MomentMixin:
+    """Keeps the phase and innermost module of the peak, the collectives, and a memory series."""
+
+    def _moment_init(self) -> None:
+        self.phase = "setup"
+        self.flops: dict[str, int] = defaultdict(int)
+        self.peak_moment: dict[str, Any] = {}
+        self.collectives: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.series: list[dict[str, Any]] = []
+
+    def current_bytes(self) -> int:
+        snap = self.get_tracker_snapshot("current")
+        return sum(dev.get(_TOTAL, 0) for dev in snap.values())
+
+    def current_by_category(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for dev in self.get_tracker_snapshot("current").values():
+            for key, value in dev.items():
+                if key != _TOTAL:
+                    out[str(key.value)] += value
+        return dict(out)
+
+    def mark(self, event: str, module: str = "") -> None:
+        """One point of the memory series: the total now, after ``event`` of ``module``."""
+        self.series.append({"i": len(self.series), "phase": self.phase, "module": module, "event": event,
+                            "bytes": self.current_bytes()})  # fmt: skip
+
+    def _update_peak_stats(self, peak_state) -> None:
+        before = dict(self._peak_mem)
+        super()._update_peak_stats(peak_state)
+        if self._peak_mem != before:
+            parents = [p for p in self._mod_tracker.parents if p != "Global"]
+            self.peak_moment = {"phase": self.phase, "module": max(parents, key=len, default="(none)")}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _PROPAGATING[0]:  # shape propagation of a DTensor op: no memory, no FLOPs, no collective
+            return func(*args, **(kwargs or {}))
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        # only ops on local tensors (a DTensor op is counted as the local ops it turns into) and not the
+        # shape propagation DTensor runs under a nested fake mode (the trackers skip those the same way)
+        if out is NotImplemented or active_fake_mode() is not self._fake_mode_on_entry:
+            return out
+        spec = COLLECTIVES.get(func)
+        if spec is not None:
+            kind, arg = spec
+            entry = self.collectives[(self.phase, kind)]
+            entry[0] += 1
+            entry[1] += _nbytes(args[arg]) if arg >= 0 else 0
+        # counted here rather than with FlopCounterMode: its module tracker keeps every tensor that activation
+        # checkpointing recomputes alive until the step ends (seen on torch 2.13), which would distort the memory
+        self.flops[self.phase] += count_flops(func, args, kwargs, out)
+        return out
+
+
+class FSDP2Tracker(_MomentMixin, FSDPMemTracker):
+    """``FSDPMemTracker`` plus the peak's moment, collectives and a memory series."""
+
+    def __init__(self, mod: nn.Module, optm=None):
+        super().__init__(mod, optm)
+        self._moment_init()
+
+
+class ModuleTracker(_MomentMixin, MemTracker):
+    """``MemTracker`` (any module; FSDP1 here) plus the peak's moment, collectives and a memory series.
+
+    Why the override: ``MemTracker`` refuses a module whose forward runs twice in one iteration outside
+    backward. With FSDP1 and activation checkpointing its module tracker does not always see the recompute
+    as backward (FSDP1's own hooks run first), so we treat a repeated forward as the recompute it is.
+    """
+
+    def __init__(self, mod: nn.Module, optm=None):
+        super().__init__()
+        self.track_external(mod, *([optm] if optm is not None else []))
+        self._moment_init()
+
+    def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True):
+        """``MemTracker``'s own, except that gradient hooks go on leaf parameters only: under FSDP1 with
+        ``use_orig_params`` the original parameters are views into the FlatParameter during forward
+        (torch refuses a post-accumulate-grad hook on them); the FlatParameters are the leaves."""
+        if install_grad_hooks:
+            for p in module.parameters():
+                if p.is_leaf and p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
+                    self._param_to_grad_hook_handles[p] = (
+                        p.register_hook(self._grad_to_grad),
+                        p.register_post_accumulate_grad_hook(lambda q: self._grad_to_grad(q.grad)),
+                    )
+        return super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+
+    def _grad_to_grad(self, grad: torch.Tensor) -> None:
+        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+    def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+        try:
+            super()._pre_fw_hook(module, inputs)
+        except NotImplementedError:
+            self._in_ac = True
+
+
+def mark_modules(tracker: _MomentMixin, modules: dict[str, nn.Module]) -> list:
+    """Record the tracker's total after each module's forward and backward; returns the hook handles."""
+    handles = []
+    for name, module in modules.items():
+        handles.append(module.register_forward_hook(lambda m, i, o, n=name: tracker.mark("forward", n)))
+        handles.append(
+            module.register_full_backward_hook(lambda m, gi, go, n=name: tracker.mark("backward", n))
+        )
+    return handles

@@ -1,0 +1,62 @@
+"""The device peak as it happens: the bytes alive at each moment of a step, and the largest of them.
+
+``smolfsdp.measure.memory.MemoryEstimate.peak_bytes`` adds every component as if all were alive at once (an
+upper bound). A step's real peak is the fullest *moment*; the full-size dry run (``smolfsdp.dryrun``) shows
+which moments those are for the book's recipes, traced on fake tensors:
+
+* ``loss``: backward has just started. Static state, the gathered root and the layer prefetched for backward,
+  every tensor saved for backward (all layers' activations, or under activation checkpointing only each
+  layer's input), the logits the step's output object still holds (compute dtype), the fp32 log-softmax the
+  loss saved and two fp32 ``tokens x vocab`` gradients (of the loss and of the log-softmax).
+* ``layer``: the last decoder layer's backward, with the loss's tensors gone: static state, the gradients of
+  the root when it trains (kept unsharded until backward ends), the root and two layers gathered, the saved
+  tensors, the layer's recomputed activations under checkpointing, its unsharded gradient and reduce-scatter
+  input, and the logits still held.
+* ``optimizer``: AdamW's step. Parameters, gradients, master copy and m, v, plus one temporary as large as
+  v (the multi-tensor ``foreach`` step computes ``sqrt(v)`` for every parameter at once; torch's choice on CUDA).
+
+Gradients exist from the first reduce-scatter of a step (``zero_grad(set_to_none=True)``), so the ``loss``
+moment of the first micro-batch has none; with gradient accumulation the last micro-batch's has them all.
+CUDA context and NCCL buffers are not tensors: stated constants, shown apart (``memory.CUDA_CONTEXT_BYTES``).
+
+    python -c "from smolfsdp.measure import memory, moments; print(moments.peak_moments(memory.estimate_memory(world_size=2)))"
+"""
+
+from __future__ import annotations
+
+from smolfsdp.measure.activations import activation_breakdown
+from smolfsdp.measure.layout import sharded_state
+from smolfsdp.measure.params import LoraSpec, resolve_model_config
+from smolfsdp.measure.recipes import RECIPES
+
+
+def peak_moments(est, model=None, gradient_accumulation_steps: int = 1) -> dict[str, int]:
+    """Device bytes alive at the ``loss``, ``layer`` and ``optimizer`` moments of one step, and ``peak`` (their
+    largest), for the setup of ``est`` (a :class:`smolfsdp.measure.memory.MemoryEstimate`). ``model``: the
+    model (name or config) ``est`` was made for, when ``est.model`` is not a name ``resolve_model_config`` knows.
+    Tensors only: CUDA context and communication buffers are not in any moment."""
+    config = resolve_model_config(model if model is not None else est.model)
+    rec, spec = RECIPES[est.recipe], (LoraSpec() if est.lora else None)
+    c, tokens = rec.compute_bytes, est.micro_batch * est.seq_len
+    st = sharded_state(config, rec, est.shard_group, est.rank % est.shard_group, est.fsdp_version, spec)
+    full = st["full_units"]
+    root_full, root_trains = full["root"]
+    layer_full = max(n for k, (n, _) in full.items() if k != "root")
+    act = activation_breakdown(config, tokens, est.seq_len, c, spec)
+    saved_inputs = act["layer_inputs"] if est.activation_checkpointing else act["layers"]
+    saved = saved_inputs + act["head"] + act["rope"] + act["loss"]
+    logits_held = tokens * config.vocab_size * c
+    state = est.params_bytes + est.master_bytes + est.optimizer_bytes
+    grads_then = est.grads_bytes if gradient_accumulation_steps > 1 else 0
+    gathered_root = root_full * c if est.strategy != "NO_SHARD" or c != rec.param_bytes else 0
+    loss = (
+        state + grads_then + gathered_root + layer_full * c + saved + logits_held
+        + 2 * 4 * tokens * config.vocab_size
+    )  # fmt: skip
+    recompute = act["per_layer"] if est.activation_checkpointing else 0
+    layer = (
+        state + grads_then + (root_full * c if root_trains else 0) + gathered_root + 2 * layer_full * c
+        + saved - act["loss"] + recompute + est.grad_buffer_bytes + logits_held
+    )  # fmt: skip
+    optimizer = state + est.grads_bytes + est.optimizer_bytes // 2
+    return {"loss": loss, "layer": layer, "optimizer": optimizer, "peak": max(loss, layer, optimizer)}
