@@ -55,7 +55,7 @@ def choose_backend(device_type: str, cpu_offload: bool = False) -> str:
     ``"cuda:nccl,cpu:gloo"`` on CUDA with CPU offload.
 
     Why the pair: with offload the parameter shards and their gradients live on the host, and
-    gradient clipping all-reduces the norm of those CPU shards (FSDP2: offloaded ``DTensor``\ s;
+    gradient clipping all-reduces the norm of those CPU shards (FSDP2: offloaded ``DTensor`` shards;
     FSDP1: ``clip_grad_norm_``); NCCL cannot reduce CPU tensors, gloo can. accelerate 1.15 makes the
     same choice for FSDP offload (``PartialState.__init__``, accelerate/state.py).
 
