@@ -285,6 +285,8 @@ def test_nccl_kernels_are_counted_on_a_real_gpu_trace():
     assert check["mode"] == "gpu"
     assert check["nccl_kernels"] == kernels["name"].str.contains("nccl", case=False).sum() > 0
     assert sum(check["nccl_ops"].values()) == check["nccl_kernels"]
+    # only the communication ops the trace holds (the name column's other categories left out)
+    assert check["cpu_communication_ops"] and min(check["cpu_communication_ops"].values()) > 0
     assert check["compute_row"].startswith("GPU ") and check["fsdp_layers"] == []  # DDP: no FSDP range
 
 
