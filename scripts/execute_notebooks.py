@@ -19,7 +19,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--profile", default="smoke", choices=["smoke", "full"])
+    parser.add_argument(
+        "--profile",
+        default="smoke",
+        choices=["smoke", "full"],
+        help="per-cell time limit: 900 s in smoke, none in full (smolfsdp.book.chapters.CELL_TIMEOUT_S)",
+    )
     parser.add_argument("--html-dir", default="_book_html")
     parser.add_argument(
         "--chapter",

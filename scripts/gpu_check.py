@@ -7,9 +7,14 @@ bench.json, trace_summary.json, provenance.json and one trace_<shape>.json.gz.
     OUT=/tmp/h200 bash scripts/gpu_check.sh                  # on the lent GPU machine
     PYTHONPATH=src python3 scripts/gpu_check.py --simulate-cpu --out /tmp/sim   # CPU, seconds
 
-The import check below runs before anything else and names what is missing: the GPU machine has
-torch, transformers, accelerate and peft but neither trl nor datasets, so nothing on this path may
-need those two.
+Order, so that a wrong machine is told at once: the arguments; torch alone and the GPU refusals
+("no CUDA GPU"); the import check (``REQUIRED``: every third-party module this path imports, checked
+by tests/test_gpu_check.py), which names what is missing; only then the measuring code. The GPU
+machine's image (its package list: tests/data/h200_packages.txt) has torch, transformers,
+accelerate and peft but not trl, datasets or ijson, so nothing on this path may need them
+(``smolfsdp.traces.load`` reads traces with the standard library without ijson). Working files
+(the profiler's raw traces) go to a temporary folder outside ``--out``, removed on exit, also on
+SIGTERM (what ``timeout`` sends): ``--out`` never holds more than the flat files listed above.
 """
 
 import argparse
@@ -18,7 +23,9 @@ import importlib
 import json
 import os
 import shutil
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,15 +36,33 @@ REQUIRED = {
     "transformers": "SmolLM3Config / SmolLM3ForCausalLM",
     "numpy": "trace analysis",
     "pandas": "trace analysis",
+    "tqdm": "smolfsdp.traces.load (progress bar)",
     "yaml": "smolfsdp.config",
     "psutil": "smolfsdp.measure.benchmark",
     "smolfsdp.book.gpu_check": "the measurement (src/ on PYTHONPATH)",
+    "smolfsdp.book.gpu_check_trace": "the trace checks and analyze-trace",
 }
+#: Imported where present, read without otherwise (not on the GPU machine's image).
+OPTIONAL = {"ijson": "smolfsdp.traces.load: faster trace parsing; the standard library reads without it"}
 
 
-def check_imports() -> None:
-    """Import every module the check needs; exit 2 naming the missing one and the fix, before any work."""
-    for name, why in REQUIRED.items():
+def check_gpu(simulate_cpu: bool) -> None:
+    """Refuse the wrong machine (no GPU for the real check, a GPU for the simulation), importing torch only."""
+    check_imports(["torch"])
+    import torch  # deferred: named by check_imports when missing
+
+    if not simulate_cpu and not torch.cuda.is_available():
+        raise SystemExit("gpu_check: no CUDA GPU is visible; on a machine without one run --simulate-cpu")
+    if simulate_cpu and torch.cuda.is_available():
+        raise SystemExit(
+            "gpu_check: --simulate-cpu with a GPU visible; set CUDA_VISIBLE_DEVICES='' (the launcher does)"
+        )
+
+
+def check_imports(names: list[str] | None = None) -> None:
+    """Import every module the check needs (or ``names``); exit naming the missing one and the fix."""
+    for name in names or REQUIRED:
+        why = REQUIRED[name]
         try:
             importlib.import_module(name)
         except ImportError as err:
@@ -47,7 +72,8 @@ def check_imports() -> None:
                 else "install it, or carry it to the GPU machine as a wheel"
             )
             sys.exit(f"gpu_check: cannot import {name} ({why}): {err}. Fix: {hint}.")
-    from transformers import SmolLM3Config, SmolLM3ForCausalLM  # noqa: F401  (present in 5.17 and 5.24)
+    if names is None:
+        from transformers import SmolLM3Config, SmolLM3ForCausalLM  # noqa: F401  (in 5.17 and 5.24)
 
 
 def parse_args(argv: list[str] | None):
@@ -84,7 +110,21 @@ def _print_table(bench: dict[str, Any], checks: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the check; write bench.json, trace_summary.json, provenance.json and one trace into ``--out``."""
-    # deferred until check_imports() has named anything missing
+    args = parse_args(argv)
+    check_gpu(args.simulate_cpu)
+    check_imports()
+    # SIGTERM (timeout's signal) unwinds like an exception, so the working folder below is removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    work = Path(tempfile.mkdtemp(prefix="smolfsdp_gpu_check_"))
+    try:
+        return _measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(args, work: Path) -> int:
+    """The measurements, with the profiler's working traces under ``work`` (outside ``args.out``)."""
+    # deferred until check_gpu() and check_imports() have refused a wrong machine or named what is missing
     import torch
     import torch.distributed as dist
 
@@ -96,14 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from smolfsdp.measure.timing import measure_matmul_tflops
     from smolfsdp.sharding.distributed import init_distributed, teardown
 
-    args = parse_args(argv)
     plan = make_plan(args.simulate_cpu, args.warmup_steps, args.timed_steps)
-    if not plan.simulate_cpu and not torch.cuda.is_available():
-        raise SystemExit("gpu_check: no CUDA GPU is visible; on a machine without one run --simulate-cpu")
-    if plan.simulate_cpu and torch.cuda.is_available():
-        raise SystemExit(
-            "gpu_check: --simulate-cpu with a GPU visible; set CUDA_VISIBLE_DEVICES='' (the launcher does)"
-        )
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -160,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     traces, failed = {}, []
     for shape in plan.shapes:
         try:
-            record, trace = run_shape(config, shape, plan, info.device, ceiling, out, log)
+            record, trace = run_shape(config, shape, plan, info.device, ceiling, work, log)
         except torch.OutOfMemoryError as err:  # recorded, not hidden: the other shapes still count
             record, trace = {"name": shape.name, "error": f"{type(err).__name__}: {err}"[:2000]}, None
         if trace is None:
@@ -178,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
         write()
     real = next(s.name for s in plan.shapes if s.real_run)
     kept = keep_trace(traces, real, out) if traces else None
-    for trace in traces.values():
-        shutil.rmtree(trace.parent.parent)
     summary["trace_file"] = kept
     summary["trace_shape"] = kept and kept[len("trace_") : -len(".json.gz")]
     summary["analyze_trace"] = run_analyze_trace(out / kept) if kept else None
@@ -197,5 +228,4 @@ if __name__ == "__main__":
         # two threads fighting other processes made the simulation 4x slower (75 s against 18 s, measured)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    check_imports()
     sys.exit(main())

@@ -11,8 +11,10 @@
 # Writes flat into $OUT (at most 8 files, the device tool's limit): bench.json, trace_summary.json,
 # provenance.json, trace_<shape>.json.gz (< 16 MiB), gpu_check.log, nvidia_smi.txt and, on a GPU,
 # nvidia_smi_during.csv (clocks, power, memory every second while the check runs). Commit them to
-# data/results/h200/ (see its README). SMOLFSDP_GIT_SHA=<sha> records the commit where the copy of
-# the checkout has no .git. PY overrides the interpreter (default python3: the GPU machine's).
+# data/results/h200/ (see its README). The profiler's raw working traces go to a temporary folder
+# outside $OUT (removed on exit and on timeout's SIGTERM). SMOLFSDP_GIT_SHA=<sha> records the commit
+# where the copy of the checkout has no .git. PY overrides the interpreter (default python3: the GPU
+# machine's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder for the results (the device tool sets it)}"

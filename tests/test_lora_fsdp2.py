@@ -134,6 +134,7 @@ def _adapter_roundtrip(rank, world, out_dir):
     from safetensors.torch import load_file
     from torch.distributed.tensor import DTensor
 
+    from smolfsdp.sharding import lora as lora_module
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
     from smolfsdp.sharding.lora import save_adapter
@@ -164,14 +165,32 @@ def _adapter_roundtrip(rank, world, out_dir):
     with torch.no_grad():
         logits = model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
-    save_adapter(model, Path(out_dir), info, LORA, tok)
+    gathered, asked = [], []  # what the export gathers: each full_tensor() and each state-dict request
+    full_tensor, state_dict = DTensor.full_tensor, lora_module.get_model_state_dict
+
+    def counting_full_tensor(self, *args, **kwargs):
+        out = full_tensor(self, *args, **kwargs)
+        gathered.append(out.numel() * out.element_size())
+        return out
+
+    def recording_state_dict(m, *args, options=None, **kwargs):
+        asked.append(options.full_state_dict)
+        return state_dict(m, *args, options=options, **kwargs)
+
+    DTensor.full_tensor, lora_module.get_model_state_dict = counting_full_tensor, recording_state_dict
+    try:
+        save_adapter(model, Path(out_dir), info, LORA, tok)
+    finally:
+        DTensor.full_tensor, lora_module.get_model_state_dict = full_tensor, state_dict
     if rank != 0:
         return None
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     saved = load_file(str(Path(out_dir) / "adapter" / "adapter_model.safetensors"))
     reloaded = load_adapter_model("tiny", Path(out_dir) / "adapter", tok, seed=0)
     with torch.no_grad():
         re_logits = reloaded(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"]).logits
-    return {"live": live, "saved": saved, "logits": logits, "re_logits": re_logits}
+    return {"live": live, "saved": saved, "logits": logits, "re_logits": re_logits, "gathered": gathered,
+            "asked_full": asked, "model_bytes": model_bytes}  # fmt: skip
 
 
 def test_saved_adapter_is_full_and_reloads(tmp_path):
@@ -182,6 +201,10 @@ def test_saved_adapter_is_full_and_reloads(tmp_path):
         assert r["saved"][key].shape == tensor.shape  # full size, gathered from both ranks
         torch.testing.assert_close(r["saved"][key], tensor)
     torch.testing.assert_close(r["re_logits"], r["logits"], rtol=1e-5, atol=1e-5)
+    # only the adapters were gathered (one full_tensor each, their bytes), never a full state dict
+    adapter_bytes = sum(t.numel() * t.element_size() for t in r["live"].values())
+    assert r["asked_full"] == [False] and len(r["gathered"]) == len(r["live"])
+    assert sum(r["gathered"]) == adapter_bytes < r["model_bytes"] / 10
 
 
 @pytest.mark.parametrize("version", [2, 1])

@@ -8,11 +8,13 @@ import gzip
 import json
 import tracemalloc
 
+import pandas as pd
 import pytest
 from conftest import SHARED
 
 from smolfsdp import cli
 from smolfsdp.traces import analysis as ta
+from smolfsdp.traces import json_stream
 from smolfsdp.traces import load as trace_load
 
 TRACES = SHARED / "traces"
@@ -211,3 +213,36 @@ def test_memory_stays_far_below_a_json_load():
     assert len(df) == 26_933
     assert ours < 0.25 * whole, (ours / 1e6, whole / 1e6)  # measured: 6 MB vs 39 MB
     assert df.memory_usage(deep=True).sum() / len(df) < 150  # bytes per event, all columns
+
+
+# ------------------------------------------------------------------- without ijson
+@pytest.fixture
+def no_ijson(monkeypatch):
+    """The lent GPU machine's image has no ijson: load reads with smolfsdp.traces.json_stream."""
+    monkeypatch.setattr(trace_load, "ijson", None)
+    monkeypatch.setattr(json_stream, "CHUNK", 64)  # events straddle many chunk edges
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_without_ijson_gets_the_same_error(tmp_path, name, no_ijson):
+    path = _bad_file(tmp_path, name)
+    with pytest.raises(ta.TraceError, match=BAD[name][2]) as err:
+        ta.load_trace(path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("style", ["kineto", "bare"])
+def test_standard_library_reader_gives_the_same_frame(tmp_path, style, monkeypatch):
+    events = [_x(f"op{i}", i * 1.5, 1) for i in range(50)] + [{"ph": "M", "name": "thread_name", "args": {}}]
+    doc = {"schemaVersion": 1, "distributedInfo": {"rank": 0}, "traceEvents": events, "after": 1}
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc if style == "kineto" else events, indent=1).encode()))
+    with_ijson = ta.load_trace(path)
+    monkeypatch.setattr(trace_load, "ijson", None)
+    monkeypatch.setattr(json_stream, "CHUNK", 64)
+    header, _ = trace_load.read_trace(path)
+    without = ta.load_trace(path)
+    pd.testing.assert_frame_equal(without, with_ijson)
+    assert without.attrs["distributed"] == ({"rank": 0} if style == "kineto" else {})
+    assert header == ({"schemaVersion": 1, "distributedInfo": {"rank": 0}} if style == "kineto" else {})
+    assert without["ts"].tolist() == [i * 1.5 for i in range(50)]

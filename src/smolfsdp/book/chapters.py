@@ -177,14 +177,24 @@ def _attach_progress(client, nb, name: str) -> tqdm:
     return bar
 
 
+#: Per-cell time limit of each profile, in seconds (None: no limit). The smoke profile's cells take
+#: seconds to minutes on CPU, so a stuck cell fails within 15 minutes. The full profile's cells train
+#: SmolLM3-3B for up to an epoch (chapter 01: about 25 minutes on 2 H100s, over an hour on 2 A100s,
+#: estimated by smolfsdp.book.full_budget): no cut they cannot meet; the runs bound themselves.
+CELL_TIMEOUT_S: dict[str, int | None] = {"smoke": 900, "full": None}
+
+
 def execute_chapter(
     path: str | Path,
     profile: str = "smoke",
     html_dir: str | Path | None = None,
-    timeout: int = 900,
+    timeout: int | None = 0,
     progress: bool = False,
 ):
     """Execute one notebook (cwd = its folder) and optionally write ``<html_dir>/<stem>.html``.
+
+    ``timeout``: seconds per cell; 0 (the default) takes the profile's :data:`CELL_TIMEOUT_S`, None
+    means no limit.
 
     The notebook is read, parameterised (:func:`inject_parameters`) and executed in memory: the file
     on disk is never written. The kernel talks over IPC (:func:`_kernel_config`). ``progress`` shows a
@@ -196,6 +206,8 @@ def execute_chapter(
     from nbclient import NotebookClient  # deferred: dev extra, book tooling only
 
     path = Path(path)
+    if timeout == 0:
+        timeout = CELL_TIMEOUT_S[profile]
     nb = nbformat.read(path, as_version=4)
     inject_parameters(nb, PROFILE=profile)
     with tempfile.TemporaryDirectory(prefix="smolfsdp-kernel-") as sockets:

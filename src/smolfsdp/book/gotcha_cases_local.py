@@ -105,6 +105,7 @@ def tracker_wrong_project(out: Path) -> dict[str, Any]:
     results = {}
     for form in ("failing", "fixed"):
         env = {**os.environ, "TRACKIO_DIR": str(out / f"trackio_{form}"), "HF_HUB_OFFLINE": "1"}
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU Trainer run on purpose, also on a GPU box
         cmd = [sys.executable, "-m", "smolfsdp.book.gotchas", "--trackio-form", form, "--out", str(out)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:

@@ -35,7 +35,7 @@ from smolfsdp.book import gotcha_cases_distributed, gotcha_cases_local  # noqa: 
 from smolfsdp.book.gotcha_cases_local import trackio_form
 from smolfsdp.book.gotcha_registry import CRASH, DIST, GOTCHAS, KIND_LEGEND, LOCAL, GotchaResult
 from smolfsdp.errors import ConfigError
-from smolfsdp.launch.torchrun import launch_env, torchrun_command
+from smolfsdp.launch.torchrun import cpu_probe_env, torchrun_command
 from smolfsdp.measure.results import versions
 from smolfsdp.sharding.distributed import init_distributed, teardown
 
@@ -44,7 +44,8 @@ def _launch(names: list[str], out: Path, nproc: int, extra: list[str] = ()) -> s
 
     args = ["--ranks", ",".join(names), "--out", str(out), *extra]
     cmd = torchrun_command(nproc, args, module="smolfsdp.book.gotchas")
-    env = {**launch_env(nproc), "SMOLFSDP_GOTCHA_OUT": str(out)}
+    # the gotchas shard on CPU on purpose (gloo, FSDP1 device_id=cpu): GPUs hidden, also on a GPU box
+    env = {**cpu_probe_env(nproc), "SMOLFSDP_GOTCHA_OUT": str(out)}
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 

@@ -185,8 +185,11 @@ def _state_bytes(model, opt) -> dict[str, int]:
     }
 
 
-def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: float, out: Path, log):
-    """Warm-up, timed steps, memory, then the profiled window; returns the shape's record and trace path."""
+def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: float, work: Path, log):
+    """Warm-up, timed steps, memory, then the profiled window; returns the shape's record and trace path.
+
+    ``work``: a working folder (not the output folder) for the profiler's raw trace.
+    """
     model, opt = build(config, shape, device)
     n_params = benchmark.matmul_params(model)
     geometry = benchmark.model_geometry(model)
@@ -229,7 +232,7 @@ def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: f
         micro_batch=shape.micro_batch, activation_checkpointing=shape.activation_checkpointing, fsdp_version=2,
     )  # fmt: skip
     grads: dict[str, int] = {}
-    trace = _profiled_window(model, opt, ids, plan, device, out / f"_trace_{shape.name}", grads)
+    trace = _profiled_window(model, opt, ids, plan, device, work / f"trace_{shape.name}", grads)
     measured["grads_bytes"] = grads["bytes"]
     log(
         f"{shape.name}: median step {summary['step_time_ms_median']:.1f} ms, {summary['tflops_median']:.1f} TFLOP/s"

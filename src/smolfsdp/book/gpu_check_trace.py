@@ -49,7 +49,8 @@ def check_trace(path: Path, n_layers: int) -> dict[str, Any]:
         "gpu_kernels": len(kernels),
         "nccl_kernels": len(nccl),
         "nccl_ops": ops,
-        "cpu_communication_ops": cpu_comm["name"].value_counts().to_dict(),
+        # ``name`` is categorical: value_counts lists every category of the trace, most at 0
+        "cpu_communication_ops": {k: int(v) for k, v in cpu_comm["name"].value_counts().items() if v},
         "compute_row": compute_row,
         "compute_busy_fraction": [float(x) / 100 for x in busy["busy_pct"]],
         "compute_busy_fraction_mean": float(busy["busy_pct"].mean()) / 100 if len(busy) else None,

@@ -202,6 +202,18 @@ def launch_env(nproc: int, max_restarts: int = 0) -> dict[str, str]:
     return env
 
 
+def cpu_probe_env(nproc: int) -> dict[str, str]:
+    """:func:`launch_env` with every GPU hidden (``CUDA_VISIBLE_DEVICES=""``), for ranks that shard on
+    CPU on purpose: the book's probes and gotchas.
+
+    Why: on a machine with GPUs, ``init_distributed()`` picks NCCL, while these probes build a CPU
+    mesh, FSDP1 with ``device_id=cpu`` or a CPU DDP: torch then stops with "No backend type associated
+    with device type cpu". Hidden GPUs give gloo, the backend those probes are written for, so a
+    chapter measures on a GPU box what it measures on CPU (tests/test_probe_launchers.py).
+    """
+    return {**launch_env(nproc), "CUDA_VISIBLE_DEVICES": ""}
+
+
 def run_probe(
     what: str,
     target: str | Path,
@@ -212,6 +224,7 @@ def run_probe(
 ) -> subprocess.CompletedProcess:
     """Run a measuring script on ``nproc`` CPU processes and wait: ``target`` is a module (``smolfsdp.book.x``,
     run with ``-m``) or a script path; the book's probes write their results to files named in ``args``.
+    GPUs are hidden from the ranks (:func:`cpu_probe_env`), also where ``env`` names some.
 
     Returns the finished process (output captured). Raises RuntimeError naming ``what``, the exit code and
     the last 3,000 characters of stdout and stderr when it fails, so a chapter never reads half-written files.
@@ -220,7 +233,11 @@ def run_probe(
     if not str(target).startswith("smolfsdp."):  # a script path: torchrun takes it without its -m
         del cmd[cmd.index(str(target)) - 1]
     proc = subprocess.run(
-        cmd, env={**launch_env(nproc), **(env or {})}, capture_output=True, text=True, timeout=timeout
+        cmd,
+        env={**cpu_probe_env(nproc), **(env or {}), "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if proc.returncode != 0:
         raise RuntimeError(

@@ -55,7 +55,7 @@ def choose_backend(device_type: str, cpu_offload: bool = False) -> str:
     ``"cuda:nccl,cpu:gloo"`` on CUDA with CPU offload.
 
     Why the pair: with offload the parameter shards and their gradients live on the host, and
-    gradient clipping all-reduces the norm of those CPU shards (FSDP2: offloaded ``DTensor``\ s;
+    gradient clipping all-reduces the norm of those CPU shards (FSDP2: offloaded ``DTensor`` shards;
     FSDP1: ``clip_grad_norm_``); NCCL cannot reduce CPU tensors, gloo can. accelerate 1.15 makes the
     same choice for FSDP offload (``PartialState.__init__``, accelerate/state.py).
 
@@ -169,6 +169,54 @@ def name_collective_errors() -> Iterator[None]:
             f"rank {rank} of {world}: {what} {verb}: {str(err).splitlines()[0]}. Another rank never joined it: "
             "look for a rank that died, skipped the collective or is stuck (its own error or py-spy dump)."
         ) from err
+
+
+#: The slowest write the wait for rank 0's export allows (a network disk), and the time beside it.
+SLOWEST_WRITE_BYTES_PER_S = 50e6
+WRITE_WAIT_SLACK_S = 600.0
+
+
+def write_wait_timeout_s(nbytes: int) -> float:
+    """Seconds the other ranks wait for rank 0 to write ``nbytes``: :data:`WRITE_WAIT_SLACK_S` plus
+    the write at :data:`SLOWEST_WRITE_BYTES_PER_S` (SmolLM3-3B in fp32, 12.3 GB: 846 s)."""
+    return WRITE_WAIT_SLACK_S + nbytes / SLOWEST_WRITE_BYTES_PER_S
+
+
+def parameter_bytes(model: torch.nn.Module, device: torch.device) -> int:
+    """Bytes of ``model``'s parameters over all ranks (each rank's shards summed; a collective).
+
+    FSDP2 ``DTensor`` parameters count their local shard, FSDP1 its flat shard; replicated (DDP) parameters
+    count once per rank, which only lengthens a wait sized from it.
+    """
+    from torch.distributed.tensor import DTensor  # deferred: only the export sizes a wait with it
+
+    local = sum(
+        (p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in model.parameters()
+    )
+    total = torch.tensor([local], dtype=torch.int64, device=device)
+    dist.all_reduce(total)
+    return int(total.item())
+
+
+@contextmanager
+def rank0_writes(nbytes: int) -> Iterator[None]:
+    """A block in which rank 0 writes ``nbytes`` (the final model) while the other ranks wait at its end.
+
+    Why: a plain ``dist.barrier()`` there is bounded by the default group's timeout (600 s), and
+    rank 0 writing SmolLM3-3B's 12 GB in fp32 to a slow disk can take longer: the waiting ranks
+    would fail a run that was fine. The wait is a barrier of a gloo group (CPU and GPU runs alike)
+    whose timeout is :func:`write_wait_timeout_s`. A world of one waits for nothing.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        yield
+        return
+    timeout = timedelta(seconds=write_wait_timeout_s(nbytes))
+    group = dist.new_group(backend="gloo", timeout=timeout)  # every rank, before rank 0 starts writing
+    try:
+        yield
+        dist.barrier(group=group)
+    finally:
+        dist.destroy_process_group(group)
 
 
 def teardown() -> None:

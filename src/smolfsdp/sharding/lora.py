@@ -24,6 +24,7 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.models.modeling import build_meta_model, build_model, discover_wrap_class
 from smolfsdp.paths import umask_modes
+from smolfsdp.sharding.distributed import parameter_bytes, rank0_writes
 
 ADAPTER_DIR = "adapter"
 
@@ -89,47 +90,77 @@ def check_trainable_dtypes(model: nn.Module, wrap_cls: type[nn.Module] | None = 
 def save_adapter(model: nn.Module, out_dir: Path, info, cfg: TrainConfig, tokenizer) -> dict[str, Any]:
     """Gather the full adapter tensors from all ranks and save them in PEFT format on rank 0.
 
-    Collective (every rank calls it). The files load with ``PeftModel.from_pretrained`` in one plain
-    process. With ``cfg.lora_merge`` the base model with the adapter merged in is saved too
-    (``merged/``). Returns ``{"adapter": path, "merged": path | None, "tensors": n}``.
+    Collective (every rank calls it); only the adapters are gathered (:func:`gather_adapter`). The
+    files load with ``PeftModel.from_pretrained`` in one plain process. With ``cfg.lora_merge`` the
+    base model with the adapter merged in is saved too (``merged/``): the other ranks wait for that
+    write in a barrier sized to the model's bytes (``rank0_writes``). Returns ``{"adapter": path,
+    "merged": path | None, "tensors": n}``.
     """
+    # a merged model is the whole model's bytes; the adapter alone is megabytes
+    nbytes = parameter_bytes(model, info.device) if cfg.lora_merge else 0
+    result: dict[str, Any] = {"adapter": str(out_dir / ADAPTER_DIR), "merged": None}
+    with rank0_writes(nbytes):
+        adapter = gather_adapter(model, info)
+        if info.is_main:
+            result["tensors"] = len(adapter)
+            result["merged"] = _write_adapter(adapter, out_dir, cfg, tokenizer)
+    return result
+
+
+def _write_adapter(
+    adapter: dict[str, torch.Tensor], out_dir: Path, cfg: TrainConfig, tokenizer
+) -> str | None:
+    """Rank 0: the adapter in PEFT format, and with ``cfg.lora_merge`` the merged model; returns its path."""
     from peft import get_peft_model  # deferred: peft is needed by LoRA runs only
     from peft.utils.constants import EMBEDDING_LAYER_NAMES  # deferred: peft is needed by LoRA runs only
 
-    offload = info.device.type == "cuda"  # see smolfsdp.train.export.save_final_model for why not on CPU
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
-    result: dict[str, Any] = {"adapter": str(out_dir / ADAPTER_DIR), "merged": None}
-    if info.is_main:
-        # peft 0.21 picks adapter entries by walking the model's module names; under FSDP1 those carry
-        # "_fsdp_wrapped_module." while the gathered keys are clean, so it would find none. A skeleton
-        # PeftModel on the meta device has the clean names and costs no memory.
-        skeleton = get_peft_model(
-            build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code), lora_config(cfg)
-        )
-        skeleton.peft_config["default"].base_model_name_or_path = cfg.model  # what to load it onto
-        adapter = {k: v.detach().clone() for k, v in full.items() if ".lora_" in k}
-        result["tensors"] = len(adapter)
-        # save_embedding_layers given: with "auto" peft 0.21 looks cfg.model ("tiny") up on the Hub
-        # and warns twice when it cannot; the adapter holds embeddings only if they are LoRA targets.
-        embeddings = bool(set(cfg.lora_target_modules) & set(EMBEDDING_LAYER_NAMES))
-        skeleton.save_pretrained(
-            out_dir / ADAPTER_DIR,
-            state_dict=adapter,
-            safe_serialization=True,
-            save_embedding_layers=embeddings,
-        )
-        tokenizer.save_pretrained(out_dir / ADAPTER_DIR)
-        umask_modes(out_dir / ADAPTER_DIR)  # safetensors writes 0600
-        if cfg.lora_merge:
-            result["merged"] = str(out_dir / "merged")
-            merged = load_adapter_model(
-                cfg.model, out_dir / ADAPTER_DIR, tokenizer, seed=cfg.seed
-            ).merge_and_unload()
-            merged.save_pretrained(out_dir / "merged", safe_serialization=True)
-            tokenizer.save_pretrained(out_dir / "merged")
-            umask_modes(out_dir / "merged")
-    dist.barrier()
-    return result
+    # peft 0.21 picks adapter entries by walking the model's module names; under FSDP1 those carry
+    # "_fsdp_wrapped_module." while the gathered keys are clean, so it would find none. A skeleton
+    # PeftModel on the meta device has the clean names and costs no memory.
+    skeleton = get_peft_model(build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code), lora_config(cfg))
+    skeleton.peft_config["default"].base_model_name_or_path = cfg.model  # what to load it onto
+    # save_embedding_layers given: with "auto" peft 0.21 looks cfg.model ("tiny") up on the Hub
+    # and warns twice when it cannot; the adapter holds embeddings only if they are LoRA targets.
+    embeddings = bool(set(cfg.lora_target_modules) & set(EMBEDDING_LAYER_NAMES))
+    skeleton.save_pretrained(
+        out_dir / ADAPTER_DIR, state_dict=adapter, safe_serialization=True, save_embedding_layers=embeddings
+    )
+    tokenizer.save_pretrained(out_dir / ADAPTER_DIR)
+    umask_modes(out_dir / ADAPTER_DIR)  # safetensors writes 0600
+    if not cfg.lora_merge:
+        return None
+    merged = load_adapter_model(cfg.model, out_dir / ADAPTER_DIR, tokenizer, seed=cfg.seed).merge_and_unload()
+    merged.save_pretrained(out_dir / "merged", safe_serialization=True)
+    tokenizer.save_pretrained(out_dir / "merged")
+    umask_modes(out_dir / "merged")
+    return str(out_dir / "merged")
+
+
+def gather_adapter(model: nn.Module, info) -> dict[str, torch.Tensor]:
+    """The full LoRA tensors (names holding ``.lora_``) on rank 0, in host memory; ``{}`` elsewhere.
+
+    Collective. FSDP2: each adapter ``DTensor`` of the sharded state dict is gathered alone
+    (``full_tensor()``, in the same key order on every rank): megabytes, never the frozen base (12 GB
+    in fp32 for SmolLM3-3B, which a full state dict would gather first only to be dropped). FSDP1
+    flattens frozen and adapter parameters of a unit into one ``FlatParameter``, so its adapters
+    cannot be gathered without their unit: there the full state dict is gathered (offloaded to host
+    memory on a GPU) and filtered.
+    """
+    from torch.distributed.tensor import DTensor  # deferred: only the export needs it
+
+    if isinstance(model, FSDP) or FSDP.fsdp_modules(model):
+        offload = info.device.type == "cuda"  # see smolfsdp.train.export.save_final_model for why not on CPU
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=offload)
+        full = get_model_state_dict(model, options=opts)
+        return {k: v.detach().cpu().clone() for k, v in full.items() if ".lora_" in k} if info.is_main else {}
+    sharded = get_model_state_dict(model, options=StateDictOptions(full_state_dict=False))
+    adapter = {}
+    for key in sorted(k for k in sharded if ".lora_" in k):  # one order on every rank: collectives pair up
+        value = sharded[key]
+        value = value.full_tensor() if isinstance(value, DTensor) else value
+        if info.is_main:
+            adapter[key] = value.detach().cpu().clone()
+    return adapter
 
 
 def load_adapter_model(base_model: str, adapter_dir: str | Path, tokenizer, seed: int = 0):

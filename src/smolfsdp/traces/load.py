@@ -6,7 +6,8 @@ Chapter "Reading the profiler"; used by ``smolfsdp.traces.analysis`` (which re-e
 
     python -c "from smolfsdp.traces.load import load_trace; print(load_trace('rank0.json.gz').head())"
 
-Events are parsed one at a time by ijson's C (yajl2) backend and folded into numpy columns in
+Events are parsed one at a time by ijson's C (yajl2) backend (without ijson, as on the lent GPU
+machine's image, by the standard-library scanner of ``smolfsdp.traces.json_stream``) and folded into numpy columns in
 chunks, with repeated strings (names, categories, threads) stored once as pandas categoricals:
 memory grows with the number of events (~60 bytes each), never with a tree of Python dicts. A
 progress bar (stderr) appears when ``progress=True`` and reading takes more than 2 s.
@@ -32,12 +33,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ijson
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from smolfsdp.traces import json_stream
 from smolfsdp.traces.classify import classify, parse_id
+
+try:
+    import ijson
+except ImportError:  # the lent GPU machine's image has none: json_stream reads instead (same contract)
+    ijson = None
+#: What a broken JSON raises: ijson's errors and the standard-library scanner's.
+JSON_ERRORS = (json_stream.StreamError,) + ((ijson.JSONError,) if ijson else ())
 
 PROGRESS_DELAY_S = 2.0  # the bar appears only on reads that take longer than this
 CHUNK = 16_384  # events folded into numpy columns at a time (bounds the Python objects alive)
@@ -121,6 +129,14 @@ def _json_error(reader: _Reader, err: Exception) -> TraceError:
 
 def _header(reader: _Reader) -> tuple[dict[str, Any], str | None]:
     """Top-level keys before ``traceEvents`` (Kineto writes its metadata first) and the events' prefix."""
+    if ijson is None:
+        try:
+            header, prefix, _ = json_stream.read_header(reader)
+        except json_stream.StreamError as err:
+            if str(err).startswith(("JSON ", "traceEvents is")):  # valid JSON, not a trace
+                raise TraceError(f"{reader.path}: {err}") from err
+            raise
+        return header, prefix
     header: dict[str, Any] = {}
     events = ijson.parse(reader, use_float=True)
     prefix, event, value = next(events)
@@ -165,7 +181,7 @@ def read_trace(path: str | Path, progress: bool = False) -> tuple[dict[str, Any]
     first = _Reader(path)
     try:
         header, prefix = _header(first)
-    except ijson.JSONError as err:
+    except JSON_ERRORS as err:
         raise _json_error(first, err) from err
     finally:
         first.close()
@@ -191,18 +207,25 @@ def _events(path: Path, prefix: str, progress: bool) -> Iterator[dict[str, Any]]
     )
     reader = _Reader(path, bar)
     try:
-        for i, e in enumerate(ijson.items(reader, prefix, use_float=True)):
+        items = ijson.items(reader, prefix, use_float=True) if ijson else _stdlib_items(reader)
+        for i, e in enumerate(items):
             if not isinstance(e, dict):
                 raise TraceError(
                     f"{path}: traceEvents item {i} is a {type(e).__name__} ({str(e)[:40]!r}), not an event "
                     "object: expected a Chrome trace, a list of {'ph': ..., 'name': ..., 'ts': ...} objects"
                 )
             yield e
-    except ijson.JSONError as err:
+    except JSON_ERRORS as err:
         raise _json_error(reader, err) from err
     finally:
         reader.close()
         bar.close()
+
+
+def _stdlib_items(reader: _Reader) -> Iterator[Any]:
+    """The events without ijson: the header is walked again, then the list read item by item."""
+    _, _, scanner = json_stream.read_header(reader)
+    return json_stream.iter_events(scanner)
 
 
 # ------------------------------------------------------------------------------ columns

@@ -11,16 +11,24 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from smolfsdp.paths import umask_modes
-from smolfsdp.sharding.distributed import DistInfo
+from smolfsdp.sharding.distributed import DistInfo, parameter_bytes, rank0_writes
 
 
 def save_final_model(model: nn.Module, tokenizer, out_dir: Path, info: DistInfo) -> None:
-    """Gather the full state dict to rank 0 (a collective) and save it with ``save_pretrained``."""
+    """Gather the full state dict to rank 0 (a collective) and save it with ``save_pretrained``.
+
+    The other ranks then wait for rank 0's write in a barrier sized to the bytes
+    (:func:`smolfsdp.sharding.distributed.rank0_writes`), not in one bounded by the group's 600 s.
+    """
+    with rank0_writes(parameter_bytes(model, info.device)):
+        _gather_and_write(model, tokenizer, out_dir, info)
+
+
+def _gather_and_write(model: nn.Module, tokenizer, out_dir: Path, info: DistInfo) -> None:
     # cpu_offload=True moves the gathered tensors to host memory on GPU runs; on a CPU-only FSDP1 run
     # (torch 2.13, gloo) it crashes rank 0 with SIGSEGV, and the tensors are on the host already.
     offload = info.device.type == "cuda"
@@ -36,7 +44,6 @@ def save_final_model(model: nn.Module, tokenizer, out_dir: Path, info: DistInfo)
         tokenizer.save_pretrained(tmp)
         umask_modes(tmp)  # safetensors writes 0600
         _replace_dir(tmp, out_dir)
-    dist.barrier()
 
 
 def tied_duplicates(model: nn.Module) -> list[str]:

@@ -128,7 +128,17 @@ def trainer_fsdp_config(cfg: TrainConfig, wrap_class: str, *, on_cpu: bool) -> d
 
 
 def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str):
-    """The ``SFTConfig`` for the TRL engine (the seed run's settings; CPU-safe overrides on CPU)."""
+    """The ``SFTConfig`` for the TRL engine (the seed run's settings; CPU-safe overrides on CPU).
+
+    TRL 1.16's fused LM-head loss: ``SFTTrainer.__init__`` always patches the model with
+    ``trl.trainer.utils.add_fused_lm_head`` (no ``SFTConfig`` switch), and its training forward
+    calls ``model(..., fused_lm_head=True)``: the LM head projects in vocabulary chunks and returns
+    per-token log-probabilities, never the ``(batch, seq, vocab)`` logits. On CUDA (or XPU) with
+    Triton installed (``trl.kernels.chunked_logprob._use_triton``) it scores only the positions with
+    a label, through Triton kernels; on CPU a chunked PyTorch path scores every position. Nothing
+    here turns it off (``loss_type`` stays ``"nll"``, no label smoothing, no ``compute_loss_func``),
+    so CPU runs exercise the chunked loss and a GPU run is the first to take the Triton kernels.
+    """
 
     on_cpu = info.device.type == "cpu"
     multi = info.world_size > 1

@@ -1,0 +1,118 @@
+"""The book's CPU-by-design probes and gotchas on a box where GPUs are visible (issue 24).
+
+There is no GPU here, so "GPUs visible" is a stand-in: ``torch.cuda.is_available()`` answers as CUDA
+does for ``CUDA_VISIBLE_DEVICES`` (unset: the GPUs are seen; empty: none is). Under it a plain
+``launch_env`` makes ``init_distributed()`` pick NCCL (the failure a GPU box showed: "No backend
+type associated with device type cpu" once a probe shards on CPU); every probe launcher's
+environment must give gloo on CPU. One real launch (one rank through torchrun) runs the stand-in
+inside the rank and reads the backend the rank chose.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from conftest import ROOT
+
+from smolfsdp.book import dtype_rule, gotcha_cases_local, gotchas, measured, mechanics, step_probe
+from smolfsdp.launch import torchrun
+from smolfsdp.sharding.distributed import choose_backend
+
+#: The stand-in, as a sitecustomize for launched ranks (and the same function in this process).
+STANDIN = """import os
+import torch
+torch.cuda.is_available = lambda: os.environ.get("CUDA_VISIBLE_DEVICES", "unset") != ""
+"""
+
+
+def _gpus_visible() -> bool:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "unset") != ""
+
+
+def _backend_under(env: dict[str, str]) -> str:
+    """The backend ``init_distributed()`` would pick in a rank started with ``env`` on the stand-in box."""
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        return choose_backend("cuda" if torch.cuda.is_available() else "cpu")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class _Captured(Exception):
+    """Raised by the fake subprocess.run with what a launcher would have started."""
+
+    def __init__(self, cmd, env):
+        super().__init__("captured")
+        self.cmd, self.env = cmd, env
+
+
+def _capture(*args, env=None, **kwargs):
+    raise _Captured(args[0], env)
+
+
+# every chapter launcher of ranks that shard on CPU on purpose, called as the chapter calls it
+LAUNCHERS = {
+    "dtype_rule.check_dtype_rule": lambda tmp: dtype_rule.check_dtype_rule(tmp),
+    "mechanics.measure_mechanics": lambda tmp: mechanics.measure_mechanics(1, tmp),
+    "step_probe.measure_step_variants": lambda tmp: step_probe.measure_step_variants(tmp),
+    "measured.measure_tiny_memory": lambda tmp: measured.measure_tiny_memory(),
+    "gotchas._launch": lambda tmp: gotchas._launch(["any"], tmp, 2),
+    "gotcha_cases_local.tracker_wrong_project": lambda tmp: gotcha_cases_local.tracker_wrong_project(tmp),
+}
+
+
+@pytest.fixture
+def gpus_visible(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", _gpus_visible)
+    for module in (torchrun, gotchas, gotcha_cases_local):
+        monkeypatch.setattr(module.subprocess, "run", _capture)
+
+
+def test_standin_reproduces_the_gpu_box(gpus_visible):
+    """Without hiding, a rank on the stand-in picks NCCL: the failure the launchers must avoid."""
+    assert _backend_under(torchrun.launch_env(2)) == "nccl"
+    assert _backend_under(torchrun.cpu_probe_env(2)) == "gloo"
+
+
+@pytest.mark.parametrize("name", list(LAUNCHERS))
+def test_every_probe_launcher_hides_the_gpus(gpus_visible, tmp_path, name):
+    with pytest.raises(_Captured) as got:
+        LAUNCHERS[name](tmp_path)
+    env = got.value.env
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and _backend_under(env) == "gloo"
+    if name != "gotcha_cases_local.tracker_wrong_project":  # a plain process; the others torchrun
+        assert "torch.distributed.run" in got.value.cmd
+
+
+def test_run_probe_hides_the_gpus_even_when_env_names_them(gpus_visible):
+    with pytest.raises(_Captured) as got:
+        torchrun.run_probe("x", "smolfsdp.book.step_probe", [], 2, 10, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert got.value.env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+RANK = """import os, sys
+from pathlib import Path
+import torch
+from smolfsdp.sharding.distributed import init_distributed, teardown
+info = init_distributed()
+os.environ.pop("CUDA_VISIBLE_DEVICES")  # the launcher's hiding undone: the stand-in then sees GPUs
+Path(sys.argv[1]).write_text(f"{info.backend} {info.device.type} {torch.cuda.is_available()}")
+teardown()
+"""
+
+
+def test_one_real_launch_under_the_standin_picks_gloo(tmp_path):
+    """run_probe starts one rank through torchrun with the stand-in loaded: it picks gloo on CPU, and
+    the same rank, once the launcher's CUDA_VISIBLE_DEVICES is gone, is told that GPUs are there."""
+    (tmp_path / "sitecustomize.py").write_text(STANDIN)
+    script, out = tmp_path / "rank.py", tmp_path / "backend.txt"
+    script.write_text(RANK)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
+    torchrun.run_probe("backend probe", script, [str(out)], 1, 300, env=env)
+    assert out.read_text() == "gloo cpu True"
