@@ -50,7 +50,9 @@ from smolfsdp.book.step_probe import unit_of
 from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
 from smolfsdp.config import TrainConfig
 from smolfsdp.launch.torchrun import run_probe
+from smolfsdp.measure.results import RunWriter
 from smolfsdp.sharding import fsdp2
+from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.sharding.lora import apply_lora
 
@@ -59,7 +61,9 @@ WRAP = {"LlamaDecoderLayer": LlamaDecoderLayer, "SmolLM3DecoderLayer": SmolLM3De
 _CACHE: dict[str, dict[str, Any]] = {}
 
 
-def _seed2_model(wrap: str, world: int, reduce_dtype: torch.dtype, dtype: torch.dtype) -> tuple[nn.Module, dict]:
+def _seed2_model(
+    wrap: str, world: int, reduce_dtype: torch.dtype, dtype: torch.dtype
+) -> tuple[nn.Module, dict]:
     """Seed 2's set-up in the seed's order (``dtype`` bf16 as written; fp32 for the reference run)."""
     model = tiny_model()[0].to(dtype)  # the seed loads in bf16 (torch_dtype=torch.bfloat16)
     model.config.use_cache = False
@@ -101,7 +105,11 @@ def _two_steps(model: nn.Module, rank: int) -> dict[str, Any]:
         if step == 0:
             opt.step()
             opt.zero_grad(set_to_none=True)
-    grads = {n: full_tensor(p.grad).float() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+    grads = {
+        n: full_tensor(p.grad).float()
+        for n, p in model.named_parameters()
+        if p.requires_grad and p.grad is not None
+    }
     adapters = [n for n, p in model.named_parameters() if "lora" in n.lower()]
     return {
         "loss": float(loss.detach().float()),
@@ -139,7 +147,7 @@ def seed2_as_written(rank: int, world: int) -> dict[str, Any]:
                       mp_policy=fsdp2.default_mp_policy("bf16"))  # fmt: skip
     out["package: apply_lora + apply_fsdp2"] = {"root_group_share": None, **_two_steps(ours, rank)}
     ref = out["all fp32 (reference)"]["_grads"]
-    for label, row in out.items():
+    for row in out.values():
         grads = row.pop("_grads")
         row["grad_error_vs_fp32"] = _rel_error(grads, ref) if set(grads) == set(ref) else None
     return out
@@ -188,15 +196,25 @@ def full_step_and_checkpoint(rank: int, world: int, out: Path) -> dict[str, Any]
         model(**rank_batch(rank)).loss.backward()
         opt.step()
     names = [e.name for e in prof.events()]
-    gathers = Counter(unit_of(n) for n in names if n.startswith("FSDP::all_gather (") or n == "FSDP::all_gather")
+    gathers = Counter(
+        unit_of(n) for n in names if n.startswith("FSDP::all_gather (") or n == "FSDP::all_gather"
+    )
+    reduces = Counter(unit_of(n) for n in names if n.startswith("FSDP::post_backward_reduce"))
+    local = sum(p.to_local().numel() for p in model.parameters())
     ckpt = out / "dcp_checkpoint"
-    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(ckpt))
+    dcp.save(
+        {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
+        checkpoint_id=str(ckpt),
+    )
     dist.barrier()
     on_disk = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file())
     return {
         "layers": len(model.model.layers),
         "all_gathers_per_unit": dict(gathers),
+        "reduce_scatters_per_unit": dict(reduces),
         "c10d_all_gathers": sum(collective_kind(n) == "all-gather" for n in names),
+        "c10d_reduce_scatters": sum(collective_kind(n) == "reduce-scatter" for n in names),
+        "local_param_fraction": local / params,
         "params": params,
         "checkpoint_bytes_on_disk": on_disk,
         "checkpoint_bytes_estimate": estimate,
@@ -209,8 +227,6 @@ def trainer_fsdp2_eval(rank: int, world: int, out: Path) -> dict[str, Any]:
     an evaluation after every step, four steps; did training go on after the first evaluation?"""
     from accelerate.state import AcceleratorState  # deferred: only this form builds a Trainer
 
-    from smolfsdp.measure.results import RunWriter
-    from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.train.trl_engine import run_trl  # deferred: imports trl, the heaviest
 
     cfg = TrainConfig(name="seed1-fsdp2-eval", output_dir=str(out), engine="trl", fsdp_version=2, max_steps=4,
@@ -224,7 +240,9 @@ def trainer_fsdp2_eval(rank: int, world: int, out: Path) -> dict[str, Any]:
         return {"outcome": "error", "error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
     finally:
         writer.close()
-    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
     model = tiny_model()[0]
     return {
         "outcome": "ok",
