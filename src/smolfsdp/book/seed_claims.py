@@ -149,12 +149,15 @@ def claim_markdown(j: Judgement) -> str:
 
 
 def verdict_summary(judgements: list[Judgement]) -> str:
-    """One sentence counting the verdicts by their first word, e.g. "Of 31 claims, 12 hold, ..."."""
+    """One sentence counting the verdicts by their first word, e.g. "Of 31 claims, 13 hold, ..."."""
     by = {k: [j for j in judgements if j.kind == k] for k in VERDICTS}
+    n = {k: len(v) for k, v in by.items()}
     stack = [j for j in by["wrong"] if "this stack" in j.verdict]
     opened = "; ".join(f"{j.topic} ({j.verdict.split(': ', 1)[-1]})" for j in by["open"])
+    one = {k: v == 1 for k, v in n.items()}
     return (
-        f"Of {len(judgements)} claims, {len(by['holds'])} hold, {len(by['partly'])} hold only in part, "
-        f"{len(by['wrong'])} are wrong ({len(stack)} of them because of how the pinned libraries behave)"
-        + (f", and {len(by['open'])} stay open: {opened}." if by["open"] else ".")
+        f"Of {len(judgements)} claims, {n['holds']} hold{'s' * one['holds']}, {n['partly']} "
+        f"hold{'s' * one['partly']} only in part, {n['wrong']} {'is' if one['wrong'] else 'are'} wrong "
+        f"({len(stack)} of them because of how the pinned libraries behave)"
+        + (f", and {n['open']} stay{'s' * one['open']} open: {opened}." if by["open"] else ".")
     )
