@@ -41,7 +41,9 @@ from smolfsdp.book.seed_claims_runs import (
     fsdp_config_table,
     gathers_per_layer,
     gotcha1_dtensor,
+    plugin_args_side_by_side,
     seed2_adapters,
+    seed2_reading,
     seed2_table,
     seed2_wrap,
     shards_everything,
@@ -79,8 +81,8 @@ from smolfsdp.book.seed_claims_seed2 import (
 
 __all__ = [
     "GB", "GIB", "GPU_TRACE", "SEED1", "SEED2", "VERDICTS", "INVENTORY", "Judgement", "book_recipe_kwargs",
-    "book_recipe_table", "claim_markdown", "fsdp_config_table", "gb", "gib", "inventory_table", "judge_all",
-    "seed2_table", "source_line", "state_dict_table", "summary_table", "verdict_summary",
+    "book_recipe_table", "claim_markdown", "fsdp_config_table", "gb", "gib", "inventory_table", "judge_all", "plugin_args_side_by_side",
+    "seed2_reading", "seed2_table", "source_line", "state_dict_table", "summary_table", "verdict_summary",
 ]  # fmt: skip
 
 # What each claim needs: nothing, the dtype-rule run (``check_dtype_rule``) or the seed-code run.

@@ -17,7 +17,9 @@ from smolfsdp.book.installed_stack import source_line
 from smolfsdp.book.seed_claims_core import SEED1, SEED2, Judgement, gb, gib
 from smolfsdp.book.seed_claims_seed1 import CONFIG, SEED_FSDP_ARG, SEED_FSDP_CONFIG
 from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
+from smolfsdp.config import load_config
 from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.paths import recipe
 
 SEED_FORM, OWN_CLASS, FP32_REDUCE, REFERENCE, PACKAGE = (
     "seed, LlamaDecoderLayer", "seed, SmolLM3DecoderLayer", "seed, SmolLM3DecoderLayer, fp32 reduce",
@@ -272,3 +274,44 @@ def fsdp_config_table() -> pd.DataFrame:
                      "read as": key.removeprefix("fsdp_"), "accelerate's plugin gets": f"{name} = {got}",
                      "effect": "ignored: no such key" if got == "(absent)" else "used"}  # fmt: skip
     return pd.DataFrame(rows).T
+
+
+def plugin_args_side_by_side(name: str = "smollm3_3b_medical") -> pd.DataFrame:
+    """accelerate's FSDP plugin arguments as the installed TrainingArguments builds them from seed 1's
+    ``fsdp_config`` (as written) and from the package's (``trainer_fsdp_config`` for the book's recipe)."""
+    from smolfsdp.book.installed_stack import trainer_fsdp_view  # deferred: imports transformers
+    from smolfsdp.train.trl_engine import trainer_fsdp_config  # deferred: imports trl, the heaviest
+
+    seed, seed_warn = trainer_fsdp_view(SEED_FSDP_CONFIG, SEED_FSDP_ARG)
+    ours, our_warn = trainer_fsdp_view(trainer_fsdp_config(load_config(recipe(name)), "SmolLM3DecoderLayer",
+                                                           on_cpu=False))  # fmt: skip
+    keys = list(dict.fromkeys([*seed, *ours]))
+    table = pd.DataFrame(
+        {"seed 1 as written": [str(seed.get(k, "(not set)")) for k in keys],
+         f"the package ({name})": [str(ours.get(k, "(not set)")) for k in keys]}, index=keys,
+    )  # fmt: skip
+    table.loc["warnings logged by TrainingArguments"] = [str(len(seed_warn)), str(len(our_warn))]
+    return table
+
+
+def seed2_reading(seed_code: dict) -> str:
+    """The reading of :func:`seed2_table` as sentences built from the run (Markdown)."""
+    rows = seed_code["seed2"]
+    bad, own = rows[SEED_FORM], rows[OWN_CLASS]
+    err = {k: r["grad_error_vs_fp32"]["relative_l2"] for k, r in rows.items()}
+    all_train = all(r["adapters"] == r["adapters_nonzero_grad"] for r in rows.values())
+    unsharded = sum(r["plain_tensor_params"] for r in rows.values())
+    same_loss = bad["loss"] == own["loss"]
+    return (
+        f"Read the first column against the second. With the seed's class the model has {bad['fsdp_units']} FSDP "
+        f"unit{'s' * (bad['fsdp_units'] != 1)}, whose root group holds {bad['root_group_share']:.0%} of the "
+        f"parameters and is gathered whole; with SmolLM3's class, {own['fsdp_units']} units. "
+        + ("The loss is the same in both, which is why nothing warns. " if same_loss else
+           f"The losses differ ({bad['loss']:.4f} and {own['loss']:.4f}). ")
+        + f"Adapters: {'in every form all of them' if all_train else 'not in every form do all of them'} receive a "
+        f"non-zero gradient, and {unsharded} parameters are left as plain, unsharded tensors across the forms. "
+        f"Gradient error against the all-fp32 run: {err[OWN_CLASS]:.2%} with the seed's bf16 reduction, "
+        f"{err[FP32_REDUCE]:.2%} with an fp32 one, {err[PACKAGE]:.2%} for the package's version"
+        + (": on two ranks the error comes from computing in bf16, not from reducing in it."
+           if err[OWN_CLASS] == err[FP32_REDUCE] else ".")
+    )  # fmt: skip

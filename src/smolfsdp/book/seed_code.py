@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -258,13 +259,17 @@ def trainer_fsdp2_eval(rank: int, world: int, out: Path) -> dict[str, Any]:
 def record(out: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    result = {
-        "world_size": world,
-        "seed2": seed2_as_written(rank, world),
-        "state_dict_collectives": state_dict_collectives(world),
-        "full_step": full_step_and_checkpoint(rank, world, out),
-        "trainer_fsdp2_eval": trainer_fsdp2_eval(rank, world, out),
+    parts = {
+        "seed2": lambda: seed2_as_written(rank, world),
+        "state_dict_collectives": lambda: state_dict_collectives(world),
+        "full_step": lambda: full_step_and_checkpoint(rank, world, out),
+        "trainer_fsdp2_eval": lambda: trainer_fsdp2_eval(rank, world, out),
     }
+    result: dict[str, Any] = {"world_size": world, "seconds": {}}
+    for name, part in parts.items():
+        t0 = time.perf_counter()
+        result[name] = part()
+        result["seconds"][name] = round(time.perf_counter() - t0, 1)
     if rank == 0:
         (out / RESULT).write_text(json.dumps(result, indent=1))
     dist.barrier()
