@@ -144,7 +144,9 @@ def test_verdict_summary_counts():
         "libraries behave)."
     )
     with_open = sc.verdict_summary([*js, sc.prefetch_overlap(Path("/nonexistent/trace.json.gz"))])
-    assert with_open.endswith(", and 1 stays open: prefetch hides communication (needs an FSDP trace from 2+ GPUs).")
+    assert with_open.endswith(
+        ", and 1 stays open: prefetch hides communication (needs an FSDP trace from 2+ GPUs)."
+    )
 
 
 @pytest.mark.skipif(not sc.GPU_TRACE.is_file(), reason="needs ../shared/traces")
@@ -172,7 +174,13 @@ def test_every_claim_has_a_seed_a_section_and_a_verdict_kind():
         assert j.seed in (sc.SEED1, sc.SEED2) and j.section and j.kind in sc.VERDICTS, j.key
         assert j.evidence and all(isinstance(e, str) and e for e in j.evidence), j.key
     memory = {j.key for j in judged if j.memory}
-    assert memory == {"full_model_memory", "per_gpu_memory", "fit_table", "sixteen_gb_on_four", "eight_b_full"}
+    assert memory == {
+        "full_model_memory",
+        "per_gpu_memory",
+        "fit_table",
+        "sixteen_gb_on_four",
+        "eight_b_full",
+    }
     j = next(j for j in judged if j.key == "per_gpu_memory")
     j.evidence.append("a dry run says X")  # where a later measurement goes
     assert j.evidence_text.endswith("a dry run says X")
@@ -274,3 +282,9 @@ def test_gathers_checkpoint_and_the_trainer_fsdp2_eval(seed_code):
     assert judged["checkpoint_size"].values["estimate_3b"] > 30 * 10**9
     assert judged["seed2_wrap"].values["units_llama"] == 1 and len(judged["wrap_class_trainer"].evidence) == 2
     assert judged["bf16_reduce"].values["bf16_equals_fp32_reduce"] is True
+
+
+def test_fsdp_communication_against_ddp():
+    j = sc.comm_volume()
+    assert 1.4 < j.values["fp32_ratio"] < 1.5  # the extra backward all-gather (the root is kept: not 1.5)
+    assert j.values["fsdp_sent"] < j.values["ddp_sent"] and j.verdict == "partly"  # bf16 gathers

@@ -70,6 +70,7 @@ from smolfsdp.book.seed_claims_seed1 import (
 )
 from smolfsdp.book.seed_claims_seed2 import (
     checkpointing_saves,
+    comm_volume,
     deterministic_memory,
     dtype_rule,
     eight_b_full,
@@ -94,7 +95,7 @@ INVENTORY: tuple[tuple[Callable[..., Judgement], str], ...] = (
     (fsdp_config_as_written, NONE), (wrap_class_trainer, SEED_CODE), (offload_key, NONE),
     (gotcha1_dtensor, SEED_CODE), (fsdp1_pin, NONE), (checkpoint_size, SEED_CODE), (save_strategy_no, NONE),
     (tracker_env, NONE), (prefetch_overlap, NONE), (static_divides, NONE), (gpu_memory_order, NONE),
-    (shards_everything, SEED_CODE), (flat_parameter, DTYPE), (state_dict_comm, SEED_CODE),
+    (shards_everything, SEED_CODE), (comm_volume, NONE), (flat_parameter, DTYPE), (state_dict_comm, SEED_CODE),
     (deterministic_memory, NONE), (seed2_adapters, SEED_CODE), (checkpointing_saves, NONE),
     (seed2_wrap, SEED_CODE), (bf16_reduce, SEED_CODE), (dtype_rule, DTYPE), (offload_policy, NONE),
     (lora_size, NONE), (sixteen_gb_on_four, NONE), (eight_b_full, NONE),

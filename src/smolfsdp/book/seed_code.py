@@ -42,7 +42,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, StateDictType, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.models.llama import modeling_llama
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3DecoderLayer
 
 from smolfsdp.book.gotcha_registry import full_tensor, rank_batch, tiny_model
@@ -58,7 +58,7 @@ from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.sharding.lora import apply_lora
 
 RESULT = "seed_code.json"
-WRAP = {"LlamaDecoderLayer": LlamaDecoderLayer, "SmolLM3DecoderLayer": SmolLM3DecoderLayer}
+WRAP = {"LlamaDecoderLayer": modeling_llama.LlamaDecoderLayer, "SmolLM3DecoderLayer": SmolLM3DecoderLayer}
 _CACHE: dict[str, dict[str, Any]] = {}
 
 
