@@ -15,7 +15,7 @@ import torch
 
 from smolfsdp.book.installed_stack import source_line
 from smolfsdp.book.seed_claims_core import SEED1, SEED2, Judgement, gb, gib
-from smolfsdp.book.seed_claims_seed1 import CONFIG, SEED_FSDP_ARG, SEED_FSDP_CONFIG
+from smolfsdp.book.seed_claims_seed1 import CONFIG, GOTCHA2, SEED_FSDP_ARG, SEED_FSDP_CONFIG
 from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
 from smolfsdp.config import load_config
 from smolfsdp.measure.params import resolve_model_config
@@ -94,7 +94,7 @@ def checkpoint_size(seed_code: dict) -> Judgement:
     est = estimate_checkpoint_bytes(big)
     off = f["checkpoint_bytes_on_disk"] / f["checkpoint_bytes_estimate"] - 1
     return Judgement(
-        "checkpoint_size", SEED1, "§5.2 gotcha 2", "the size of an FSDP checkpoint",
+        "checkpoint_size", SEED1, GOTCHA2, "the size of an FSDP checkpoint",
         "A 3B FSDP checkpoint holds the weights and the full fp32 Adam state: more than about 30 GB.",
         "holds",
         [f"`smolfsdp.checkpoint.disk.estimate_checkpoint_bytes` for SmolLM3-3B (fp32 weights, the tied embedding "
