@@ -29,9 +29,10 @@ def source_line(module: str, needle: str) -> str:
     raise LookupError(f"{needle!r} not found in {path}: the installed {module} changed; re-check the claim")
 
 
-def trainer_fsdp_view(fsdp_config: dict) -> tuple[dict, list[str]]:
+def trainer_fsdp_view(fsdp_config: dict, fsdp: bool | str = True) -> tuple[dict, list[str]]:
     """What transformers' ``TrainingArguments`` makes of ``fsdp_config``: the FSDP plugin arguments it hands
-    to accelerate, and the warnings it logs. Runs the installed transformers (CPU, nothing launched)."""
+    to accelerate, and the warnings it logs. ``fsdp``: the ``fsdp`` argument (True, or a legacy string such as
+    ``"full_shard auto_wrap"``). Runs the installed transformers (CPU, nothing launched)."""
     from transformers import TrainingArguments  # deferred: heavy; only the Trainer claims need it
 
     seen: list[str] = []
@@ -47,7 +48,7 @@ def trainer_fsdp_view(fsdp_config: dict) -> tuple[dict, list[str]]:
     propagate, log.propagate = log.propagate, False
     filters, log.filters = log.filters, []  # smolfsdp.quiet's filter would drop the evidence; restored below
     try:
-        args = TrainingArguments(output_dir="unused", fsdp=True, fsdp_config=dict(fsdp_config), use_cpu=True,
+        args = TrainingArguments(output_dir="unused", fsdp=fsdp, fsdp_config=dict(fsdp_config), use_cpu=True,
                                  report_to="none")  # fmt: skip
     finally:
         log.removeHandler(handler)
