@@ -13,7 +13,8 @@ arXiv:2304.11277, sec. 3-4; ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, sec
 (ZeRO-3) all-gathers each unit before forward and again before backward and reduce-scatters its
 gradient; SHARD_GRAD_OP (ZeRO-2, ``reshard_after_forward=False``) skips the backward all-gather;
 HYBRID_SHARD (HSDP) does both inside a shard group and all-reduces the gradient shard across
-replicas; NO_SHARD is DDP (bucketed all-reduce of all gradients, Li et al. 2020, arXiv:2006.15704).
+replicas; NO_SHARD is DDP (bucketed all-reduce of all gradients, Li et al. 2020, arXiv:2006.15704), which
+under gradient accumulation syncs once per optimizer step, as DDP is run (``no_sync`` on the other micro-batches).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def estimate_collectives(
     mixed_precision: str = "bf16",
     reduce_dtype: str = "fp32",
     gradient_accumulation_steps: int = 1,
-    no_sync: bool = False,
+    no_sync: bool | None = None,
     root_reshard_after_forward: bool | None = None,
     use_orig_params: bool = True,
     include_loop: bool = False,
@@ -80,7 +81,12 @@ def estimate_collectives(
     with ``no_sync`` (FSDP1 ``no_sync()`` / FSDP2 ``set_requires_gradient_sync(False)``, which keep
     unsharded gradients); HYBRID_SHARD adds an all-reduce of each gradient shard across the
     ``n_gpus / shard_size`` replicas (default shard group: one node). NO_SHARD: DDP all-reduces all
-    gradients in 25 MiB buckets (``bucket_cap_mb``), every micro-batch unless ``no_sync``.
+    gradients in 25 MiB buckets (``bucket_cap_mb``), once per optimizer step by default: DDP is run that
+    way under accumulation (``DistributedDataParallel.no_sync()`` on all but the last micro-batch, which
+    accelerate's ``Accelerator.accumulate()`` and the Trainer do), and for DDP it costs no memory, since
+    every rank holds whole gradients anyway; ``no_sync=False`` models the all-reduce after every
+    micro-batch, the cost of not using it. ``no_sync=None`` (default): True for NO_SHARD, False for
+    the FSDP strategies (whose ``no_sync`` keeps unsharded gradients, ``estimate_memory(no_sync=True)``).
     Dtypes: all-gathers in the compute dtype (``mixed_precision`` bf16 -> 2 bytes, "no" -> 4),
     gradient reductions in ``reduce_dtype`` (fp32, as smolfsdp's FSDP1 ``MixedPrecision`` and FSDP2
     ``MixedPrecisionPolicy`` set it; ignored when ``mixed_precision="no"``).
@@ -106,6 +112,8 @@ def estimate_collectives(
     c = DTYPE_BYTES["bf16"] if mixed_precision == "bf16" else 4
     r = DTYPE_BYTES[reduce_dtype] if mixed_precision == "bf16" else 4
     rows = _Rows(cl, latency)
+    if no_sync is None:  # as each is run: DDP under no_sync, FSDP reducing every micro-batch
+        no_sync = strategy == "NO_SHARD"
     reductions = 1 if no_sync else k
     if strategy == "NO_SHARD":
         total = count_parameters(config).total
@@ -120,7 +128,8 @@ def estimate_collectives(
         _loop_rows(rows, config, fsdp_version, strategy)
     df = pd.DataFrame(rows.rows, columns=COLUMNS)
     df.attrs.update(strategy=strategy, n_gpus=n, shard_size=shard, replicas=n // shard,
-                    fsdp_version=fsdp_version, reductions_per_step=reductions)  # fmt: skip
+                    fsdp_version=fsdp_version, reductions_per_step=reductions,
+                    micro_batches=k)  # fmt: skip
     return df
 
 
