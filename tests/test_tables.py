@@ -7,6 +7,7 @@ import logging
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import SHARED
@@ -290,3 +291,54 @@ def test_memory_check_view_keeps_exact_bytes_and_says_where_the_estimate_is_off(
     assert view["estimate"].tolist() == ["exact", "exact", "exact", "+2.30e-06 of the total"]
     html = tables.show(view).to_html()
     assert "1,739,008" in html and "measured_" not in html and "nan" not in html.lower()
+
+
+def test_gpu_timeline_draws_every_kernel_and_each_streams_busy_share(gpu):
+    """fig-gpu-timeline: no range bar shares a lane with kernels, NCCL kernels are drawn last, every kernel is
+    inside a drawn bar of its stream, and a stream's drawn bars cover exactly its busy time in each step (the
+    share the chapter's sentences quote), instead of the longest events only."""
+    from smolfsdp.book import plotting_trace
+    from smolfsdp.traces.intervals import intersection_length
+
+    df, report = gpu
+    fig = plotting_trace.plot_gpu_timeline(df)
+    assert fig.data[-1].name == "communication"
+    bars = pd.concat(
+        pd.DataFrame({"lane": list(t.y), "start": list(t.base), "len": list(t.x), "cat": t.name})
+        for t in fig.data
+    )
+    t0 = df["ts"].min()
+    bars = bars.assign(start=bars["start"] * 1e3 + t0, end=(bars["start"] + bars["len"]) * 1e3 + t0)
+    ranges = bars["cat"].isin(plotting_trace.RANGE_CATEGORIES)
+    assert bars.loc[ranges, "lane"].str.endswith(" · ranges").all()
+    assert not bars.loc[~ranges, "lane"].str.endswith(" · ranges").any()
+    nccl = df[df["device"].eq("gpu") & df["category"].eq("communication")]
+    assert len(nccl) == 21 and nccl["row"].nunique() == 1
+    on = bars[bars["lane"].eq(str(nccl["row"].iloc[0])) & bars["cat"].eq("communication")]
+    s, e = on["start"].to_numpy(), on["end"].to_numpy()
+    for ts, end in zip(nccl["ts"], nccl["end"], strict=True):  # each NCCL kernel inside a red bar
+        assert ((s <= ts + 1e-3) & (e >= end - 1e-3)).any(), (ts, end)
+    rows = report.rows.set_index(["step", "row"])
+    for _, step in report.steps.iterrows():
+        window = (np.array([step["start_us"]]), np.array([step["start_us"] + step["dur_us"]]))
+        for row in ("GPU 0 stream 7", "GPU 0 stream 40"):
+            drawn = bars[bars["lane"].eq(row)]
+            busy = intersection_length((drawn["start"].to_numpy(), drawn["end"].to_numpy()), window)
+            assert 100 * busy / step["dur_us"] == pytest.approx(
+                rows.loc[(step["step"], row), "busy_pct"], abs=0.01
+            )
+    busy7 = checks.seed_checks(report)["compute_row_busy_pct"]
+    assert 10 < busy7.mean() < 30  # the compute stream's share the sentence quotes, drawn as such
+
+
+def test_prefetch_sentence_explains_a_trace_without_fsdp(gpu):
+    _, report = gpu
+    said = profiling.prefetch_sentence(report.prefetch)
+    assert "of 0 all-gather transfers, 0 pairs were in flight together" in said
+    assert "no FSDP range" in said and "nothing could be prefetched" in said and "DDP" in said
+    fsdp = {"fsdp": True, "transfers": 8, "concurrent_gathers": 0, "max_in_flight": 1, "annotated": 2,
+            "annotated_layers": [0, 1]}  # fmt: skip
+    assert profiling.prefetch_sentence(fsdp) == (
+        "Prefetch: FSDP issued `backward_prefetch` for layers 0, 1; of 8 all-gather transfers, 0 pairs were in "
+        "flight together (at most 1 at once)."
+    )

@@ -11,8 +11,11 @@ side by side (they would read as a ranking that the noise does not support): see
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+from smolfsdp.traces.intervals import merge_intervals
 
 CATEGORY_COLORS = {
     "compute": "#2ca02c",
@@ -25,6 +28,92 @@ CATEGORY_COLORS = {
     "runtime": "#bcbd22",
     "other": "#c7c7c7",
 }
+#: categories that mark a range of work rather than doing it: drawn in their own lane, never over kernels
+RANGE_CATEGORIES = ("step", "annotation", "fsdp")
+#: draw order of :func:`plot_gpu_timeline`: later traces are drawn on top, communication last
+DRAW_ORDER = (
+    "step",
+    "annotation",
+    "fsdp",
+    "other",
+    "runtime",
+    "cpu_op",
+    "memory",
+    "compute",
+    "communication",
+)
+
+
+def busy_intervals(df: pd.DataFrame) -> pd.DataFrame:
+    """The events of a loaded trace merged, per (row, category), into busy intervals: overlapping or
+    touching events become one interval, so the intervals' total length in a row is that row's busy time
+    for the category (``smolfsdp.traces.intervals.union_length``), with no event dropped.
+
+    Columns: ``row, device, category, lane`` (the row, or ``"<row> · ranges"`` for the categories of
+    :data:`RANGE_CATEGORIES`, which then never cover the row's kernels), ``ts, end, dur`` (µs),
+    ``events`` (events merged), ``name`` (the first event's name).
+    """
+    out = []
+    for (row, cat), g in df.groupby(["row", "category"], observed=True, sort=False):
+        g = g.sort_values("ts", kind="stable")
+        s, e = merge_intervals(g["ts"], g["end"])
+        first = np.searchsorted(g["ts"].to_numpy(float), s, side="left")  # each interval's first event
+        counts = np.diff(np.append(first, len(g)))
+        lane = f"{row} · ranges" if cat in RANGE_CATEGORIES else str(row)
+        out.append(
+            pd.DataFrame(
+                {"row": str(row), "device": g["device"].iloc[0], "category": cat, "lane": lane, "ts": s,
+                 "end": e, "dur": e - s, "events": counts, "name": g["name"].astype(str).to_numpy()[first]}
+            )
+        )  # fmt: skip
+    return pd.concat(out, ignore_index=True)
+
+
+def plot_gpu_timeline(df: pd.DataFrame, *, max_cpu_intervals: int = 3000) -> go.Figure:
+    """Timeline of a GPU trace drawn as busy intervals (:func:`busy_intervals`): every CUDA stream's
+    kernels, all of them, merged where they touch, so a stream's share of the picture is its busy share;
+    ranges (annotations, steps) in their own lane under their row, so no range hides a kernel, and NCCL
+    kernels drawn last. CPU threads keep their ``max_cpu_intervals`` longest busy intervals (the title says
+    how many). x: ms from the first event; hover: first event's name, events merged, duration (µs).
+    """
+    iv = busy_intervals(df)
+    gpu = iv["device"].eq("gpu")
+    cpu = iv[~gpu]
+    if len(cpu) > max_cpu_intervals:
+        cpu = cpu.nlargest(max_cpu_intervals, "dur")
+    shown = pd.concat([iv[gpu], cpu])
+    lanes = []
+    for row in df["row"].cat.categories if hasattr(df["row"], "cat") else df["row"].unique():
+        lanes += [lane for lane in (str(row), f"{row} · ranges") if lane in set(shown["lane"])]
+    t0 = df["ts"].min()
+    fig = go.Figure()
+    order = sorted(shown["category"].unique(), key=lambda c: DRAW_ORDER.index(c) if c in DRAW_ORDER else 0)
+    for cat in order:
+        g = shown[shown["category"] == cat]
+        fig.add_trace(
+            go.Bar(
+                base=(g["ts"] - t0) / 1e3, x=g["dur"] / 1e3, y=g["lane"], orientation="h", name=cat,
+                marker={"color": CATEGORY_COLORS.get(cat, "#c7c7c7"), "line": {"width": 0}},
+                customdata=list(zip(g["name"].str.slice(0, 60), g["events"], g["dur"], strict=True)),
+                hovertemplate="%{customdata[0]}<br>" + cat
+                + ": %{customdata[1]} event(s), %{customdata[2]:.1f} µs<extra>%{y}</extra>",
+            )
+        )  # fmt: skip
+    n_gpu, n_cpu = int(gpu.sum()), int((~gpu).sum())
+    fig.update_layout(
+        barmode="overlay",
+        title=(
+            f"Busy intervals: all {int(iv.loc[gpu, 'events'].sum()):,} GPU events ({n_gpu:,}); "
+            f"CPU: {len(cpu):,} longest of {n_cpu:,}"
+        ),
+        xaxis_title="time (ms from the first event)",
+        template="plotly_white",
+        height=200 + 40 * len(lanes),
+        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 220, "r": 20, "t": 60, "b": 60},
+    )
+    fig.update_yaxes(categoryorder="array", categoryarray=lanes, autorange="reversed")
+    return fig
 
 
 def plot_timeline(df: pd.DataFrame, *, max_events: int = 4000, min_dur_us: float = 0.0) -> go.Figure:

@@ -10,6 +10,7 @@ Frames keep unit-suffixed column names (``step_time_ms``, ``dur_us``) for
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -205,14 +206,22 @@ def seed_check_sentence(report: TraceReport) -> str:
 
 
 def prefetch_sentence(prefetch: dict[str, Any]) -> str:
-    """FSDP's prefetch as issued (annotated ranges) and as it ran (transfers in flight together)."""
+    """FSDP's prefetch as issued (annotated ranges) and as it ran (transfers in flight together), with why
+    the count reads as it does when the trace has no FSDP range (DDP: no parameter all-gathers to prefetch).
+    ``prefetch``: ``smolfsdp.traces.analysis``'s ``TraceReport.prefetch``."""
+    in_flight = (
+        f"of {prefetch['transfers']:,} all-gather transfers, {prefetch['concurrent_gathers']:,} pairs were in "
+        f"flight together (at most {prefetch['max_in_flight']} at once)"
+    )
+    if not prefetch["fsdp"]:
+        return (
+            f"Prefetch: {in_flight}. The trace holds no FSDP range, so no parameter was all-gathered and "
+            "nothing could be prefetched (DDP, like the real GPU trace of this chapter, keeps the whole model on "
+            "every GPU and all-reduces gradients); the count speaks only for an FSDP trace."
+        )
     layers = prefetch["annotated_layers"]
     issued = f"for layers {cell_text(layers)}" if layers else f"in {prefetch['annotated']} ranges"
-    return (
-        f"Prefetch: FSDP issued `backward_prefetch` {issued}; of {prefetch['transfers']:,} all-gather "
-        f"transfers, {prefetch['concurrent_gathers']:,} pairs were in flight together (at most "
-        f"{prefetch['max_in_flight']} at once)."
-    )
+    return f"Prefetch: FSDP issued `backward_prefetch` {issued}; {in_flight}."
 
 
 def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
@@ -240,3 +249,17 @@ def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
         "more GPUs. "
         f"{check} HTA drops the last profiler step (its GPU work may be cut off), so both use the complete steps."
     )
+
+
+def absent_trace_sentence(path) -> str:
+    """The one sentence a chapter shows when the real GPU trace is not in this build, naming it as the book
+    does (``../shared/traces/<file>``, never this machine's absolute path) and how to get it."""
+    return (
+        f"*The real GPU trace (`../shared/traces/{Path(path).name}`) is not in this build, so this section draws "
+        "nothing: the book's workflow fetches it from HolisticTraceAnalysis's test data (README, \"The book\").*"
+    )
+
+
+def absent_figure_sentence() -> str:
+    """What a figure cell shows in place of a figure whose input is absent, so its caption never stands bare."""
+    return "*Not drawn in this build: its input, the real GPU trace, is absent (see above).*"
