@@ -5,6 +5,7 @@ Chromium with figures that fit the column (what `quarto render` would publish, c
 """
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -223,6 +224,57 @@ def test_render_without_quarto_says_what_to_do(tmp_path):
         render_book("smoke", quarto=str(tmp_path / "no-quarto"), scratch_root=tmp_path)
     with pytest.raises(ValueError, match="smoke, full"):
         render_book("medium", quarto=sys.executable, scratch_root=tmp_path)
+
+
+def _render_script():
+    spec = importlib.util.spec_from_file_location(
+        "render_book_script", repo_root() / "scripts" / "render_book.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_full_profile_refuses_in_one_line_before_any_chapter_without_gpus(tmp_path):
+    """`make render PROFILE=full` on a CPU-only machine: one line, exit 2, before Quarto is even looked for."""
+    had_render = (repo_root() / "_render" / "full").exists()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(repo_root() / "src")}
+    out = subprocess.run(
+        [sys.executable, "scripts/render_book.py", "--profile", "full", "--quarto", str(tmp_path / "no-quarto")],
+        cwd=repo_root(), env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: PROFILE=full needs 2 CUDA GPUs and this machine has 0")
+    assert "make render" in out.stderr and "Quarto" not in out.stderr
+    assert had_render or not (repo_root() / "_render" / "full").exists()
+
+
+def test_render_clears_frozen_results_when_what_chapters_read_changes(tmp_path):
+    """`freeze: auto` watches only a chapter's source: the render script stamps the package, the committed
+    results and ../shared/, and clears the profile's _freeze/ when any of them changed."""
+    rb = _render_script()
+    root, shared = tmp_path / "repo", tmp_path / "shared" / "traces"
+    (root / "src" / "smolfsdp").mkdir(parents=True)
+    (root / "src" / "smolfsdp" / "m.py").write_text("x = 1\n")
+    (root / "data" / "results").mkdir(parents=True)
+    shared.mkdir(parents=True)
+    (shared / "t.json.gz").write_bytes(b"trace")
+    project = tmp_path / "_render" / "smoke"
+    (project / "_freeze" / "ch").mkdir(parents=True)
+    with_trace = rb.inputs_stamp(root)
+    assert rb.stale_inputs(project, with_trace) == ["package", "results", "shared"]  # never stamped
+    assert not (project / "_freeze").exists()
+    (project / rb.STAMP).write_text(json.dumps(with_trace))
+    (project / "_freeze" / "ch").mkdir(parents=True)
+    assert rb.stale_inputs(project, rb.inputs_stamp(root)) == [] and (project / "_freeze").exists()
+    (shared / "t.json.gz").unlink()  # a render without the trace, then with it: the page must change
+    assert (
+        rb.stale_inputs(project, rb.inputs_stamp(root)) == ["shared"] and not (project / "_freeze").exists()
+    )
+    (project / "_freeze").mkdir()
+    (root / "src" / "smolfsdp" / "m.py").write_text("x = 2\n")
+    assert "package" in rb.stale_inputs(project, rb.inputs_stamp(root))
 
 
 # Each figure drew, fits its output block and the page (no horizontal scrollbar), and its title is
