@@ -84,3 +84,18 @@ def test_ddp_rows_sync_once_per_step_and_show_the_cost_of_not():
         in said
     )
     assert "no_sync()" in sv.assumptions_markdown(a)
+
+
+def test_log_axes_are_labelled_at_decades():
+    from smolfsdp.book import plotting_scale
+    from smolfsdp.measure.params import llama3_70b_config
+
+    a = sv.book_assumptions()
+    scaling = scaling_table(
+        ["smollm3-3b", llama3_70b_config()], n_gpus=(2, 16, 1024), **a
+    )  # the chapter's two
+    for fig in (plotting_scale.plot_memory_vs_gpus(scaling), plotting_scale.plot_scaling(scaling, "step_s")):
+        assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1
+        assert fig.layout.yaxis.exponentformat == "none"
+    assert plotting_scale.decade_ticks(2.0, 8.0) == {}  # under one labelled decade: keep plotly's ticks
+    assert plotting_scale.decade_ticks(0.5, 20.0)["dtick"] == 1

@@ -92,7 +92,9 @@ def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
             row=1, col=col,
         )  # fmt: skip
     lo, hi = float(df["memory_gib"].min()), max(float(df["memory_gib"].max()), cap)
-    fig.update_yaxes(type="log", range=[math.log10(lo / 1.5), math.log10(hi * 1.5)])
+    fig.update_yaxes(
+        type="log", range=[math.log10(lo / 1.5), math.log10(hi * 1.5)], **decade_ticks(lo / 1.5, hi * 1.5)
+    )
     return fig
 
 
@@ -114,5 +116,14 @@ def plot_scaling(df, metric: str = "efficiency", title: str | None = None) -> go
     if metric == "efficiency":
         fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
     elif metric == "step_s":  # the two models' step times differ ~20x: a log axis keeps both readable
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(type="log", **decade_ticks(float(df[metric].min()), float(df[metric].max())))
     return fig
+
+
+def decade_ticks(lo: float, hi: float) -> dict:
+    """Log-axis tick settings that label decades only (1, 10, 100, ...; plotly's default also labels 2 and 5
+    between them, which reads as "1000 5 2 100 5 2 10"): ``dtick=1`` when ``lo..hi`` spans two labelled
+    decades at least, else the default ticks (a narrower range would show one label or none)."""
+    if lo <= 0 or hi <= 0 or math.floor(math.log10(hi)) - math.ceil(math.log10(lo)) < 1:
+        return {}
+    return {"dtick": 1, "exponentformat": "none", "separatethousands": True}
