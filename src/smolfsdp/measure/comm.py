@@ -80,13 +80,8 @@ def estimate_collectives(
     forward all-gathers only. Gradients: one reduce-scatter per unit per micro-batch, or once per step
     with ``no_sync`` (FSDP1 ``no_sync()`` / FSDP2 ``set_requires_gradient_sync(False)``, which keep
     unsharded gradients); HYBRID_SHARD adds an all-reduce of each gradient shard across the
-    ``n_gpus / shard_size`` replicas (default shard group: one node). NO_SHARD: DDP all-reduces all
-    gradients in 25 MiB buckets (``bucket_cap_mb``), once per optimizer step by default: DDP is run that
-    way under accumulation (``DistributedDataParallel.no_sync()`` on all but the last micro-batch, which
-    accelerate's ``Accelerator.accumulate()`` and the Trainer do), and for DDP it costs no memory, since
-    every rank holds whole gradients anyway; ``no_sync=False`` models the all-reduce after every
-    micro-batch, the cost of not using it. ``no_sync=None`` (default): True for NO_SHARD, False for
-    the FSDP strategies (whose ``no_sync`` keeps unsharded gradients, ``estimate_memory(no_sync=True)``).
+    ``n_gpus / shard_size`` replicas (default: one node). NO_SHARD: DDP all-reduces all gradients in 25 MiB
+    buckets. ``no_sync=None``: as run, True for DDP (``accumulate()``, the Trainer; free), False for FSDP.
     Dtypes: all-gathers in the compute dtype (``mixed_precision`` bf16 -> 2 bytes, "no" -> 4),
     gradient reductions in ``reduce_dtype`` (fp32, as smolfsdp's FSDP1 ``MixedPrecision`` and FSDP2
     ``MixedPrecisionPolicy`` set it; ignored when ``mixed_precision="no"``).
@@ -112,9 +107,7 @@ def estimate_collectives(
     c = DTYPE_BYTES["bf16"] if mixed_precision == "bf16" else 4
     r = DTYPE_BYTES[reduce_dtype] if mixed_precision == "bf16" else 4
     rows = _Rows(cl, latency)
-    if no_sync is None:  # as each is run: DDP under no_sync, FSDP reducing every micro-batch
-        no_sync = strategy == "NO_SHARD"
-    reductions = 1 if no_sync else k
+    reductions = 1 if (strategy == "NO_SHARD" if no_sync is None else no_sync) else k
     if strategy == "NO_SHARD":
         total = count_parameters(config).total
         buckets = max(1, math.ceil(total * r / DDP_BUCKET_BYTES))
@@ -128,8 +121,7 @@ def estimate_collectives(
         _loop_rows(rows, config, fsdp_version, strategy)
     df = pd.DataFrame(rows.rows, columns=COLUMNS)
     df.attrs.update(strategy=strategy, n_gpus=n, shard_size=shard, replicas=n // shard,
-                    fsdp_version=fsdp_version, reductions_per_step=reductions,
-                    micro_batches=k)  # fmt: skip
+                    fsdp_version=fsdp_version, reductions_per_step=reductions)  # fmt: skip
     return df
 
 
