@@ -342,3 +342,30 @@ def test_prefetch_sentence_explains_a_trace_without_fsdp(gpu):
         "Prefetch: FSDP issued `backward_prefetch` for layers 0, 1; of 8 all-gather transfers, 0 pairs were in "
         "flight together (at most 1 at once)."
     )
+
+
+def test_book_workflow_fetches_the_trace_the_chapters_read():
+    """.github/workflows/book.yml puts HolisticTraceAnalysis's file at the path chapter 05 and the seed claims
+    read, pinned to a commit, with a SHA-256 that is the bytes of the trace the project's CI has."""
+    import hashlib
+    import json
+
+    import yaml
+    from conftest import ROOT
+
+    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())["jobs"]["render"][
+        "steps"
+    ]
+    fetch = next(s for s in steps if "HolisticTraceAnalysis" in s.get("name", ""))
+    names = [s.get("name", s.get("uses", "")) for s in steps]
+    assert names.index(fetch["name"]) < next(i for i, n in enumerate(names) if n.startswith("Render"))
+    assert re.fullmatch(r"https://raw\.githubusercontent\.com/facebookresearch/HolisticTraceAnalysis/[0-9a-f]{40}",
+                        fetch["env"]["HTA"])  # fmt: skip
+    assert f"-o ../shared/traces/{DDP.name}" in fetch["run"] and "LICENSE" in fetch["run"]
+    assert "sha256sum -c" in fetch["run"]
+    read = f'"shared" / "traces" / "{DDP.name}"'  # as chapter 05 and smolfsdp.book.seed_claims spell it
+    chapter = json.loads((ROOT / "notebooks" / "05_profiling.ipynb").read_text())
+    assert any(read in "".join(c["source"]) for c in chapter["cells"])
+    assert read in (ROOT / "src" / "smolfsdp" / "book" / "seed_claims.py").read_text()
+    if DDP.is_file():
+        assert hashlib.sha256(DDP.read_bytes()).hexdigest() == fetch["env"]["SHA256"]
