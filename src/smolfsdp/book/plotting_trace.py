@@ -69,87 +69,85 @@ def busy_intervals(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def plot_gpu_timeline(df: pd.DataFrame, *, max_cpu_intervals: int = 3000) -> go.Figure:
-    """Timeline of a GPU trace drawn as busy intervals (:func:`busy_intervals`): every CUDA stream's
-    kernels, all of them, merged where they touch, so a stream's share of the picture is its busy share;
-    ranges (annotations, steps) in their own lane under their row, so no range hides a kernel, and NCCL
-    kernels drawn last. CPU threads keep their ``max_cpu_intervals`` longest busy intervals (the title says
-    how many). x: ms from the first event; hover: first event's name, events merged, duration (µs).
+def busy_per_bin(starts, ends, edges) -> np.ndarray:
+    """Busy time inside each bin ``[edges[i], edges[i+1])`` of disjoint, sorted intervals (as
+    :func:`busy_intervals` gives them): the cumulative busy time at each edge, interpolated exactly
+    (it grows inside an interval and is flat between), differenced. Sums to the intervals' total length."""
+    s, e = np.asarray(starts, float), np.asarray(ends, float)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if not len(s):
+        return np.zeros(len(edges) - 1)
+    before = np.concatenate([[0.0], np.cumsum(e - s)[:-1]])
+    xp = np.column_stack([s, e]).ravel()
+    fp = np.column_stack([before, before + (e - s)]).ravel()
+    return np.diff(np.interp(edges, xp, fp))
+
+
+def plot_gpu_timeline(df: pd.DataFrame, *, bins: int = 500) -> go.Figure:
+    """Timeline of a GPU trace in which each row's share of the picture is its busy share: every row (CUDA
+    stream or CPU thread) is a strip, and in each of ``bins`` time bins a bar fills the strip's height in
+    proportion to the time the row was busy there (:func:`busy_intervals`, every event counted, none
+    dropped), stacked by category. Thousands of kernels of a few µs each would otherwise draw as a solid
+    block (a bar is at least one pixel wide) or vanish when cut to the longest. Ranges (annotations, steps)
+    are drawn as they are in their own lane under their row, so no range covers a kernel, and every NCCL
+    kernel also gets a marker on its stream, drawn last. x: ms from the first event; hover: busy share.
     """
     iv = busy_intervals(df)
-    gpu = iv["device"].eq("gpu")
-    cpu = iv[~gpu]
-    if len(cpu) > max_cpu_intervals:
-        cpu = cpu.nlargest(max_cpu_intervals, "dur")
-    shown = pd.concat([iv[gpu], cpu])
-    lanes = []
-    for row in df["row"].cat.categories if hasattr(df["row"], "cat") else df["row"].unique():
-        lanes += [lane for lane in (str(row), f"{row} · ranges") if lane in set(shown["lane"])]
-    t0 = df["ts"].min()
+    rows = df["row"].cat.categories if hasattr(df["row"], "cat") else df["row"].unique()
+    lanes = [lane for row in rows for lane in (str(row), f"{row} · ranges") if lane in set(iv["lane"])]
+    y = {lane: i for i, lane in enumerate(lanes)}
+    t0, t1 = float(df["ts"].min()), float(df["end"].max())
+    edges = np.linspace(t0, t1, bins + 1)
+    width = edges[1] - edges[0]
+    filled = {lane: np.zeros(bins) for lane in lanes}
     fig = go.Figure()
-    order = sorted(shown["category"].unique(), key=lambda c: DRAW_ORDER.index(c) if c in DRAW_ORDER else 0)
+    order = sorted(iv["category"].unique(), key=lambda c: DRAW_ORDER.index(c) if c in DRAW_ORDER else 0)
     for cat in order:
-        g = shown[shown["category"] == cat]
-        fig.add_trace(
-            go.Bar(
-                base=(g["ts"] - t0) / 1e3, x=g["dur"] / 1e3, y=g["lane"], orientation="h", name=cat,
-                marker={"color": CATEGORY_COLORS.get(cat, "#c7c7c7"), "line": {"width": 0}},
-                customdata=list(zip(g["name"].str.slice(0, 60), g["events"], g["dur"], strict=True)),
-                hovertemplate="%{customdata[0]}<br>" + cat
-                + ": %{customdata[1]} event(s), %{customdata[2]:.1f} µs<extra>%{y}</extra>",
-            )
-        )  # fmt: skip
-    n_gpu, n_cpu = int(gpu.sum()), int((~gpu).sum())
+        g = iv[iv["category"] == cat]
+        color = CATEGORY_COLORS.get(cat, "#c7c7c7")
+        if cat in RANGE_CATEGORIES:
+            fig.add_trace(go.Bar(
+                base=(g["ts"] - t0) / 1e3, x=g["dur"] / 1e3, y=g["lane"].map(y) + 0.4, width=0.8, orientation="h",
+                name=cat, marker={"color": color, "line": {"width": 0}}, customdata=g["name"].str.slice(0, 60),
+                hovertemplate="%{customdata}<br>" + cat + "<extra></extra>",
+            ))  # fmt: skip
+            continue
+        x, h, base, share, names = [], [], [], [], []
+        for lane, d in g.groupby("lane", sort=False):
+            frac = busy_per_bin(d["ts"], d["end"], edges) / width
+            on = frac > 0
+            x.append((edges[:-1][on] + width / 2 - t0) / 1e3)
+            h.append(0.8 * frac[on])
+            base.append(y[lane] + filled[lane][on])
+            filled[lane][on] += 0.8 * frac[on]
+            share.append(frac[on])
+            names += [lane] * int(on.sum())
+        fig.add_trace(go.Bar(
+            x=np.concatenate(x), y=np.concatenate(h), base=np.concatenate(base), width=width / 1e3, name=cat,
+            marker={"color": color, "line": {"width": 0}}, customdata=list(zip(names, np.concatenate(share), strict=True)),
+            hovertemplate="%{customdata[0]}<br>" + cat + ": %{customdata[1]:.0%} of this bin busy<extra></extra>",
+        ))  # fmt: skip
+    nccl = df[df["device"].eq("gpu") & df["category"].eq("communication")]
+    if len(nccl):
+        fig.add_trace(go.Scatter(
+            x=(nccl["ts"] - t0) / 1e3, y=nccl["row"].astype(str).map(y) - 0.08, mode="markers", name="each NCCL kernel",
+            marker={"symbol": "triangle-down", "size": 7, "color": CATEGORY_COLORS["communication"]},
+            customdata=list(zip(nccl["name"].astype(str).str.slice(0, 60), nccl["dur"], strict=True)),
+            hovertemplate="%{customdata[0]}<br>%{customdata[1]:.1f} µs<extra></extra>",
+        ))  # fmt: skip
     fig.update_layout(
         barmode="overlay",
-        title=(
-            f"Busy intervals: all {int(iv.loc[gpu, 'events'].sum()):,} GPU events ({n_gpu:,}); "
-            f"CPU: {len(cpu):,} longest of {n_cpu:,}"
-        ),
+        title=f"Busy share per row, {len(df):,} events in {bins} bins of {width / 1e3:.2f} ms",
         xaxis_title="time (ms from the first event)",
         template="plotly_white",
         height=200 + 40 * len(lanes),
         legend={"orientation": "h", "y": -0.25},
         margin={"l": 220, "r": 20, "t": 60, "b": 60},
+        bargap=0,
     )
-    fig.update_yaxes(categoryorder="array", categoryarray=lanes, autorange="reversed")
-    return fig
-
-
-def plot_timeline(df: pd.DataFrame, *, max_events: int = 4000, min_dur_us: float = 0.0) -> go.Figure:
-    """Perfetto-like timeline: one row per thread/stream, one bar per event, colour = category.
-
-    x: ms from the first event. Hover shows name, category and duration (µs). To stay light in a
-    page, keeps the ``max_events`` longest events (and those longer than ``min_dur_us``); the title
-    says how many were drawn. Zoom with the plotly toolbar.
-    """
-    ev = df[df["dur"] > min_dur_us]
-    ev = ev.nlargest(max_events, "dur") if len(ev) > max_events else ev
-    t0 = df["ts"].min()
-    fig = go.Figure()
-    for cat, g in ev.groupby("category"):
-        fig.add_trace(
-            go.Bar(
-                base=(g["ts"] - t0) / 1e3,
-                x=g["dur"] / 1e3,
-                y=g["row"],
-                orientation="h",
-                name=cat,
-                marker={"color": CATEGORY_COLORS.get(cat, "#c7c7c7"), "line": {"width": 0}},
-                customdata=list(zip(g["name"].str.slice(0, 90), g["dur"], strict=True)),
-                hovertemplate="%{customdata[0]}<br>" + cat + ", %{customdata[1]:.1f} µs<extra>%{y}</extra>",
-            )
-        )
-    fig.update_layout(
-        barmode="overlay",
-        title=f"Timeline: {len(ev):,} of {len(df):,} events (the longest), rows = threads and streams",
-        xaxis_title="time (ms from the first event)",
-        template="plotly_white",
-        height=200 + 40 * ev["row"].nunique(),
-        legend={"orientation": "h", "y": -0.25},
-        margin={"l": 220, "r": 20, "t": 60, "b": 60},
-    )
-    fig.update_yaxes(autorange="reversed")
+    ticks = {"tickvals": [i + 0.4 for i in range(len(lanes))], "ticktext": lanes, "range": [len(lanes), -0.2]}
+    fig.update_yaxes(showgrid=False, zeroline=False, **ticks)
     return fig
 
 

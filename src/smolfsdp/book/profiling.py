@@ -251,6 +251,31 @@ def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
     )
 
 
+#: the prose of the real-trace section of "Reading the profiler", shown only when the trace is there (so a
+#: build without it keeps no sentence about a table or figure it does not have)
+GPU_SECTION_PROSE = {
+    "rows": (
+        "One row per thread and CUDA stream that did some work over the whole trace: the NCCL kernels are all on "
+        "one stream, the compute kernels on another, and the CPU threads launch them (on a CPU thread, `comm` is "
+        "the time inside the CPU-side collective calls, not the transfers)."
+    ),
+    "timeline": (
+        "Read the NCCL stream's row against the compute stream's row: the all-reduce kernels start in the middle of "
+        "each step and mostly run while the compute stream is empty. In every row, the height filled in a time "
+        "bin is the share of that bin the row was busy (hover for it), so the compute stream's share of the "
+        "picture is the busy share quoted above, not the solid block thousands of µs-long kernels would draw."
+    ),
+    "overlap": (
+        "Read the red part of each bar: it is the exposed share computed above, step by step; the last profiled "
+        "step is the one HTA leaves out."
+    ),
+    "kernels": (
+        "Each profiled step runs the same collectives: two small broadcasts at its start and the gradient "
+        "all-reduces in buckets; the GPU time column is the NCCL kernels' own duration."
+    ),
+}
+
+
 def absent_trace_sentence(path) -> str:
     """The one sentence a chapter shows when the real GPU trace is not in this build, naming it as the book
     does (``../shared/traces/<file>``, never this machine's absolute path) and how to get it."""
