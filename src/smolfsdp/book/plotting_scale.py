@@ -43,7 +43,7 @@ def _subplots(models, title: str, y_title: str, df):
     return fig
 
 
-def _wrap(text: str, width: int = 110) -> str:
+def _wrap(text: str, width: int = 95) -> str:
     """Break the assumptions line at ``"; "`` so the subtitle fits the figure's width."""
     out, line = [], ""
     for part in text.split("; "):
