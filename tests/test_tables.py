@@ -332,6 +332,8 @@ def test_gpu_timeline_draws_every_kernel_and_each_streams_busy_share(gpu):
             assert abs(inside - want) <= 2 * width_ms, (row, step["step"], inside, want)
     busy7 = checks.seed_checks(report)["compute_row_busy_pct"]
     assert 10 < busy7.mean() < 30  # the compute stream's share the sentence quotes, now drawn as such
+    cpu = plotting_trace.plot_timeline(df, max_events=100)  # the per-event timeline the CPU trace still uses
+    assert sum(len(t.x) for t in cpu.data) == 100
 
 
 def test_prefetch_sentence_explains_a_trace_without_fsdp(gpu):

@@ -69,6 +69,43 @@ def busy_intervals(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+def plot_timeline(df: pd.DataFrame, *, max_events: int = 4000, min_dur_us: float = 0.0) -> go.Figure:
+    """Perfetto-like timeline: one row per thread/stream, one bar per event, colour = category.
+
+    x: ms from the first event. Hover shows name, category and duration (µs). To stay light in a
+    page, keeps the ``max_events`` longest events (and those longer than ``min_dur_us``); the title
+    says how many were drawn. Zoom with the plotly toolbar.
+    """
+    ev = df[df["dur"] > min_dur_us]
+    ev = ev.nlargest(max_events, "dur") if len(ev) > max_events else ev
+    t0 = df["ts"].min()
+    fig = go.Figure()
+    for cat, g in ev.groupby("category"):
+        fig.add_trace(
+            go.Bar(
+                base=(g["ts"] - t0) / 1e3,
+                x=g["dur"] / 1e3,
+                y=g["row"],
+                orientation="h",
+                name=cat,
+                marker={"color": CATEGORY_COLORS.get(cat, "#c7c7c7"), "line": {"width": 0}},
+                customdata=list(zip(g["name"].str.slice(0, 90), g["dur"], strict=True)),
+                hovertemplate="%{customdata[0]}<br>" + cat + ", %{customdata[1]:.1f} µs<extra>%{y}</extra>",
+            )
+        )
+    fig.update_layout(
+        barmode="overlay",
+        title=f"Timeline: {len(ev):,} of {len(df):,} events (the longest), rows = threads and streams",
+        xaxis_title="time (ms from the first event)",
+        template="plotly_white",
+        height=200 + 40 * ev["row"].nunique(),
+        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 220, "r": 20, "t": 60, "b": 60},
+    )
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
 def busy_per_bin(starts, ends, edges) -> np.ndarray:
     """Busy time inside each bin ``[edges[i], edges[i+1])`` of disjoint, sorted intervals (as
     :func:`busy_intervals` gives them): the cumulative busy time at each edge, interpolated exactly
