@@ -10,6 +10,7 @@ Every point is a row of ``smolfsdp.measure.scaling.scaling_table`` (the communic
 from __future__ import annotations
 
 import math
+import textwrap
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -44,7 +45,8 @@ def _subplots(models, title: str, y_title: str, df):
 
 
 def _wrap(text: str, width: int = 95) -> str:
-    """Break the assumptions line at ``"; "`` so the subtitle fits the figure's width."""
+    """Break the assumptions line at ``"; "`` (and a part still too long at spaces) so the subtitle fits the
+    figure's width."""
     out, line = [], ""
     for part in text.split("; "):
         if line and len(line) + len(part) + 2 > width:
@@ -52,7 +54,9 @@ def _wrap(text: str, width: int = 95) -> str:
             line = part
         else:
             line = f"{line}; {part}" if line else part
-    return "<br>".join([*out, line]) if line else "<br>".join(out)
+    lines = [*out, line] if line else out
+    # a single part longer than ``width`` (the recipe's own description) is wrapped at spaces
+    return "<br>".join(piece for ln in lines for piece in (textwrap.wrap(ln, width) or [ln]))
 
 
 def _lines(fig, df, y: str, fmt: str, dash_unfit: bool = True) -> None:
