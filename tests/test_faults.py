@@ -592,4 +592,6 @@ def test_drill_output_as_a_page_prints_it_has_no_machine_path(tmp_path):
     )
     out = page_text(said, tmp_path)
     assert str(tmp_path) not in out and sys.executable not in out
-    assert "checkpoint is fault_killed/checkpoints/step-000003;" in out and out.endswith(f"of binary: {Path(sys.executable).name}")
+    assert "checkpoint is fault_killed/checkpoints/step-000003;" in out and out.endswith(
+        f"of binary: {Path(sys.executable).name}"
+    )
