@@ -5,13 +5,92 @@
 
 What it does and why: smolfsdp.book.chapters.render_book (Quarto writes executed .ipynb chapters over their
 sources and `freeze: auto` ignores -P, so each profile renders in its own _render/<profile>/).
+
+Two checks of its own, before Quarto starts:
+- the full profile needs 2 CUDA GPUs and access to the full recipe's model and data set on the Hub; without
+  them it stops in one line before the first chapter (instead of a traceback in chapter 01);
+- `freeze: auto` re-executes a chapter only when the chapter's own source changed, not when what it reads
+  did (the package, the committed GPU results, the real traces in ../shared/). So a stamp of those inputs is
+  kept in _render/<profile>/; when it changes, that profile's _freeze/ is cleared and every chapter runs
+  again. (By hand: delete _render/<profile>/_freeze/.)
 """
 
 import argparse
+import hashlib
+import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from smolfsdp.book.chapters import PROFILES, render_book
+from smolfsdp.paths import repo_root
+
+FULL_RECIPE = "smollm3_3b_medical"  # what the full profile's chapters train and read
+STAMP = ".smolfsdp-inputs.json"
+
+
+def full_profile_problem() -> str | None:
+    """Why the full profile cannot run here (one line), or None: fewer than 2 CUDA GPUs, or the full recipe's
+    model or data set not reachable on the Hub (nor in its local cache)."""
+    import torch  # deferred: only the full profile needs it, and it takes seconds to import
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < 2:
+        return (
+            f"PROFILE=full needs 2 CUDA GPUs and this machine has {n}: render the smoke profile here "
+            "(`make render`), or run PROFILE=full on a machine with 2 GPUs and Hub access"
+        )
+    from huggingface_hub import hf_hub_download  # deferred: as torch, only for the full profile
+
+    from smolfsdp.config import load_config
+    from smolfsdp.paths import recipe
+
+    cfg = load_config(recipe(FULL_RECIPE))
+    for repo_id, repo_type, filename in (
+        (cfg.model, "model", "config.json"),
+        (cfg.dataset, "dataset", "README.md"),
+    ):
+        try:
+            hf_hub_download(repo_id, filename, repo_type=repo_type)
+        except Exception as e:  # offline, gated, missing: each is the same answer for the reader
+            return (
+                f"PROFILE=full needs the {repo_type} {repo_id} from the Hugging Face Hub and it is not reachable "
+                f"({type(e).__name__}): log in (`hf auth login`), allow network access, or render the smoke profile"
+            )
+    return None
+
+
+def inputs_stamp(root: Path) -> dict[str, str]:
+    """What the chapters read besides their own source: the package's code, the committed GPU results
+    (``data/results/``) and the real inputs in ``../shared/`` (names and sizes), one digest each."""
+    groups = {
+        "package": sorted((root / "src" / "smolfsdp").rglob("*.py")),
+        "results": sorted(p for p in (root / "data" / "results").rglob("*") if p.is_file()),
+    }
+    stamp = {
+        k: hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest() for k, files in groups.items()
+    }
+    shared = root.parent / "shared"
+    listing = sorted(
+        f"{p.relative_to(shared)}:{p.stat().st_size}" for p in shared.rglob("*") if p.is_file()
+    ) if shared.is_dir() else []  # fmt: skip
+    stamp["shared"] = hashlib.sha256("\n".join(listing).encode()).hexdigest()
+    return stamp
+
+
+def stale_inputs(project: Path, stamp: dict[str, str]) -> list[str]:
+    """The inputs (keys of :func:`inputs_stamp`) that changed since ``project`` last rendered; when any did
+    and results are frozen, its ``_freeze/`` is cleared so every chapter runs again. A project with frozen
+    results but no stamp (rendered before stamps existed) counts as changed in every input."""
+    if not (project / "_freeze").exists():
+        return []
+    path = project / STAMP
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    changed = sorted(k for k in stamp if old.get(k) != stamp[k])
+    if changed:
+        shutil.rmtree(project / "_freeze")
+    return changed
 
 
 def main(argv=None) -> int:
@@ -21,6 +100,12 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", default="smoke", choices=PROFILES)
     parser.add_argument("--quarto", default="quarto", help="the Quarto executable (default: quarto on PATH)")
     args = parser.parse_args(argv)
+    if args.profile == "full" and (problem := full_profile_problem()):
+        parser.exit(2, f"error: {problem}\n")
+    project = repo_root() / "_render" / args.profile
+    stamp = inputs_stamp(repo_root())
+    if changed := stale_inputs(project, stamp):
+        print(f"{args.profile}: {', '.join(changed)} changed since the last render: every chapter runs again")
     try:
         site = render_book(args.profile, quarto=args.quarto)
     except FileNotFoundError as e:
@@ -29,6 +114,7 @@ def main(argv=None) -> int:
         parser.exit(
             e.returncode or 1, f"error: quarto render failed in _render/{args.profile}/ (see above)\n"
         )
+    (project / STAMP).write_text(json.dumps(stamp, indent=1))
     print(f"{args.profile} profile rendered: {site}/index.html", flush=True)
     return 0
 

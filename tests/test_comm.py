@@ -8,7 +8,7 @@ import pytest
 
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure import cluster, comm, comm_trace, scaling
-from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.measure.params import count_parameters, resolve_model_config
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -276,3 +276,33 @@ def test_get_gpu_suggests_names_that_contain_the_query():
 def test_bad_api_input(call, match):
     with pytest.raises(ConfigError, match=match):
         call()
+
+
+def test_ddp_with_accumulation_all_reduces_the_gradients_once_per_step():
+    """DDP is modelled as it is run: under gradient accumulation ``no_sync()`` on all but the last micro-batch,
+    so one optimizer step all-reduces every gradient exactly once (fp32, 25 MiB buckets); syncing every
+    micro-batch (``no_sync=False``) is the k-fold cost shown beside it."""
+    total = count_parameters(resolve_model_config("smollm3-3b")).total
+    one = comm.estimate_collectives("smollm3-3b", strategy="DDP", n_gpus=16, gradient_accumulation_steps=1)
+    acc = comm.estimate_collectives("smollm3-3b", strategy="DDP", n_gpus=16, gradient_accumulation_steps=8)
+    b, b1 = comm.step_bytes(acc), comm.step_bytes(one)
+    assert list(b.index) == ["all-reduce"] and acc.attrs["reductions_per_step"] == 1
+    buckets = -(-total * 4 // comm.DDP_BUCKET_BYTES)
+    assert b.loc["all-reduce", "count"] == buckets
+    assert (
+        b.loc["all-reduce", "numel_total"] == buckets * -(-total // buckets) >= total
+    )  # every gradient once
+    assert b.loc["all-reduce", "numel_total"] - total < buckets  # (buckets of equal size, rounded up)
+    assert b.loc["all-reduce", "logical_bytes"] == b1.loc["all-reduce", "logical_bytes"]
+    assert b.loc["all-reduce", "sent_bytes"] == pytest.approx(
+        2 * 15 / 16 * b.loc["all-reduce", "logical_bytes"]
+    )
+    every = comm.step_bytes(
+        comm.estimate_collectives(
+            "smollm3-3b", strategy="DDP", n_gpus=16, gradient_accumulation_steps=8, no_sync=False
+        )
+    )
+    assert every.loc["all-reduce", "logical_bytes"] == 8 * b.loc["all-reduce", "logical_bytes"]
+    # FSDP keeps its default: a reduce-scatter per unit per micro-batch
+    fs = comm.estimate_collectives("tiny", n_gpus=2, gradient_accumulation_steps=3)
+    assert fs.attrs["reductions_per_step"] == 3

@@ -579,3 +579,19 @@ def test_a_failed_probe_names_itself_and_quotes_the_ranks(tmp_path):
         launch.run_probe("my probe", script, [], 1, timeout=120)
     ok = launch.run_probe("module probe", "smolfsdp.errors", [], 1, timeout=120)  # -m form
     assert ok.returncode == 0
+
+
+def test_drill_output_as_a_page_prints_it_has_no_machine_path(tmp_path):
+    """What the scaling chapter shows of a drill (the launcher's verdict, torchrun's report) names run folders
+    relative to the chapter's and the interpreter by its name, never this machine's paths."""
+    from smolfsdp.book.drills import page_text
+
+    said = (
+        f"the last complete checkpoint is {tmp_path}/fault_killed/checkpoints/step-000003; resume with: ...\n"
+        f"failed (exitcode: -9) local_rank: 1 (pid: 5612) of binary: {sys.executable}"
+    )
+    out = page_text(said, tmp_path)
+    assert str(tmp_path) not in out and sys.executable not in out
+    assert "checkpoint is fault_killed/checkpoints/step-000003;" in out and out.endswith(
+        f"of binary: {Path(sys.executable).name}"
+    )

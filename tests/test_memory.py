@@ -294,3 +294,55 @@ def test_load_peak_is_one_full_fp32_model_per_process_on_the_node(tokenizer):
     root = model.model.embed_tokens.weight.numel() + model.model.norm.weight.numel()
     layer = max(sum(p.numel() for p in m.parameters()) for m in model.model.layers)
     assert estimate_memory("tiny", world_size=2).load_peak_device_bytes == 4 * max(root, layer) < fp32_bytes
+
+
+# ------------------------------------------------------------- activation bytes per layer, by recomputation
+def _layer_saved_bytes(dtype, full: bool, b=2, s=64) -> int:
+    """Bytes autograd keeps for one decoder layer of the tiny model (its weights, RoPE's cos/sin and the
+    position ids, which every layer shares, left out); ``full``: the layer under activation checkpointing
+    (``torch.utils.checkpoint``, reentrant, so what it keeps is visible to the hooks)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from smolfsdp.models.modeling import build_model, load_tokenizer
+
+    model = build_model("tiny", load_tokenizer("tiny"), dtype=dtype)
+    layer = model.model.layers[1]
+    x = torch.randn(b, s, model.config.hidden_size, dtype=dtype, requires_grad=True)
+    pos = torch.arange(s).unsqueeze(0).expand(b, s)
+    cos, sin = model.model.rotary_emb(x, pos)
+    shared = {t.untyped_storage().data_ptr() for t in (*model.parameters(), cos, sin, pos)}
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in shared:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if full:
+            checkpoint(layer, x, None, pos, None, False, (cos, sin), use_reentrant=True)
+        else:
+            layer(x, position_ids=pos, position_embeddings=(cos, sin))
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_activation_bytes_per_layer_with_and_without_recomputation_equal_saved_tensors(dtype):
+    from smolfsdp.measure import activations
+
+    cfg, c = resolve_model_config("tiny"), torch.finfo(dtype).bits // 8
+    none = activations.layer_activation_bytes(cfg, 2 * 64, c, "none")
+    assert _layer_saved_bytes(dtype, full=False) == none  # byte for byte
+    assert _layer_saved_bytes(dtype, full=True) == activations.layer_activation_bytes(cfg, 2 * 64, c, "full")
+    assert activations.layer_activation_bytes(cfg, 2 * 64, c, "selective") == none  # SDPA keeps no scores
+    # the per-layer formula is the one the totals use (test_activation_formula_equals_saved_tensors)
+    b = activations.activation_breakdown(cfg, 2 * 64, 64, c)
+    assert b["layers"] == cfg.num_hidden_layers * none
+    assert b["layer_inputs"] == cfg.num_hidden_layers * activations.layer_activation_bytes(
+        cfg, 2 * 64, c, "full"
+    )
+    s, h, a = 4096, 2048, 16  # the GPT count: selective drops exactly the 5*a*s^2*b attention terms
+    gpt = {r: activations.gpt_layer_activation_bytes(s, 1, h, a, r) for r in activations.RECOMPUTE}
+    assert gpt["none"] - gpt["selective"] == 5 * a * s * s and gpt["full"] == 2 * s * h
+    with pytest.raises(ValueError, match="use one of none, selective, full"):
+        activations.layer_activation_bytes(cfg, 1, c, "some")

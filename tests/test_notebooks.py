@@ -5,6 +5,7 @@ Chromium with figures that fit the column (what `quarto render` would publish, c
 """
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -225,6 +227,57 @@ def test_render_without_quarto_says_what_to_do(tmp_path):
         render_book("medium", quarto=sys.executable, scratch_root=tmp_path)
 
 
+def _render_script():
+    spec = importlib.util.spec_from_file_location(
+        "render_book_script", repo_root() / "scripts" / "render_book.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_full_profile_refuses_in_one_line_before_any_chapter_without_gpus(tmp_path):
+    """`make render PROFILE=full` on a CPU-only machine: one line, exit 2, before Quarto is even looked for."""
+    had_render = (repo_root() / "_render" / "full").exists()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(repo_root() / "src")}
+    out = subprocess.run(
+        [sys.executable, "scripts/render_book.py", "--profile", "full", "--quarto", str(tmp_path / "no-quarto")],
+        cwd=repo_root(), env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: PROFILE=full needs 2 CUDA GPUs and this machine has 0")
+    assert "make render" in out.stderr and "Quarto" not in out.stderr
+    assert had_render or not (repo_root() / "_render" / "full").exists()
+
+
+def test_render_clears_frozen_results_when_what_chapters_read_changes(tmp_path):
+    """`freeze: auto` watches only a chapter's source: the render script stamps the package, the committed
+    results and ../shared/, and clears the profile's _freeze/ when any of them changed."""
+    rb = _render_script()
+    root, shared = tmp_path / "repo", tmp_path / "shared" / "traces"
+    (root / "src" / "smolfsdp").mkdir(parents=True)
+    (root / "src" / "smolfsdp" / "m.py").write_text("x = 1\n")
+    (root / "data" / "results").mkdir(parents=True)
+    shared.mkdir(parents=True)
+    (shared / "t.json.gz").write_bytes(b"trace")
+    project = tmp_path / "_render" / "smoke"
+    (project / "_freeze" / "ch").mkdir(parents=True)
+    with_trace = rb.inputs_stamp(root)
+    assert rb.stale_inputs(project, with_trace) == ["package", "results", "shared"]  # never stamped
+    assert not (project / "_freeze").exists()
+    (project / rb.STAMP).write_text(json.dumps(with_trace))
+    (project / "_freeze" / "ch").mkdir(parents=True)
+    assert rb.stale_inputs(project, rb.inputs_stamp(root)) == [] and (project / "_freeze").exists()
+    (shared / "t.json.gz").unlink()  # a render without the trace, then with it: the page must change
+    assert (
+        rb.stale_inputs(project, rb.inputs_stamp(root)) == ["shared"] and not (project / "_freeze").exists()
+    )
+    (project / "_freeze").mkdir()
+    (root / "src" / "smolfsdp" / "m.py").write_text("x = 2\n")
+    assert "package" in rb.stale_inputs(project, rb.inputs_stamp(root))
+
+
 # Each figure drew, fits its output block and the page (no horizontal scrollbar), and its title is
 # clear of the modebar. Run at a text-column-like width: the book's column is ~800 px.
 FIGURE_CHECK = textwrap.dedent("""
@@ -240,6 +293,69 @@ FIGURE_CHECK = textwrap.dedent("""
               title_inside: !tr || (tr.left >= g.left - 1 && tr.right <= g.right + 1)};
     })
 """)
+
+
+# Every table cell at each width: its content fits it (scrollWidth <= clientWidth) and no word is broken across
+# lines (each run of letters between spaces, hyphens and slashes lies on one line: one distinct top per word).
+TABLE_CHECK = textwrap.dedent("""
+    () => {
+      const bad = [];
+      for (const cell of document.querySelectorAll('table td, table th')) {
+        if (cell.scrollWidth > cell.clientWidth + 1) bad.push(['overflows its cell', cell.innerText.slice(0, 40)]);
+        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+          for (const m of node.data.matchAll(/[^\\s\\-\u2010-\u2014\\/]+/g)) {
+            const r = document.createRange();
+            r.setStart(node, m.index);
+            r.setEnd(node, m.index + m[0].length);
+            const tops = new Set(Array.from(r.getClientRects()).filter(x => x.width > 0).map(x => Math.round(x.top)));
+            if (tops.size > 1) bad.push(['word broken', m[0]]);
+          }
+        }
+      }
+      return bad.slice(0, 10);
+    }
+""")
+WIDTHS = (820, 1300)  # the book's text column at a laptop's width, and a wide screen
+# what a page must never print: this machine's folders (temporary, home, the checkout, the venv's python)
+MACHINE_PATH = re.compile(
+    r"(?<![\w.:/~])/(?:tmp|work|root|home|Users|private/var|var/folders|opt/hostedtoolcache)/"
+)
+
+
+def machine_paths(text: str) -> list[str]:
+    """Absolute paths of this machine in ``text``: the patterns of :data:`MACHINE_PATH`, the checkout, the
+    interpreter's folder and the temporary folder, each with a little context."""
+    import tempfile
+
+    found = [text[max(0, m.start() - 30) : m.end() + 30] for m in MACHINE_PATH.finditer(text)]
+    for here in (str(repo_root()), str(Path(sys.executable).parent), tempfile.gettempdir()):
+        found += [text[max(0, i - 30) : i + len(here) + 30] for i in _find_all(text, here)]
+    return found
+
+
+def _find_all(text: str, needle: str):
+    i = text.find(needle)
+    while i >= 0:
+        yield i
+        i = text.find(needle, i + 1)
+
+
+def visible_text(html: str) -> str:
+    """An nbconvert page's text without its scripts and styles (plotly.js and its figure data are code)."""
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S | re.I)
+    return re.sub(r"<[^>]+>", " ", html)
+
+
+def test_pages_print_no_machine_path(executed):
+    """No executed chapter shows an absolute path of the machine that built it (a runner's checkout, the
+    venv's python, a temporary folder): the published site is read elsewhere. Runs without Chromium."""
+    _, html_dir, _ = executed
+    for html in sorted(html_dir.glob("*.html")):
+        assert not machine_paths(visible_text(html.read_text())), (
+            html.name,
+            machine_paths(visible_text(html.read_text())),
+        )
 
 
 def test_html_in_chromium(executed):
@@ -263,7 +379,7 @@ def test_html_in_chromium(executed):
             ],
         )
         for html in sorted(html_dir.glob("*.html")):
-            page = browser.new_page(viewport={"width": 820, "height": 900})
+            page = browser.new_page(viewport={"width": WIDTHS[0], "height": 900})
             errors = []
             page.on("pageerror", lambda e, errs=errors: errs.append(str(e)))
             page.goto(html.as_uri(), wait_until="load")
@@ -280,21 +396,31 @@ def test_html_in_chromium(executed):
                     f"document.querySelectorAll('.plotly-graph-div .main-svg').length >= {expected}",
                     timeout=180_000,
                 )
-                page.wait_for_timeout(500)  # let the ResizeObserver settle each figure to its block
-            figures = page.evaluate(FIGURE_CHECK)
-            assert len(figures) >= expected, (html.name, expected, figures)
-            for f in figures:
-                assert f["traces"] >= 1 and f["drawn"] >= 1, (html.name, f)
-                assert f["left"] >= -1 and f["right"] >= -1, (html.name, "figure wider than its block", f)
-                assert f["width"] > 300, (html.name, "figure collapsed", f)
-                assert not f["overlap"], (html.name, "title under the modebar", f)
-                assert f["title_inside"], (html.name, "title cut at the figure's edge", f)
-            scroll = page.evaluate(
-                "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
-            )
-            assert scroll[0] <= scroll[1] + 1, (html.name, "horizontal scrollbar", scroll)
+            for width in WIDTHS:  # the same page at each width: no reload, plotly.js is parsed once
+                page.set_viewport_size({"width": width, "height": 900})
+                if expected:
+                    page.wait_for_timeout(500)  # let the ResizeObserver settle each figure to its block
+                figures = page.evaluate(FIGURE_CHECK)
+                assert len(figures) >= expected, (html.name, width, expected, figures)
+                for f in figures:
+                    assert f["traces"] >= 1 and f["drawn"] >= 1, (html.name, width, f)
+                    assert f["left"] >= -1 and f["right"] >= -1, (
+                        html.name,
+                        width,
+                        "figure wider than its block",
+                        f,
+                    )
+                    assert f["width"] > 300, (html.name, width, "figure collapsed", f)
+                    assert not f["overlap"], (html.name, width, "title under the modebar", f)
+                    assert f["title_inside"], (html.name, width, "title cut at the figure's edge", f)
+                scroll = page.evaluate(
+                    "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+                )
+                assert scroll[0] <= scroll[1] + 1, (html.name, width, "horizontal scrollbar", scroll)
+                assert page.evaluate(TABLE_CHECK) == [], (html.name, width, "table cells")
             text = page.inner_text("body")
             assert 'PROFILE = "' not in text, (html.name, "the parameters cell is shown")
+            assert not machine_paths(text), (html.name, "machine path on the page", machine_paths(text))
             assert errors == [], (html.name, errors)
             page.close()
         browser.close()

@@ -66,3 +66,35 @@ def test_accumulation_alone_does_not_move_efficiency_but_tokens_and_no_sync_do()
     with pytest.raises(ValueError, match="no FULL_SHARD rows at 16,384 tokens"):
         sv.no_sync_markdown(sweep, {**a, "micro_batch": 8})
     assert isinstance(view, pd.DataFrame)
+
+
+def test_ddp_rows_sync_once_per_step_and_show_the_cost_of_not():
+    a = sv.book_assumptions()
+    view = sv.ddp_sync_view(a, n_gpus=(8, 16))
+    once, every = "once per step (no_sync)", f"every micro-batch ({a['gradient_accumulation_steps']}x)"
+    gib = {c: float(view.loc["16", (c, "all-reduced per step (GiB)")]) for c in (once, every)}
+    assert gib[every] == pytest.approx(a["gradient_accumulation_steps"] * gib[once], rel=0.01)
+    eff = {c: float(view.loc["16", (c, "efficiency")].rstrip("%")) for c in (once, every)}
+    assert eff[once] > 2 * eff[every]  # two nodes: the per-micro-batch sync is what made DDP look unusable
+    table = scaling_table(["smollm3-3b"], strategies=("NO_SHARD",), n_gpus=(16,), **a)  # the chapter's rows
+    assert f"{table['efficiency'].iloc[0]:.1%}" == view.loc["16", (once, "efficiency")]
+    said = sv.ddp_sync_markdown(view, a)
+    assert (
+        f"16 GPUs: {view.loc['16', (once, 'efficiency')]} against {view.loc['16', (every, 'efficiency')]}"
+        in said
+    )
+    assert "no_sync()" in sv.assumptions_markdown(a)
+
+
+def test_log_axes_are_labelled_at_decades():
+    from smolfsdp.book import plotting_scale
+    from smolfsdp.measure.params import llama3_70b_config
+
+    a = sv.book_assumptions()
+    models = ["smollm3-3b", llama3_70b_config()]  # the chapter's two
+    scaling = scaling_table(models, strategies=("NO_SHARD", "FULL_SHARD"), n_gpus=(2, 1024), **a)
+    for fig in (plotting_scale.plot_memory_vs_gpus(scaling), plotting_scale.plot_scaling(scaling, "step_s")):
+        assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.dtick == 1
+        assert fig.layout.yaxis.exponentformat == "none"
+    assert plotting_scale.decade_ticks(2.0, 8.0) == {}  # under one labelled decade: keep plotly's ticks
+    assert plotting_scale.decade_ticks(0.5, 20.0)["dtick"] == 1

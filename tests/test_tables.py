@@ -7,6 +7,7 @@ import logging
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import SHARED
@@ -290,3 +291,86 @@ def test_memory_check_view_keeps_exact_bytes_and_says_where_the_estimate_is_off(
     assert view["estimate"].tolist() == ["exact", "exact", "exact", "+2.30e-06 of the total"]
     html = tables.show(view).to_html()
     assert "1,739,008" in html and "measured_" not in html and "nan" not in html.lower()
+
+
+def test_gpu_timeline_draws_every_kernel_and_each_streams_busy_share(gpu):
+    """fig-gpu-timeline: every event counted (none cut), each row's drawn area is its busy time, so a stream's
+    share of the picture within each step is the busy share the chapter quotes; ranges in their own lanes,
+    never over kernels; a marker for every NCCL kernel, drawn last."""
+    from smolfsdp.book import plotting_trace
+    from smolfsdp.traces.intervals import union_length
+
+    df, report = gpu
+    fig = plotting_trace.plot_gpu_timeline(df, bins=500)
+    lanes = list(fig.layout.yaxis.ticktext)
+    nccl = df[df["device"].eq("gpu") & df["category"].eq("communication")]
+    marks = fig.data[-1]
+    assert marks.name == "each NCCL kernel" and len(marks.x) == len(nccl) == 21
+    t0 = df["ts"].min()
+    assert sorted(marks.x) == pytest.approx(sorted((nccl["ts"] - t0) / 1e3))
+    assert {lanes[round(v + 0.08)] for v in marks.y} == {"GPU 0 stream 40"}
+    width_ms = (df["end"].max() - t0) / 1e3 / 500
+    for t in fig.data[:-1]:
+        if t.name in plotting_trace.RANGE_CATEGORIES:
+            assert all(lanes[round(v - 0.4)].endswith(" · ranges") for v in t.y), t.name
+    bars = pd.concat(
+        pd.DataFrame({"lane": [lanes[int(b)] for b in t.base], "x": list(t.x), "busy_ms": np.array(t.y) / 0.8 * width_ms})
+        for t in fig.data[:-1]
+        if t.name not in plotting_trace.RANGE_CATEGORIES
+    )  # fmt: skip
+    assert not bars["lane"].str.endswith(" · ranges").any()
+    timed = df[~df["category"].isin(plotting_trace.RANGE_CATEGORIES)]
+    for row in ("GPU 0 stream 7", "GPU 0 stream 40"):
+        mine = timed[timed["row"] == row]
+        drawn = bars[bars["lane"] == row]
+        assert drawn["busy_ms"].sum() == pytest.approx(union_length(mine["ts"], mine["end"]) / 1e3, rel=1e-6)
+        rows = report.rows.set_index(["step", "row"])
+        for _, step in report.steps.iterrows():  # per step, up to the two bins cut by the step's edges
+            lo, hi = (step["start_us"] - t0) / 1e3, (step["start_us"] + step["dur_us"] - t0) / 1e3
+            inside = drawn.loc[drawn["x"].between(lo, hi), "busy_ms"].sum()
+            want = rows.loc[(step["step"], row), "busy_us"] / 1e3
+            assert abs(inside - want) <= 2 * width_ms, (row, step["step"], inside, want)
+    busy7 = checks.seed_checks(report)["compute_row_busy_pct"]
+    assert 10 < busy7.mean() < 30  # the compute stream's share the sentence quotes, now drawn as such
+    cpu = plotting_trace.plot_timeline(df, max_events=100)  # the per-event timeline the CPU trace still uses
+    assert sum(len(t.x) for t in cpu.data) == 100
+
+
+def test_prefetch_sentence_explains_a_trace_without_fsdp(gpu):
+    _, report = gpu
+    said = profiling.prefetch_sentence(report.prefetch)
+    assert "of 0 all-gather transfers, 0 pairs were in flight together" in said
+    assert "no FSDP range" in said and "nothing could be prefetched" in said and "DDP" in said
+    fsdp = {"fsdp": True, "transfers": 8, "concurrent_gathers": 0, "max_in_flight": 1, "annotated": 2,
+            "annotated_layers": [0, 1]}  # fmt: skip
+    assert profiling.prefetch_sentence(fsdp) == (
+        "Prefetch: FSDP issued `backward_prefetch` for layers 0, 1; of 8 all-gather transfers, 0 pairs were in "
+        "flight together (at most 1 at once)."
+    )
+
+
+def test_book_workflow_fetches_the_trace_the_chapters_read():
+    """.github/workflows/book.yml puts HolisticTraceAnalysis's file at the path chapter 05 and the seed claims
+    read, pinned to a commit, with a SHA-256 that is the bytes of the trace the project's CI has."""
+    import hashlib
+    import json
+
+    import yaml
+    from conftest import ROOT
+
+    steps = yaml.safe_load((ROOT / ".github" / "workflows" / "book.yml").read_text())["jobs"]["render"][
+        "steps"
+    ]
+    fetch = next(s for s in steps if "HolisticTraceAnalysis" in s.get("name", ""))
+    names = [s.get("name", s.get("uses", "")) for s in steps]
+    assert names.index(fetch["name"]) < next(i for i, n in enumerate(names) if n.startswith("Render"))
+    assert re.fullmatch(r"https://raw\.githubusercontent\.com/facebookresearch/HolisticTraceAnalysis/[0-9a-f]{40}",
+                        fetch["env"]["HTA"])  # fmt: skip
+    assert f"-o ../shared/traces/{DDP.name}" in fetch["run"] and "LICENSE" in fetch["run"]
+    assert "sha256sum -c" in fetch["run"]
+    read = f'"shared" / "traces" / "{DDP.name}"'  # as chapter 05 and smolfsdp.book.seed_claims spell it
+    chapter = json.loads((ROOT / "notebooks" / "05_profiling.ipynb").read_text())
+    assert any(read in "".join(c["source"]) for c in chapter["cells"])
+    assert read in (ROOT / "src" / "smolfsdp" / "book" / "seed_claims.py").read_text()
+    if DDP.is_file():
+        assert hashlib.sha256(DDP.read_bytes()).hexdigest() == fetch["env"]["SHA256"]

@@ -13,7 +13,10 @@ The chapters show the drills' rows with ``tables.show(drills.drill_table(rows, r
 from __future__ import annotations
 
 import contextlib
+import io
+import re
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -158,6 +161,14 @@ def launch_and_kill(cfg, step: int, *, rank: int | None = None, timeout: float |
     return proc, killed
 
 
+def page_text(text: str, output_dir) -> str:
+    """``text`` as a page may print it, without the paths of the machine that ran it: run folders relative to
+    ``output_dir``, the interpreter by its name (torchrun's "of binary: /…/bin/python")."""
+    for folder in {str(Path(output_dir)), str(Path(output_dir).resolve())}:
+        text = text.replace(folder.rstrip("/") + "/", "")
+    return re.sub(r"(of binary: )\S+", lambda m: m[1] + Path(sys.executable).name, text)
+
+
 def kill_rank_drill(
     cfg,
     *,
@@ -182,8 +193,11 @@ def kill_rank_drill(
         reference = run(cfg.replace(name=f"{cfg.name}_whole"), capture=True, timeout=timeout).path
     victim = cfg.replace(name=f"{cfg.name}_killed", save_steps=1, save_total_limit=cfg.max_steps)
     preflight(victim)
-    first, killed = launch_and_kill(victim, after_step, rank=rank, timeout=timeout)
-    lines = (first.stdout or "").strip().splitlines()
+    said = io.StringIO()  # the launcher's verdict on stderr, re-emitted without this machine's paths
+    with contextlib.redirect_stderr(said):
+        first, killed = launch_and_kill(victim, after_step, rank=rank, timeout=timeout)
+    sys.stderr.write(page_text(said.getvalue(), cfg.output_dir))
+    lines = page_text(first.stdout or "", cfg.output_dir).strip().splitlines()
     if first.returncode != 0:  # the launcher's own verdict is its last line
         verdict = lines[-1] if lines else ""
     else:  # elastic: torchrun's report of the failure it restarted from

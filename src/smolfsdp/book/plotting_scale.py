@@ -10,6 +10,7 @@ Every point is a row of ``smolfsdp.measure.scaling.scaling_table`` (the communic
 from __future__ import annotations
 
 import math
+import textwrap
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -43,8 +44,9 @@ def _subplots(models, title: str, y_title: str, df):
     return fig
 
 
-def _wrap(text: str, width: int = 110) -> str:
-    """Break the assumptions line at ``"; "`` so the subtitle fits the figure's width."""
+def _wrap(text: str, width: int = 95) -> str:
+    """Break the assumptions line at ``"; "`` (and a part still too long at spaces) so the subtitle fits the
+    figure's width."""
     out, line = [], ""
     for part in text.split("; "):
         if line and len(line) + len(part) + 2 > width:
@@ -52,7 +54,9 @@ def _wrap(text: str, width: int = 110) -> str:
             line = part
         else:
             line = f"{line}; {part}" if line else part
-    return "<br>".join([*out, line]) if line else "<br>".join(out)
+    lines = [*out, line] if line else out
+    # a single part longer than ``width`` (the recipe's own description) is wrapped at spaces
+    return "<br>".join(piece for ln in lines for piece in (textwrap.wrap(ln, width) or [ln]))
 
 
 def _lines(fig, df, y: str, fmt: str, dash_unfit: bool = True) -> None:
@@ -92,7 +96,9 @@ def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
             row=1, col=col,
         )  # fmt: skip
     lo, hi = float(df["memory_gib"].min()), max(float(df["memory_gib"].max()), cap)
-    fig.update_yaxes(type="log", range=[math.log10(lo / 1.5), math.log10(hi * 1.5)])
+    fig.update_yaxes(
+        type="log", range=[math.log10(lo / 1.5), math.log10(hi * 1.5)], **decade_ticks(lo / 1.5, hi * 1.5)
+    )
     return fig
 
 
@@ -114,5 +120,14 @@ def plot_scaling(df, metric: str = "efficiency", title: str | None = None) -> go
     if metric == "efficiency":
         fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
     elif metric == "step_s":  # the two models' step times differ ~20x: a log axis keeps both readable
-        fig.update_yaxes(type="log")
+        fig.update_yaxes(type="log", **decade_ticks(float(df[metric].min()), float(df[metric].max())))
     return fig
+
+
+def decade_ticks(lo: float, hi: float) -> dict:
+    """Log-axis tick settings that label decades only (1, 10, 100, ...; plotly's default also labels 2 and 5
+    between them, which reads as "1000 5 2 100 5 2 10"): ``dtick=1`` when ``lo..hi`` spans two labelled
+    decades at least, else the default ticks (a narrower range would show one label or none)."""
+    if lo <= 0 or hi <= 0 or math.floor(math.log10(hi)) - math.ceil(math.log10(lo)) < 1:
+        return {}
+    return {"dtick": 1, "exponentformat": "none", "separatethousands": True}

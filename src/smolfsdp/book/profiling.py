@@ -10,6 +10,7 @@ Frames keep unit-suffixed column names (``step_time_ms``, ``dur_us``) for
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -205,14 +206,22 @@ def seed_check_sentence(report: TraceReport) -> str:
 
 
 def prefetch_sentence(prefetch: dict[str, Any]) -> str:
-    """FSDP's prefetch as issued (annotated ranges) and as it ran (transfers in flight together)."""
+    """FSDP's prefetch as issued (annotated ranges) and as it ran (transfers in flight together), with why
+    the count reads as it does when the trace has no FSDP range (DDP: no parameter all-gathers to prefetch).
+    ``prefetch``: ``smolfsdp.traces.analysis``'s ``TraceReport.prefetch``."""
+    in_flight = (
+        f"of {prefetch['transfers']:,} all-gather transfers, {prefetch['concurrent_gathers']:,} pairs were in "
+        f"flight together (at most {prefetch['max_in_flight']} at once)"
+    )
+    if not prefetch["fsdp"]:
+        return (
+            f"Prefetch: {in_flight}. The trace holds no FSDP range, so no parameter was all-gathered and "
+            "nothing could be prefetched (DDP, like the real GPU trace of this chapter, keeps the whole model on "
+            "every GPU and all-reduces gradients); the count speaks only for an FSDP trace."
+        )
     layers = prefetch["annotated_layers"]
     issued = f"for layers {cell_text(layers)}" if layers else f"in {prefetch['annotated']} ranges"
-    return (
-        f"Prefetch: FSDP issued `backward_prefetch` {issued}; of {prefetch['transfers']:,} all-gather "
-        f"transfers, {prefetch['concurrent_gathers']:,} pairs were in flight together (at most "
-        f"{prefetch['max_in_flight']} at once)."
-    )
+    return f"Prefetch: FSDP issued `backward_prefetch` {issued}; {in_flight}."
 
 
 def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
@@ -240,3 +249,42 @@ def gpu_overlap_sentence(report: TraceReport, hta_pct: float | None) -> str:
         "more GPUs. "
         f"{check} HTA drops the last profiler step (its GPU work may be cut off), so both use the complete steps."
     )
+
+
+#: the prose of the real-trace section of "Reading the profiler", shown only when the trace is there (so a
+#: build without it keeps no sentence about a table or figure it does not have)
+GPU_SECTION_PROSE = {
+    "rows": (
+        "One row per thread and CUDA stream that did some work over the whole trace: the NCCL kernels are all on "
+        "one stream, the compute kernels on another, and the CPU threads launch them (on a CPU thread, `comm` is "
+        "the time inside the CPU-side collective calls, not the transfers)."
+    ),
+    "timeline": (
+        "Read the NCCL stream's row against the compute stream's row: the all-reduce kernels start in the middle of "
+        "each step and mostly run while the compute stream is empty. In every row, the height filled in a time "
+        "bin is the share of that bin the row was busy (hover for it), so the compute stream's share of the "
+        "picture is the busy share quoted above, not the solid block thousands of µs-long kernels would draw."
+    ),
+    "overlap": (
+        "Read the red part of each bar: it is the exposed share computed above, step by step; the last profiled "
+        "step is the one HTA leaves out."
+    ),
+    "kernels": (
+        "Each profiled step runs the same collectives: two small broadcasts at its start and the gradient "
+        "all-reduces in buckets; the GPU time column is the NCCL kernels' own duration."
+    ),
+}
+
+
+def absent_trace_sentence(path) -> str:
+    """The one sentence a chapter shows when the real GPU trace is not in this build, naming it as the book
+    does (``../shared/traces/<file>``, never this machine's absolute path) and how to get it."""
+    return (
+        f"*The real GPU trace (`../shared/traces/{Path(path).name}`) is not in this build, so this section draws "
+        "nothing: the book's workflow fetches it from HolisticTraceAnalysis's test data (README, \"The book\").*"
+    )
+
+
+def absent_figure_sentence() -> str:
+    """What a figure cell shows in place of a figure whose input is absent, so its caption never stands bare."""
+    return "*Not drawn in this build: its input, the real GPU trace, is absent (see above).*"

@@ -53,7 +53,48 @@ def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> st
         f"micro-batches per optimizer step ({tokens * a['gradient_accumulation_steps']:,} tokens per GPU and step), "
         f"FSDP{a['fsdp_version']}, activation checkpointing {'on' if a['activation_checkpointing'] else 'off'}, "
         f"bf16 compute with fp32 gradient reduction, AdamW. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
-        f"{a['network']} between nodes, MFU {a['mfu']:.0%}; weak scaling (tokens per GPU fixed)."
+        f"{a['network']} between nodes, MFU {a['mfu']:.0%}; weak scaling (tokens per GPU fixed). DDP (NO_SHARD) "
+        "all-reduces the gradients once per optimizer step, as it is run under gradient accumulation (`no_sync()` "
+        "on the other micro-batches: accelerate's `accumulate()` and the Trainer do this); the FSDP strategies "
+        "reduce after every micro-batch, their default."
+    )
+
+
+def ddp_sync_view(a: dict, model="smollm3-3b", n_gpus=(8, 16, 1024)) -> pd.DataFrame:
+    """DDP's projected efficiency per GPU count with the gradient all-reduce once per optimizer step
+    (``no_sync`` on all but the last micro-batch, the default) and after every micro-batch (the cost of not
+    using it), with the recipe's ``gradient_accumulation_steps`` (``a``: :func:`book_assumptions`).
+    Columns hold the efficiency as a percentage and the all-reduced bytes per step in GiB."""
+    acc = a["gradient_accumulation_steps"]
+    kw = {k: a[k] for k in ("gpu", "gpus_per_node", "network", "mfu", "seq_len", "micro_batch")}
+    rows = {}
+    for n in n_gpus:
+        row = {}
+        for no_sync, label in ((True, "once per step (no_sync)"), (False, f"every micro-batch ({acc}x)")):
+            step = estimate_step(model, strategy="NO_SHARD", n_gpus=n, gradient_accumulation_steps=acc,
+                                 no_sync=no_sync, **kw)  # fmt: skip
+            row[(label, "efficiency")] = _pct(step["efficiency"])
+            row[(label, "all-reduced per step (GiB)")] = f"{step['logical_bytes'] / GIB:,.1f}"
+        rows[f"{n:,}"] = row
+    table = pd.DataFrame(rows).T.rename_axis("GPUs")
+    table.columns = pd.MultiIndex.from_tuples(table.columns, names=["DDP gradient all-reduce", ""])
+    return table
+
+
+def ddp_sync_markdown(view: pd.DataFrame, a: dict) -> str:
+    """The sentence under :func:`ddp_sync_view`: what syncing every micro-batch would cost DDP."""
+    acc = a["gradient_accumulation_steps"]
+    once = next(c for c in view.columns.levels[0] if c.startswith("once"))
+    every = next(c for c in view.columns.levels[0] if c.startswith("every"))
+    parts = [
+        f"{gpus} GPUs: {r[(once, 'efficiency')]} against {r[(every, 'efficiency')]}"
+        for gpus, r in view.iterrows()
+    ]
+    return (
+        f"DDP as it is run, all-reducing once per optimizer step, against an all-reduce after each of the {acc} "
+        f"micro-batches ({'; '.join(parts)}). Skipping the sync costs DDP no memory (every GPU holds whole "
+        "gradients anyway), so `no_sync()` under accumulation is free; what still limits DDP across nodes is "
+        "that the one all-reduce can hide only behind the backward of the last micro-batch."
     )
 
 

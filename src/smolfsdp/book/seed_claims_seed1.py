@@ -334,7 +334,7 @@ def prefetch_overlap(trace: str | Path = GPU_TRACE) -> Judgement:
         )
         values = {"ddp_exposed_pct": share["exposed_pct"]}
     else:
-        gpu, values = f"no multi-GPU trace is present ({trace} is absent)", {}
+        gpu, values = f"no multi-GPU trace is present (../shared/traces/{Path(trace).name} is absent)", {}
     return Judgement(
         "prefetch_overlap", SEED1, TRACE, "prefetch hides communication",
         "With `backward_prefetch=BACKWARD_PRE`, the next unit's all-gather runs while the current unit "

@@ -188,10 +188,18 @@ def format_frame(df: pd.DataFrame, decimals: Mapping[str, int] | int | None = No
 
 
 TABLE_STYLES = [
-    # wrap long text inside its cell (never cut it); numbers stay on one line and align right
-    {"selector": "td, th", "props": "white-space: normal; overflow-wrap: anywhere; vertical-align: top;"},
+    # wrap long text between words, never inside one (a squeezed column must not read "outcom e"); numbers
+    # stay on one line and align right; a table wider than the page scrolls inside itself, never the page
+    {
+        "selector": "td, th",
+        "props": "white-space: normal; overflow-wrap: normal; word-break: normal; "
+        "hyphens: manual; vertical-align: top;",
+    },
     {"selector": "td.num", "props": "white-space: nowrap; text-align: right;"},
-    {"selector": "", "props": "border-collapse: collapse; max-width: 100%;"},
+    {
+        "selector": "",
+        "props": "border-collapse: collapse; display: block; overflow-x: auto; max-width: 100%;",
+    },
 ]
 
 

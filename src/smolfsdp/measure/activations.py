@@ -9,6 +9,8 @@ in ``tests/test_memory.py``.
 
 from __future__ import annotations
 
+import pandas as pd
+
 from smolfsdp.measure.params import LoraSpec
 
 
@@ -69,3 +71,60 @@ def saved_activation_bytes(config, tokens: int, seq_len: int, compute_bytes: int
     """All bytes autograd holds for backward after forward + loss (no activation checkpointing)."""
     b = activation_breakdown(config, tokens, seq_len, compute_bytes, lora)
     return b["layers"] + b["head"] + b["rope"] + b["loss"]
+
+
+#: what backward keeps of one decoder layer: everything autograd saves, only the layer's input (full
+#: recomputation, i.e. activation checkpointing per layer), or all but the attention scores (selective)
+RECOMPUTE = ("none", "selective", "full")
+
+
+def layer_activation_bytes(config, tokens: int, compute_bytes: int, recompute: str = "none") -> int:
+    """Bytes one decoder layer keeps for backward over ``tokens = micro_batch * seq_len`` tokens (full
+    fine-tune; RoPE's shared cos/sin are counted once per model, not here).
+
+    ``none``: ``tokens * (8h + 6ch + 2c*kv + 4cf + 4*heads + 8)`` (:func:`activation_breakdown`'s layer).
+    ``full``: ``tokens * c*h``, the layer's input alone (the rest is recomputed in backward).
+    ``selective`` (Korthikanti et al. 2022, sec. 5: recompute only the attention core, dropping its
+    ``s x s`` terms): the same bytes as ``none`` for SmolLM3, because SDPA/flash attention never keeps the
+    attention scores and already recomputes them in backward; for a GPT layer with eager attention see
+    :func:`gpt_layer_activation_bytes`. Checked against ``saved_tensors_hooks`` in tests/test_memory.py.
+    Raises ValueError for another ``recompute``.
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r}: use one of {', '.join(RECOMPUTE)}.")
+    if recompute == "full":
+        return tokens * compute_bytes * config.hidden_size
+    b = activation_breakdown(config, tokens, tokens, compute_bytes)  # seq_len only sizes RoPE, left out here
+    return b["per_layer"]
+
+
+def gpt_layer_activation_bytes(
+    seq_len: int, micro_batch: int, hidden: int, heads: int, recompute: str = "none"
+) -> int:
+    """The Ultra-Scale Playbook's and Korthikanti et al.'s per-layer count for a GPT layer in 16-bit
+    (no tensor or sequence parallelism, with dropout, eager attention): ``none`` ``s*b*h*(34 + 5*a*s/h)``;
+    ``selective`` ``34*s*b*h`` (the ``5*a*s^2*b`` attention scores, softmax and dropout recomputed);
+    ``full`` ``2*s*b*h`` (the layer's input). Raises ValueError for another ``recompute``."""
+    s, b, h, a = seq_len, micro_batch, hidden, heads
+    counts = {"none": s * b * h * 34 + 5 * a * s * s * b, "selective": 34 * s * b * h, "full": 2 * s * b * h}
+    if recompute not in counts:
+        raise ValueError(f"recompute={recompute!r}: use one of {', '.join(RECOMPUTE)}.")
+    return counts[recompute]
+
+
+def recompute_table(config, seq_len: int, micro_batch: int, compute_bytes: int = 2):
+    """Per decoder layer and in total over the layers, GiB kept for backward under each ``recompute``
+    (:func:`layer_activation_bytes`), beside the GPT formula at the same ``h``, heads, ``s``, ``b``."""
+    tokens = seq_len * micro_batch
+    rows = {}
+    for r in RECOMPUTE:
+        layer = layer_activation_bytes(config, tokens, compute_bytes, r)
+        gpt = gpt_layer_activation_bytes(
+            seq_len, micro_batch, config.hidden_size, config.num_attention_heads, r
+        )
+        rows[r] = {
+            "per layer (GiB)": layer / 2**30,
+            f"all {config.num_hidden_layers} layers (GiB)": layer * config.num_hidden_layers / 2**30,
+            "GPT formula, per layer (GiB)": gpt / 2**30,
+        }
+    return pd.DataFrame(rows).T.rename_axis("recomputation")

@@ -13,7 +13,8 @@ arXiv:2304.11277, sec. 3-4; ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, sec
 (ZeRO-3) all-gathers each unit before forward and again before backward and reduce-scatters its
 gradient; SHARD_GRAD_OP (ZeRO-2, ``reshard_after_forward=False``) skips the backward all-gather;
 HYBRID_SHARD (HSDP) does both inside a shard group and all-reduces the gradient shard across
-replicas; NO_SHARD is DDP (bucketed all-reduce of all gradients, Li et al. 2020, arXiv:2006.15704).
+replicas; NO_SHARD is DDP (bucketed all-reduce of all gradients, Li et al. 2020, arXiv:2006.15704), which
+under gradient accumulation syncs once per optimizer step, as DDP is run (``no_sync`` on the other micro-batches).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def estimate_collectives(
     mixed_precision: str = "bf16",
     reduce_dtype: str = "fp32",
     gradient_accumulation_steps: int = 1,
-    no_sync: bool = False,
+    no_sync: bool | None = None,
     root_reshard_after_forward: bool | None = None,
     use_orig_params: bool = True,
     include_loop: bool = False,
@@ -79,8 +80,8 @@ def estimate_collectives(
     forward all-gathers only. Gradients: one reduce-scatter per unit per micro-batch, or once per step
     with ``no_sync`` (FSDP1 ``no_sync()`` / FSDP2 ``set_requires_gradient_sync(False)``, which keep
     unsharded gradients); HYBRID_SHARD adds an all-reduce of each gradient shard across the
-    ``n_gpus / shard_size`` replicas (default shard group: one node). NO_SHARD: DDP all-reduces all
-    gradients in 25 MiB buckets (``bucket_cap_mb``), every micro-batch unless ``no_sync``.
+    ``n_gpus / shard_size`` replicas (default: one node). NO_SHARD: DDP all-reduces all gradients in 25 MiB
+    buckets. ``no_sync=None``: as run, True for DDP (``accumulate()``, the Trainer; free), False for FSDP.
     Dtypes: all-gathers in the compute dtype (``mixed_precision`` bf16 -> 2 bytes, "no" -> 4),
     gradient reductions in ``reduce_dtype`` (fp32, as smolfsdp's FSDP1 ``MixedPrecision`` and FSDP2
     ``MixedPrecisionPolicy`` set it; ignored when ``mixed_precision="no"``).
@@ -106,7 +107,7 @@ def estimate_collectives(
     c = DTYPE_BYTES["bf16"] if mixed_precision == "bf16" else 4
     r = DTYPE_BYTES[reduce_dtype] if mixed_precision == "bf16" else 4
     rows = _Rows(cl, latency)
-    reductions = 1 if no_sync else k
+    reductions = 1 if (strategy == "NO_SHARD" if no_sync is None else no_sync) else k
     if strategy == "NO_SHARD":
         total = count_parameters(config).total
         buckets = max(1, math.ceil(total * r / DDP_BUCKET_BYTES))

@@ -59,7 +59,9 @@ def estimate_step(
     and all-reduces behind backward compute, except what nothing can hide: per micro-batch the first
     forward all-gather (nothing to compute yet) and the last gradient collective of the backward (no
     compute left; for HSDP its reduce-scatter and all-reduce; for DDP the last bucket), and the
-    loop's collectives. Communication and compute are assumed not to slow each other down.
+    loop's collectives. Under ``no_sync`` (DDP's default, ``comm.estimate_collectives``) the gradient
+    reductions hide only behind the backward of the micro-batch that syncs (1/k of the backward compute).
+    Communication and compute are assumed not to slow each other down.
     ``step_s = sum over phases of exposed + max(compute, comm - exposed)``; ``serial_s = compute +
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
     efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and
@@ -131,8 +133,13 @@ def _overlap(coll: pd.DataFrame, compute: float, k: int) -> tuple[float, float, 
         last = grads.loc[grads["unit"].eq("root"), "time_s"].sum() * reductions
     c_f = compute / 3
     c_b = compute - c_f
+    # gradient reductions run in the backward of the micro-batches that sync: under no_sync only the last
+    # one's (a 1/k share of the backward compute) can hide them
+    red_b = float(t[bwd & coll["kind"].ne("all-gather")].sum())
+    window = c_b * reductions / k
     # = sum over phases of exposed + max(compute, comm - exposed), written so no comm gives compute exactly
-    exposed = first + last + comm_loop + max(0.0, comm_f - first - c_f) + max(0.0, comm_b - last - c_b)
+    exposed_b = max(0.0, comm_b - last - c_b, red_b - last - window)
+    exposed = first + last + comm_loop + max(0.0, comm_f - first - c_f) + exposed_b
     return compute + exposed, comm_f + comm_b + comm_loop, first + last + comm_loop
 
 
