@@ -222,6 +222,13 @@ def cmd_analyze_trace(args: argparse.Namespace) -> int:
         except (TraceError, FileNotFoundError) as err:
             print(f"smolfsdp: error: {err}", file=sys.stderr)
             return 2
+        except MemoryError:  # under a memory limit lower than the trace's bounds (smolfsdp.traces.load)
+            print(
+                f"smolfsdp: error: {path}: ran out of memory reading the trace; lower the bound with "
+                "SMOLFSDP_TRACE_MAX_BYTES / SMOLFSDP_TRACE_MAX_EVENTS to be refused early, or give it more memory",
+                file=sys.stderr,
+            )
+            return 2
     if args.json:
         print(json.dumps(out, indent=2, allow_nan=False))  # strict JSON: summarize_trace writes null, not NaN
     else:
