@@ -57,6 +57,16 @@ def size(n: float | None) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def status(stream) -> Callable[[str], None]:
+    """A one-argument print of ``[smolfsdp]`` status lines to ``stream``, flushed at once (long commands
+    say each stage as it starts)."""
+
+    def say(msg: str) -> None:
+        print(f"[smolfsdp] {msg}", file=stream, flush=True)
+
+    return say
+
+
 # ------------------------------------------------------------------------------ train
 def format_data(d: dict) -> str:
     """The preflight's row accounting (``sft.preflight``'s ``data``) in one line, e.g. ``160 of 180 rows
