@@ -189,7 +189,7 @@ def analyze(df: pd.DataFrame, *, boundary_frac: float = 0.1) -> TraceReport:
         rows=pd.DataFrame(row_rows),
         gathers=gathers,
         prefetch=prefetch(df, gathers),
-        notes=found["notes"] + notes + gathers.attrs.get("notes", []),
+        notes=found.pop("notes") + notes + gathers.attrs.get("notes", []),
         data_quality=found,
     )
 
