@@ -9,7 +9,8 @@ CUDA and ROCm. Pure pandas/numpy; traces are read streaming (``smolfsdp.traces.l
 
 Modules: ``trace_load`` (reading, columns), ``trace_classify`` (what each event is),
 ``trace_intervals`` (union/intersection), ``trace_collectives`` (steps, NCCL kernels -> CPU code,
-FSDP all-gathers, prefetch); their public names are importable from here.
+FSDP all-gathers, prefetch), ``sanity`` (what is left out and why: ``data_quality``); their public names
+are importable from here.
 
 Definitions (every time in microseconds, the trace's own unit):
 

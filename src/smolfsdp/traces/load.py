@@ -9,7 +9,9 @@ Chapter "Reading the profiler"; used by ``smolfsdp.traces.analysis`` (which re-e
 Events are parsed one at a time by ijson's C (yajl2) backend and folded into numpy columns in
 chunks, with repeated strings (names, categories, threads) stored once as pandas categoricals:
 memory grows with the number of events (~60 bytes each), never with a tree of Python dicts. A
-progress bar (stderr) appears when ``progress=True`` and reading takes more than 2 s.
+progress bar (stderr) appears when ``progress=True`` and reading takes more than 2 s. Input is bounded
+(``limits``): past ``MAX_BYTES`` decompressed bytes or ``MAX_EVENTS`` events the read stops with a
+TraceError naming the limit and the variable that raises it, so a gzip bomb costs seconds, not the machine.
 
 What varies between the Kineto writers this reads (each has a test in tests/test_trace_analysis.py):
 
@@ -186,7 +188,7 @@ def read_trace(path: str | Path, progress: bool = False) -> tuple[dict[str, Any]
 
     Raises FileNotFoundError, or TraceError naming the file for truncated gzip or JSON (with the
     byte where it stops), invalid JSON, JSON that holds no ``traceEvents`` list, and (while iterating)
-    list items that are not objects.
+    list items that are not objects, or more bytes or events than :func:`limits` allows.
     """
     path = Path(path)
     if not path.is_file():
