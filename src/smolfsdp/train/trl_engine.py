@@ -301,7 +301,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         log.info(FSDP1_NOTE, versions().get("transformers"))
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
-    log.info("building model %s, then TRL's SFTTrainer (it shards the model on its first step)", cfg.model)
+    log.info("building model %s, then TRL's SFTTrainer (which shards it when training starts)", cfg.model)
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     total_params = sum(p.numel() for p in model.parameters())
