@@ -166,6 +166,12 @@ def _bomb(path, body: bytes, copies: int, head=b'{"traceEvents": [', tail=b"]}")
     return path
 
 
+def _error_lines(capsys) -> list[str]:
+    """stderr's lines but the progress bar's (a read slower than 2 s shows one, then clears it)."""
+    lines = capsys.readouterr().err.splitlines()
+    return [ln for ln in lines if ln.strip() and not ln.startswith("reading ")]
+
+
 @pytest.mark.parametrize(
     ("body", "copies", "var", "limit", "what"),
     [
@@ -187,8 +193,7 @@ def test_gzip_bomb_refused_in_bounded_time_and_memory(
     took = time.perf_counter() - t0
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    # one line (besides the progress bar, which a read slower than 2 s shows on stderr)
-    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.strip() and not ln.startswith("reading ")]
+    err = _error_lines(capsys)
     assert rc == 2 and len(err) == 1
     assert f"more than {limit:,} {what}" in err[0] and f"{var}={4 * limit}" in err[0]
     assert took < 20 and peak < 50 * 2**20  # stopped at the limit, not at the end of the file
@@ -198,7 +203,7 @@ def test_huge_header_string_refused(tmp_path, monkeypatch, capsys):
     path = _bomb(tmp_path / "header.json.gz", b"a" * 65_536, 64, head=b'{"deviceProperties": "', tail=b'"}')
     monkeypatch.setenv("SMOLFSDP_TRACE_MAX_BYTES", "1000000")
     assert cli.main(["analyze-trace", str(path)]) == 2
-    err = [ln for ln in capsys.readouterr().err.strip().splitlines() if ln.strip() and not ln.startswith("reading ")]
+    err = _error_lines(capsys)
     assert len(err) == 1 and "more than 1,000,000 bytes once decompressed" in err[0]
 
 
