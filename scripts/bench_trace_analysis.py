@@ -1,23 +1,23 @@
-"""Speed and peak memory of ``smolfsdp.traces.analysis`` beside HolisticTraceAnalysis, on one NCCL-heavy trace.
+"""Speed and peak memory of ``smolfsdp.traces.analysis`` beside HolisticTraceAnalysis (HTA), with spread.
 
-Chapter "Reading the profiler". The trace is built at run time in a temporary folder (never in the
-repo) from the real 2-rank DDP trace of ../shared/traces (or --source): its steps repeated
-``--copies`` times back to back (each copy shifted past the previous one, steps renumbered +100,
-correlation ids offset), and every NCCL kernel of 100 µs or more split into back-to-back pieces,
-each with its own launch (``cudaLaunchKernelExC``, same CPU time, new correlation id) inside the
-same ``nccl:*`` range, as DDP with a smaller bucket size launches more, shorter all-reduces. Piece
-boundaries fall on whole µs, so HTA's rounding of ns timestamps opens no gap between pieces, and the
-union of communication time is unchanged. Defaults: 3 copies, >= 2,000 NCCL kernels, ~130k events.
+Chapter "Reading the profiler"; the README's trace-speed table. Traces: every real trace in the folder of
+``--source`` (../shared/traces) and one large NCCL-heavy trace synthesised at run time in a temporary
+folder (never in the repo) from the real 2-rank DDP trace: its steps repeated ``--copies`` times back to
+back (each copy shifted past the previous one, steps renumbered +100, correlation ids offset), and every
+NCCL kernel of 100 µs or more split into back-to-back pieces, each with its own launch
+(``cudaLaunchKernelExC``, same CPU time, new correlation id) inside the same ``nccl:*`` range, as DDP
+with a smaller bucket size launches more, shorter all-reduces. Piece boundaries fall on whole µs, so
+HTA's rounding of ns timestamps opens no gap between pieces. Defaults: 3 copies, >= 2,000 NCCL kernels.
 
-Each side runs in its own fresh process (so peak memory is its own): smolfsdp ``load_trace`` +
-``analyze`` (the whole ``analyze-trace`` report: steps, rows, collective kernels, all-gathers), HTA
-``TraceAnalysis`` (parse) + ``get_comm_comp_overlap``, once with each of HTA's parsers (json, ijson).
-Printed: times, the ratio HTA (its faster parser) / smolfsdp, overlap % on the steps HTA keeps (all
-but the last), each process's peak RSS during the work (the peak count is restarted after the
-imports) and the machine's load average (the ratio is of two runs on the same machine, one after
-the other: a loaded machine makes it noisy).
+Each measurement is a whole fresh process (so its peak memory is its own): A = smolfsdp ``load_trace`` +
+``analyze`` (the whole ``analyze-trace`` report), B = HTA ``TraceAnalysis`` (parse, with HTA's default
+json parser unless ``--hta-parser ijson``) + ``get_comm_comp_overlap``. ``--repeats`` pairs per trace,
+alternated A,B then B,A, so a drift in the machine's load falls on both sides. Printed per trace and
+side: min / median / max seconds, peak RSS (the peak count restarted after the imports), the overlap %
+each found (HTA drops the last step; ours is over the same steps) and the ratio of the medians, under a
+line with the date, commit and machine (CPU, cores, memory, load average).
 
-    .venv/bin/python scripts/bench_trace_analysis.py [--copies 3] [--nccl-kernels 2000] [--source PATH]
+    .venv/bin/python scripts/bench_trace_analysis.py [--repeats 5] [--markdown] [--copies 3] [--source PATH]
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import math
 import os
 import re
 import resource
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -130,7 +132,7 @@ def worker(tool: str, path: Path) -> dict:
         report = ta.analyze(df)
         t2 = time.perf_counter()
         pct = report.complete_steps["overlap_pct"]
-        extra = {"steps": len(report.steps), "nccl_attributed": int(len(ta.collective_kernels(df)))}
+        extra = {"events": len(df), "steps": len(report.steps)}
     else:
         import logging
 
@@ -164,8 +166,69 @@ def _run(tool: str, path: Path) -> dict:
     cmd = [sys.executable, __file__, "--worker", tool, str(path)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode:
-        raise SystemExit(f"{tool} failed:\n{res.stderr[-3000:]}")
+        raise SystemExit(f"{tool} failed on {path.name}:\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _machine() -> str:
+    """CPU model, cores, memory and the load average: the context a reader needs to weigh the times."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?"
+    )
+    mem = Path("/proc/meminfo").read_text().split()[1] if Path("/proc/meminfo").is_file() else "0"
+    return (
+        f"{model}, {os.cpu_count()} CPUs, {int(mem) / 2**20:.0f} GiB, load average "
+        f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} at the end"
+    )
+
+
+def _commit() -> str:
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    return (out.stdout.strip() or "?") + (" + uncommitted changes" if dirty else "")
+
+
+def _spread(xs: list[float]) -> tuple[float, float, float]:
+    return min(xs), statistics.median(xs), max(xs)
+
+
+def _rows(results: dict[str, dict[str, list[dict]]], events: dict[str, int]) -> list[list[str]]:
+    """One row per (trace, side): min/median/max seconds, median and max peak RSS, the ratio of medians."""
+    rows = []
+    for name, sides in results.items():
+        med = {side: statistics.median(r["total_s"] for r in runs) for side, runs in sides.items()}
+        pct = {side: statistics.median(r["overlap_pct"] for r in runs) for side, runs in sides.items()}
+        for side, runs in sides.items():
+            lo, mid, hi = _spread([r["total_s"] for r in runs])
+            rss = [r["peak_rss_mb"] for r in runs]
+            ratio = f"{med['hta'] / med['smolfsdp']:.2f}x" if side == "hta" and "hta" in med else ""
+            rows.append([
+                name, f"{events[name]:,}", side, str(len(runs)), f"{lo:.2f}", f"{mid:.2f}", f"{hi:.2f}",
+                f"{statistics.median(rss):,.0f} / {max(rss):,.0f}", f"{pct[side]:.2f}", ratio,
+            ])  # fmt: skip
+    return rows
+
+
+HEAD = ["trace", "events", "side", "runs", "min s", "median s", "max s", "peak RSS MB (median / max)",
+        "overlap %", "HTA / smolfsdp (medians)"]  # fmt: skip
+
+
+def _print_table(rows: list[list[str]], markdown: bool) -> None:
+    if markdown:
+        print("| " + " | ".join(HEAD) + " |\n|" + "---|" * len(HEAD))
+        print("\n".join("| " + " | ".join(r) + " |" for r in rows))
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEAD)]
+    for r in [HEAD, ["-" * w for w in widths], *rows]:
+        print(
+            "  ".join(
+                c.rjust(w) if i > 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
 
 
 def main() -> None:
@@ -173,7 +236,10 @@ def main() -> None:
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--nccl-kernels", type=int, default=2000, help="at least this many NCCL kernels")
     ap.add_argument("--source", type=Path, default=SOURCE)
-    ap.add_argument("--skip-hta", action="store_true", help="time smolfsdp only (e.g. on --copies 12)")
+    ap.add_argument("--repeats", "-n", type=int, default=5, help="alternated A/B process pairs per trace")
+    ap.add_argument("--hta-parser", choices=("json", "ijson"), default="json",
+                    help="HTA's parser backend (json: HTA's default)")  # fmt: skip
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (for the README)")
     ap.add_argument("--worker", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -181,43 +247,44 @@ def main() -> None:
         return
     if not args.source.is_file():
         raise SystemExit(f"{args.source}: no such trace (the real traces live in ../shared/traces/)")
+    try:
+        import hta  # noqa: F401 (only to say whether it is there)
+    except ImportError:
+        raise SystemExit("HTA is not installed (pip install -e .[dev]): nothing to compare with") from None
+    hta_tool = f"hta-{args.hta_parser}"
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "t").mkdir()  # HTA reads every trace of a folder: give it one with only ours
-        path = Path(tmp) / "t" / "big_trace.json"
+        traces = {}
+        for src in sorted(args.source.parent.glob("*.json*")):  # HTA reads a folder: one trace per folder
+            (Path(tmp) / src.name).mkdir()
+            traces[src.name] = Path(tmp) / src.name / src.name
+            shutil.copy(src, traces[src.name])
+        (Path(tmp) / "synth").mkdir()
+        path = Path(tmp) / "synth" / "synthesised.json"
         info = synthesize(args.source, args.copies, args.nccl_kernels, path)
+        traces["synthesised"] = path
         print(
-            f"trace: {path.stat().st_size / 1e6:.1f} MB, {info['events']:,} events, {info['nccl_kernels']:,} "
-            f"NCCL kernels ({info['copies']} copies of {args.source.name}, NCCL kernels split in {info['pieces']})"
+            f"synthesised: {path.stat().st_size / 1e6:.1f} MB, {info['events']:,} events, {info['nccl_kernels']:,} "
+            f"NCCL kernels ({info['copies']} copies of {args.source.name}, NCCL kernels split in {info['pieces']})",
+            flush=True,
         )
-        ours = _run("smolfsdp", path)
-        print(
-            f"smolfsdp: load {ours['load_s']:.2f} s + analyze {ours['analyze_s']:.2f} s = {ours['total_s']:.2f} s; "
-            f"overlap {ours['overlap_pct']:.2f} % (all steps but the last); peak RSS {ours['peak_rss_mb']:.0f} MB "
-            f"({ours['rss_after_imports_mb']:.0f} MB after imports); {ours['nccl_attributed']:,} NCCL kernels attributed"
-        )
-        try:
-            import hta  # noqa: F401 (only to say whether it is there)
-        except ImportError:
-            print("HTA: not installed (pip install -e .[dev]); no ratio")
-            return
-        if args.skip_hta:
-            return
-        # HTA has two parsers (json.loads of the whole file; ijson, used when installed): time both and
-        # compare with the faster one
-        runs = {tool: _run(tool, path) for tool in ("hta-json", "hta-ijson")}
-        for tool, r in runs.items():
-            print(
-                f"HTA ({tool[4:]:5}): parse {r['load_s']:.2f} s + get_comm_comp_overlap {r['analyze_s']:.2f} s = "
-                f"{r['total_s']:.2f} s; overlap {r['overlap_pct']:.2f} % (last step dropped); "
-                f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['rss_after_imports_mb']:.0f} MB after imports)"
-            )
-        theirs = min(runs.values(), key=lambda r: r["total_s"])
-        gap = abs(ours["overlap_pct"] - theirs["overlap_pct"])
-        print(
-            f"ratio HTA (faster parser) / smolfsdp: {theirs['total_s'] / ours['total_s']:.2f}x; overlap "
-            f"difference {gap:.2f} points; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
-            f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
-        )
+        results = {name: {"smolfsdp": [], "hta": []} for name in traces}
+        events = {}
+        for rep in range(args.repeats):
+            for name, p in traces.items():
+                # whole processes, alternated A/B then B/A: drift in the machine's load falls on both sides
+                order = [("smolfsdp", "smolfsdp"), ("hta", hta_tool)][:: 1 if rep % 2 == 0 else -1]
+                for side, tool in order:
+                    r = _run(tool, p)
+                    results[name][side].append(r)
+                    events.setdefault(name, r.get("events"))
+            print(f"repeat {rep + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    events = {k: v or 0 for k, v in events.items()}
+    print(
+        f"smolfsdp load_trace + analyze vs HTA TraceAnalysis ({args.hta_parser} parser) + get_comm_comp_overlap, "
+        f"each a fresh process, {args.repeats} alternated pairs per trace; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {_commit()}; {_machine()}"
+    )
+    _print_table(_rows(results, events), args.markdown)
 
 
 if __name__ == "__main__":

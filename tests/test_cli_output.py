@@ -82,9 +82,13 @@ def test_bench_table_gpu_memory_in_gib_and_mfu_percent():
 
 
 def test_bench_json_flag(monkeypatch, capsys):
-    monkeypatch.setattr(runner, "run_benchmark", lambda cfg: CPU_BENCH | {"traces": []})
+    from smolfsdp.launch import torchrun
+
+    monkeypatch.setattr(runner, "preflight", lambda cfg, progress=None: {})
+    monkeypatch.setattr(torchrun, "launch", lambda cfg: subprocess.CompletedProcess([], 0))
+    monkeypatch.setattr(benchmark, "load_bench", lambda run_dir: CPU_BENCH | {"traces": []})
     assert cli.main(["bench", "--json", "--output_dir", "/tmp/unused"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)  # the status lines went to stderr
     assert out["summary"]["step_time_ms_median"] == CPU_BENCH["summary"]["step_time_ms_median"]
     assert out["strategy"] == "fsdp1" and out["mfu_reason"].startswith("CPU run")
     assert cli.main(["bench", "--output_dir", "/tmp/unused"]) == 0
@@ -276,7 +280,9 @@ def test_train_json_is_one_document_and_the_log_goes_to_stderr(monkeypatch, tmp_
 
     data = {"mapping": "medical_o1", "rows_in": 180, "kept": 160, "dropped_empty_question": 0}
     data |= {"dropped_too_long": 20, "reasoning_cut": 0, "train_rows": 144, "eval_rows": 16}
-    monkeypatch.setattr(runner, "preflight", lambda cfg: {"wrap_class": "SmolLM3DecoderLayer", "data": data})
+    monkeypatch.setattr(
+        runner, "preflight", lambda cfg, progress=None: {"wrap_class": "SmolLM3DecoderLayer", "data": data}
+    )
     monkeypatch.setattr(torchrun, "launch", fake_launch)
     summary = {"metrics": {"steps": 2, "stopped_early": False}}
     monkeypatch.setattr(results, "load_run", lambda path: type("Run", (), {"summary": summary})())
@@ -293,7 +299,9 @@ def test_resume_flag_is_resume_from(monkeypatch, tmp_path):
     from smolfsdp.launch import torchrun
 
     seen = []
-    monkeypatch.setattr(runner, "preflight", lambda cfg: {"wrap_class": "X", "data": "bundled"})
+    monkeypatch.setattr(
+        runner, "preflight", lambda cfg, progress=None: {"wrap_class": "X", "data": "bundled"}
+    )
     monkeypatch.setattr(
         torchrun, "launch", lambda cfg: seen.append(cfg.resume_from) or subprocess.CompletedProcess([], 1)
     )

@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import sys
 
 from smolfsdp import quiet
 from smolfsdp.cli_args import command_hint, field_parser, option_names, overrides_from, refuse_unknown
 from smolfsdp.cli_dryrun import add_dryrun_parser, cmd_dryrun
-from smolfsdp.cli_output import format_bench, format_data, format_trace
+from smolfsdp.cli_output import format_bench, format_data, format_trace, status
 from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.errors import ConfigError
 
@@ -37,6 +38,12 @@ from smolfsdp.errors import ConfigError
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     """Launch ``nproc`` processes (or, inside torchrun, be one rank) and say where the run went."""
+    if (rank := os.environ.get("RANK")) is None:  # the launcher (is_launched's test, before torch loads)
+        status(sys.stderr if args.json else sys.stdout)(
+            "train: loading torch, then checking the configuration"
+        )
+    elif rank == "0":  # a rank: what it does before its first logged line
+        print("[rank0] started: loading torch, the model and the data", flush=True)
     from smolfsdp.launch.validate import validate  # deferred: imports torch, as is_launched below
     from smolfsdp.sharding.distributed import is_launched  # deferred: imports torch
 
@@ -59,7 +66,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
     # with --json, stdout carries one JSON document: the ranks' log goes to stderr
     log = sys.stderr if args.json else sys.stdout
-    found = preflight(cfg)
+    found = preflight(cfg, progress=status(log))  # tokenising, model shapes: said as they start
     print(
         f"[smolfsdp] {cfg.name}: engine={cfg.engine} fsdp_version={cfg.fsdp_version} nproc={cfg.nproc} "
         f"model={cfg.model} wrap={found['wrap_class']}; data: {format_data(found['data'])}",
@@ -121,12 +128,30 @@ BENCH_DEFAULTS = {"benchmark_steps": 5, "profile": True, "name": "bench"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Benchmark mode: warm-up + timed steps (default 5, profiled), then a table of bench.json's
-    summary (``--json``: the summary, MFU reason and trace paths as JSON)."""
-    from smolfsdp.launch.runner import run_benchmark  # deferred: torch
-
+    """Benchmark mode: warm-up + timed steps (default 5, profiled), then a table of bench.json's summary
+    (``--json``: summary, MFU reason, trace paths). Says each stage from its first second: checks, launch."""
     cfg = load_config(args.config, **(BENCH_DEFAULTS | overrides_from(args)))
-    bench = run_benchmark(cfg)  # validates cfg first (runner.preflight)
+    log = sys.stderr if args.json else sys.stdout  # with --json, stdout carries one JSON document
+    say = status(log)
+    say(
+        f"bench {cfg.name}: {cfg.benchmark_steps} steps ({cfg.benchmark_warmup_steps} warm-up) on {cfg.nproc} "
+        f"processes{', profiled' if cfg.profile else ''}; loading torch and checking the configuration"
+    )
+    from smolfsdp.launch.runner import preflight  # deferred: torch
+    from smolfsdp.launch.torchrun import launch  # deferred: torch
+    from smolfsdp.measure.benchmark import load_bench  # deferred: torch
+
+    if cfg.benchmark_steps <= 0:
+        raise ConfigError("bench needs --benchmark_steps > 0 (the timed steps, warm-up included).")
+    preflight(cfg, progress=say)
+    say(
+        f"launching {cfg.nproc} processes (torchrun); each loads and shards the model, rank 0 reports from there"
+    )
+    with contextlib.redirect_stdout(log):
+        proc = launch(cfg)
+    if proc.returncode != 0:  # launch has printed why (explain_failure)
+        return proc.returncode
+    bench = load_bench(cfg.run_dir)
     if args.json:
         keys = ("strategy", "summary", "mfu_reason", "memory_per_rank", "traces")
         print(json.dumps({k: bench.get(k) for k in keys}, indent=2))
@@ -170,6 +195,12 @@ def cmd_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_gotchas(args: argparse.Namespace) -> int:
+    if args.list or args.run is None:  # the catalogue alone: answers in a second, without torch
+        from smolfsdp.book.gotcha_registry import format_list  # deferred: only gotchas needs the book
+
+        print(format_list(as_json=args.json))
+        return 0
+    print(f"[smolfsdp] gotchas {args.run}: loading torch and the cases", file=sys.stderr, flush=True)
     from smolfsdp.book.gotchas import main as gotchas_main  # deferred: torch, peft
 
     flags = ["--list"] * args.list + ["--json"] * args.json
@@ -223,6 +254,10 @@ def cmd_analyze_trace(args: argparse.Namespace) -> int:
             out.append(summarize_trace(path, progress=True))  # the bar shows on reads over 2 s
         except (TraceError, FileNotFoundError) as err:
             print(f"smolfsdp: error: {err}", file=sys.stderr)
+            return 2
+        except MemoryError:  # a memory limit below the loader's bounds (smolfsdp.traces.load.limits)
+            hint = "lower SMOLFSDP_TRACE_MAX_BYTES / _MAX_EVENTS to be refused early, or give it more memory"
+            print(f"smolfsdp: error: {path}: ran out of memory reading the trace; {hint}", file=sys.stderr)
             return 2
     if args.json:
         print(json.dumps(out, indent=2, allow_nan=False))  # strict JSON: summarize_trace writes null, not NaN

@@ -57,6 +57,16 @@ def size(n: float | None) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def status(stream) -> Callable[[str], None]:
+    """A one-argument print of ``[smolfsdp]`` status lines to ``stream``, flushed at once (long commands
+    say each stage as it starts)."""
+
+    def say(msg: str) -> None:
+        print(f"[smolfsdp] {msg}", file=stream, flush=True)
+
+    return say
+
+
 # ------------------------------------------------------------------------------ train
 def format_data(d: dict) -> str:
     """The preflight's row accounting (``sft.preflight``'s ``data``) in one line, e.g. ``160 of 180 rows
@@ -129,6 +139,7 @@ STEP_COLUMNS = [
     ("exposed_comm_us", "exposed comm ms", ms),
     ("overlap_pct", "overlap %", pct),
 ]
+EXCLUDED_COLUMN = ("excluded_events", "excluded events", count)  # shown when a step has any
 PHASE_COLUMNS = [  # shown when the trace holds the engine's phase ranges
     ("forward_backward_us", "fwd+bwd ms", ms),
     ("clip_us", "clip ms", ms),
@@ -180,14 +191,22 @@ def format_trace(s: dict) -> str:
     collectives bunched at step boundaries, busy/idle per thread and stream, per-layer FSDP all-gathers
     and prefetch, then the analysis notes."""
     o = s["overall"]
+    kinds = list((s.get("data_quality") or {}).get("unsupported_device_kinds") or {})
+    what = f"{s['mode'].upper()} trace"
+    if kinds and s["mode"] == "cpu":  # device events we do not read: not a CPU trace (the notes count them)
+        what = f"CPU side of a {'/'.join(kinds)} trace"
+    excluded = [EXCLUDED_COLUMN] if any(r.get("excluded_events") for r in s["steps"]) else []
     out = [
-        f"== {s['path']} ({s['mode'].upper()} trace, {s['events']:,} events)",
+        f"== {s['path']} ({what}, {s['events']:,} events)",
         f"all steps: compute {ms(o['compute_us'])} ms, communication {ms(o['comm_us'])} ms, of which "
         f"{ms(o['overlap_us'])} ms overlapped with compute ({pct(o['overlap_pct'] or 0)} %) and "
         f"{ms(o['exposed_comm_us'])} ms exposed",
         "",
         "Per step (ProfilerStep ranges)",
-        table(s["steps"], STEP_COLUMNS + [c for c in PHASE_COLUMNS if any(r.get(c[0]) for r in s["steps"])]),
+        table(
+            s["steps"],
+            STEP_COLUMNS + excluded + [c for c in PHASE_COLUMNS if any(r.get(c[0]) for r in s["steps"])],
+        ),
         "",
         "Collectives bunched at step boundaries: communication in the first and last 10 % of each step "
         "(analyze's boundary_frac)",

@@ -22,16 +22,11 @@ from torch.distributed.fsdp import fully_shard
 from torch.profiler import ProfilerActivity, profile
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
+from smolfsdp.book.gotcha_builders import decoder_layer_cls, full_tensor, rank_batch, shard_fsdp2, tiny_model
 from smolfsdp.book.gotcha_registry import (
-    DIST,
     WRONG,
     attempt,
-    decoder_layer_cls,
-    full_tensor,
     gotcha,
-    rank_batch,
-    shard_fsdp2,
-    tiny_model,
 )
 from smolfsdp.book.mechanics import collective_kind
 from smolfsdp.config import ConfigError, TrainConfig
@@ -64,24 +59,7 @@ def check_wrapping(model: nn.Module, wrap_cls: type[nn.Module] | str) -> int:
 
 
 # ------------------------------------------------------------------------- the gotchas (2 ranks)
-@gotcha(
-    "fsdp2_mixed_dtensor",
-    "FSDP2: 'mixed torch.Tensor and DTensor' around evaluation",
-    DIST,
-    """With torch 2.13 an eval forward through the root (no_grad or not) and unshard() leave
-    training working, and so does generate() on a plain transformers model (it calls the root's
-    forward). generate() on a peft (LoRA) model is this gotcha: PeftModel.generate calls the inner model
-    past the root's hooks and fails with the same error; smolfsdp.sharding.fsdp2.apply_fsdp2 registers it with
-    torch.distributed.fsdp.register_fsdp_forward_method, so it works. Under FSDP1, model.generate fails
-    with or without LoRA ("'weight' must be 2-D"); smolfsdp.sharding.lora.generate gathers the full
-    parameters for the call (summon_full_params). What still fails is calling a submodule that FSDP2 did not
-    shard on its own (here model.model, the inner SmolLM3Model, e.g. to get hidden states for an eval
-    metric): the embedding's weight belongs to the root's group and is still a sharded DTensor, the
-    input ids are a plain Tensor. Pinning FSDP1 (the seed's fix) does not help in this form: FSDP1
-    fails too, with a shape error on the 1-D sharded view. The FSDP2 fix is to gather the root
-    group around the call (model.unshard() ... model.reshard()) or to go through the root forward
-    (output_hidden_states=True); for FSDP1, FSDP.summon_full_params(model, recurse=False).""",
-)
+@gotcha("fsdp2_mixed_dtensor")
 def fsdp2_mixed_dtensor(rank: int, world: int) -> dict[str, Any]:
 
     ids = rank_batch(rank)["input_ids"]
@@ -111,16 +89,7 @@ def fsdp2_mixed_dtensor(rank: int, world: int) -> dict[str, Any]:
     return {"failing": failing, "fixed": {**fixed, "fsdp1_summon": attempt(summon)}, "seed_fix": seed_fix}
 
 
-@gotcha(
-    "wrap_class",
-    "A wrap class the model does not have, and a policy that wraps nothing",
-    DIST,
-    """A misspelt wrap class is caught by smolfsdp.models.modeling.resolve_wrap_class, which names the
-    closest class. The quiet failure is a policy whose class is real but not in this model (here
-    LlamaDecoderLayer): FSDP1's transformer_auto_wrap_policy matches nothing, the root becomes the
-    only unit, the model is one FlatParameter gathered at once, and no error is raised.
-    smolfsdp.book.gotcha_cases_distributed.check_wrapping counts the units and refuses that.""",
-)
+@gotcha("wrap_class")
 def wrap_class(rank: int, world: int) -> dict[str, Any]:
 
     model = tiny_model()[0]
@@ -141,16 +110,7 @@ def wrap_class(rank: int, world: int) -> dict[str, Any]:
     return {"failing": {**failing, "misspelt": misspelt}, "fixed": fixed}
 
 
-@gotcha(
-    "trainer_fsdp_is_ddp",
-    "The Trainer's FSDP silently runs as DDP on CPU",
-    DIST,
-    """TrainingArguments(fsdp=..., use_cpu=True) on 2 processes trains without a word, but
-    accelerate 1.15 keeps an FSDP plugin only for accelerator devices: the model is wrapped in
-    DistributedDataParallel and every rank holds all parameters. smolfsdp.train.trl_engine.detect_effective reads
-    what the Trainer really built. The fix: smolfsdp.train.accelerate_cpu_fsdp lifts exactly that gate (and
-    gives FSDP a plain cpu device), and the same Trainer then wraps FullyShardedDataParallel units.""",
-)
+@gotcha("trainer_fsdp_is_ddp")
 def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
     from smolfsdp.train.trl_engine import (
         run_trl,  # deferred: imports trl, the heaviest; only this case needs it
@@ -196,17 +156,7 @@ def _effective(eff: dict[str, Any]) -> dict[str, Any]:
     return {"strategy": eff["strategy"], "wrapper": eff["evidence"]["wrapper"], "reason": eff["reason"]}
 
 
-@gotcha(
-    "gradient_checkpointing",
-    "HF gradient_checkpointing with FSDP vs FSDP's own activation checkpointing",
-    DIST,
-    """Counted with torch.profiler over one forward+backward (c10d collectives, rank 0), after
-    checking that recomputation really happens (decoder-layer forward calls per step). With torch
-    2.13 neither FSDP1 nor FSDP2 issues an extra all-gather for HF gradient_checkpointing: both skip
-    the gather when the recomputed forward runs inside backward. The redundant all-gather the
-    transformers docs warn about does not show in this setup; FSDP's own activation checkpointing
-    (checkpoint_wrapper inside each unit) stays the recommended form: it is what FSDP tests.""",
-)
+@gotcha("gradient_checkpointing")
 def gradient_checkpointing(rank: int, world: int) -> dict[str, Any]:
 
     batch, rows = rank_batch(rank), {}
@@ -234,15 +184,7 @@ def gradient_checkpointing(rank: int, world: int) -> dict[str, Any]:
     return {"failing": {"outcome": "measured", **failing}, "fixed": {"outcome": "measured", **fixed}}
 
 
-@gotcha(
-    "tied_embeddings",
-    "Tied embeddings placed in separate FSDP2 groups",
-    DIST,
-    """SmolLM3 ties lm_head.weight to embed_tokens.weight (one Parameter). fully_shard(model.lm_head)
-    on its own puts that Parameter in a second group; with torch 2.13 the root's fully_shard then
-    refuses loudly (we have not measured what older releases did). Keep both in the
-    root group, as smolfsdp.sharding.fsdp2.apply_fsdp2 does: after a step they are still one tensor.""",
-)
+@gotcha("tied_embeddings")
 def tied_embeddings(rank: int, world: int) -> dict[str, Any]:
 
     def step(model):
@@ -266,14 +208,7 @@ def tied_embeddings(rank: int, world: int) -> dict[str, Any]:
     return {"failing": attempt(separate), "fixed": attempt(lambda: step(shard_fsdp2(tiny_model()[0], world)))}
 
 
-@gotcha(
-    "optimizer_before_sharding",
-    "The optimizer created before sharding",
-    DIST,
-    """fully_shard replaces every parameter with a new DTensor Parameter. An optimizer built before
-    holds the old tensors, which never receive a gradient: step() runs, the loss is computed, and
-    no weight changes. Build the optimizer from model.parameters() after sharding.""",
-)
+@gotcha("optimizer_before_sharding")
 def optimizer_before_sharding(rank: int, world: int) -> dict[str, Any]:
     def run(before: bool):
         model = tiny_model()[0]
@@ -295,15 +230,7 @@ def optimizer_before_sharding(rank: int, world: int) -> dict[str, Any]:
     return {"failing": failing, "fixed": attempt(run, False)}
 
 
-@gotcha(
-    "peft_fp32_adapters_fsdp1",
-    "peft's fp32 adapters on a bf16 base and FSDP1's one-dtype FlatParameter",
-    DIST,
-    """peft (autocast_adapter_dtype=True, its default) keeps LoRA weights in fp32 on a bf16 base.
-    FSDP1 flattens every unit's parameters into one FlatParameter, which needs one dtype, so
-    wrapping fails. Fixes: keep adapters in the base dtype (autocast_adapter_dtype=False), load the
-    base in fp32 with MixedPrecision for compute, or use FSDP2 (per-parameter DTensors).""",
-)
+@gotcha("peft_fp32_adapters_fsdp1")
 def peft_fp32_adapters_fsdp1(rank: int, world: int) -> dict[str, Any]:
 
     def wrap(autocast: bool):

@@ -20,15 +20,11 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import Trainer, TrainingArguments
 
+from smolfsdp.book.gotcha_builders import decoder_layer_cls, rank_batch, tiny_model
 from smolfsdp.book.gotcha_registry import (
-    CRASH,
-    LOCAL,
     WRONG,
     attempt,
-    decoder_layer_cls,
     gotcha,
-    rank_batch,
-    tiny_model,
 )
 from smolfsdp.checkpoint.dcp import check_disk_space, estimate_checkpoint_bytes
 from smolfsdp.config import TrainConfig
@@ -37,17 +33,7 @@ from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.train.batches import PadCollator
 
 
-@gotcha(
-    "checkpoint_disk_full",
-    "A checkpoint that does not fit on the disk",
-    LOCAL,
-    """Saving into a filesystem smaller than the checkpoint fails part-way, after the training it
-    was meant to keep (torch.save's zip writer raises RuntimeError on the short write), and leaves
-    a partial file where the checkpoint should be. The fix checks before
-    training: smolfsdp.checkpoint.dcp.estimate_checkpoint_bytes (weights + AdamW state) against the free
-    bytes of the output directory's own filesystem, and refuses with both numbers (DiskSpaceError).
-    Shown on a tmpfs of half the estimate (needs root to mount; skipped otherwise).""",
-)
+@gotcha("checkpoint_disk_full")
 def checkpoint_diskfull_tensor(out: Path) -> dict[str, Any]:
 
     model = tiny_model()[0]
@@ -89,18 +75,7 @@ def checkpoint_diskfull_tensor(out: Path) -> dict[str, Any]:
     }
 
 
-@gotcha(
-    "tracker_wrong_project",
-    "Metrics logged to the wrong place (trackio)",
-    LOCAL,
-    """A hand-made trackio.init(project=...) before the Trainer does not route the Trainer's
-    metrics: TrackioCallback calls trackio.init itself with TrainingArguments.project (default
-    "huggingface"), which replaces the hand-made run; the metrics land in "huggingface" and the
-    script's own trackio.finish() then raises. transformers 5.24's callback reads no TRACKIO_*
-    environment variable for the project: it reads args.project and args.trackio_space_id. The fix
-    is project=... in TrainingArguments/SFTConfig and no second session; TRACKIO_DIR (read by trackio
-    at import) chooses the local store.""",
-)
+@gotcha("tracker_wrong_project")
 def tracker_wrong_project(out: Path) -> dict[str, Any]:
     results = {}
     for form in ("failing", "fixed"):
@@ -156,15 +131,7 @@ def trackio_form(form: str, out: Path) -> None:
     (out / f"trackio_{form}.json").write_text(json.dumps(result))
 
 
-@gotcha(
-    "fsdp1_cpu_offload_state_dict",
-    "FSDP1 full state dict with cpu_offload=True on a CPU-only gloo run",
-    CRASH,
-    """get_model_state_dict(model, StateDictOptions(full_state_dict=True, cpu_offload=True)) on
-    FSDP1 with gloo and no GPU kills rank 0 with SIGSEGV (exit code -11) in torch 2.13: a real
-    crash, not an exception, so it is run in its own launch. On CPU the gathered tensors are in host
-    memory already: pass cpu_offload only when the device is CUDA (smolfsdp.train.export.save_final_model).""",
-)
+@gotcha("fsdp1_cpu_offload_state_dict")
 def fsdp1_cpu_offload_state_dict(rank: int, world: int, offload: bool) -> dict[str, Any]:
 
     model = wrap_fsdp1(tiny_model()[0], decoder_layer_cls())

@@ -1,24 +1,18 @@
-"""The gotcha registry: what a gotcha is, how its two forms are recorded, and the small builders the
-cases share (a tiny SmolLM3, a batch per rank, FSDP2 sharding on a CPU mesh).
+"""The gotcha catalogue: what a gotcha is, how its two forms are recorded, and every gotcha's name, title,
+how it runs and explanation, in the chapter's order. Loads without torch (``smolfsdp gotchas --list``
+reads only this); the cases' code attaches itself from ``smolfsdp.book.gotcha_cases_distributed`` and
+``smolfsdp.book.gotcha_cases_local``, their shared builders are in ``smolfsdp.book.gotcha_builders``.
 
-Used by the chapter "Debugging the seams" through ``smolfsdp.book.gotchas`` (which runs them); the cases
-register themselves here from ``smolfsdp.book.gotcha_cases_distributed`` and
-``smolfsdp.book.gotcha_cases_local``.
+Used by the chapter "Debugging the seams" through ``smolfsdp.book.gotchas`` (which runs them).
 
-    python -c "from smolfsdp.book import gotchas; print(list(gotchas.GOTCHAS))"
+    python -c "from smolfsdp.book import gotcha_registry as r; print(r.format_list())"
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
-
-import torch
-from torch import nn
-from transformers.models.smollm3.modeling_smollm3 import SmolLM3DecoderLayer
-
-from smolfsdp.models.modeling import build_model, load_tokenizer
-from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
 
 DIST, LOCAL, CRASH = "dist", "local", "crash"  # how a gotcha runs: 2 ranks, 1 process, own launch
 WRONG = "wrong result"  # outcome of a form that raised nothing but measurably did the wrong thing
@@ -45,12 +39,23 @@ class GotchaResult:
     seed_fix: dict[str, Any] | None = None
 
 
-GOTCHAS: dict[str, Gotcha] = {}
+GOTCHAS: dict[str, Gotcha] = {}  # the catalogue below, in the chapter's order; ``fn`` set by the cases
 
 
-def gotcha(name: str, title: str, kind: str, explanation: str):
+def _entry(name: str, title: str, kind: str, explanation: str) -> None:
+    GOTCHAS[name] = Gotcha(name, title, kind, " ".join(explanation.split()))
+
+
+def gotcha(name: str):
+    """Decorator of a case function (in the case modules): attach it to catalogue entry ``name``.
+
+    Raises KeyError for a name the catalogue does not hold (a case without its title and explanation).
+    """
+
     def register(fn):
-        GOTCHAS[name] = Gotcha(name, title, kind, " ".join(explanation.split()), fn)
+        if name not in GOTCHAS:
+            raise KeyError(f"gotcha {name!r} has no catalogue entry in smolfsdp.book.gotcha_registry")
+        GOTCHAS[name].fn = fn
         return fn
 
     return register
@@ -73,28 +78,138 @@ KIND_LEGEND = {
 }
 
 
-# ---------------------------------------------------------------------------------- shared builders
-def tiny_model(seed: int = 0, **kw):
-    """The tiny SmolLM3 (``modeling.build_model("tiny")``) and its tokenizer."""
-    tok = load_tokenizer("tiny")
-    return build_model("tiny", tok, seed=seed, **kw), tok
+def format_list(as_json: bool = False) -> str:
+    """``gotchas --list``: name, how it runs, title; a legend of the ``how`` column; or JSON."""
+    if as_json:
+        rows = [
+            {"name": g.name, "how": g.kind, "how_means": KIND_LEGEND[g.kind], "title": g.title}
+            for g in GOTCHAS.values()
+        ]
+        return json.dumps(rows, indent=2)
+    lines = [f"{'name':<30} {'how':<6} title"]
+    lines += [f"{g.name:<30} {g.kind:<6} {g.title}" for g in GOTCHAS.values()]
+    lines.append("\nhow (the column above):")
+    lines += [f"  {k:<6} {v}" for k, v in KIND_LEGEND.items()]
+    lines.append("run one: smolfsdp gotchas --run NAME [--json]; all: --run all")
+    return "\n".join(lines)
 
 
-def rank_batch(rank: int) -> dict[str, torch.Tensor]:
-    """Two random sequences of 24 tokens, different per rank, labels = inputs."""
-    ids = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(100 + rank))
-    return {"input_ids": ids, "labels": ids.clone()}
+# ---------------------------------------------------------------------------------- the catalogue
+# name, title, how it runs, what goes wrong and the fix; the cases are in gotcha_cases_distributed (DIST,
+# first in the chapter) and gotcha_cases_local (LOCAL and CRASH), which need torch: this list does not.
+_entry(
+    "fsdp2_mixed_dtensor",
+    "FSDP2: 'mixed torch.Tensor and DTensor' around evaluation",
+    DIST,
+    """With torch 2.13 an eval forward through the root (no_grad or not) and unshard() leave
+    training working, and so does generate() on a plain transformers model (it calls the root's
+    forward). generate() on a peft (LoRA) model is this gotcha: PeftModel.generate calls the inner model
+    past the root's hooks and fails with the same error; smolfsdp.sharding.fsdp2.apply_fsdp2 registers it with
+    torch.distributed.fsdp.register_fsdp_forward_method, so it works. Under FSDP1, model.generate fails
+    with or without LoRA ("'weight' must be 2-D"); smolfsdp.sharding.lora.generate gathers the full
+    parameters for the call (summon_full_params). What still fails is calling a submodule that FSDP2 did not
+    shard on its own (here model.model, the inner SmolLM3Model, e.g. to get hidden states for an eval
+    metric): the embedding's weight belongs to the root's group and is still a sharded DTensor, the
+    input ids are a plain Tensor. Pinning FSDP1 (the seed's fix) does not help in this form: FSDP1
+    fails too, with a shape error on the 1-D sharded view. The FSDP2 fix is to gather the root
+    group around the call (model.unshard() ... model.reshard()) or to go through the root forward
+    (output_hidden_states=True); for FSDP1, FSDP.summon_full_params(model, recurse=False).""",
+)
 
+_entry(
+    "wrap_class",
+    "A wrap class the model does not have, and a policy that wraps nothing",
+    DIST,
+    """A misspelt wrap class is caught by smolfsdp.models.modeling.resolve_wrap_class, which names the
+    closest class. The quiet failure is a policy whose class is real but not in this model (here
+    LlamaDecoderLayer): FSDP1's transformer_auto_wrap_policy matches nothing, the root becomes the
+    only unit, the model is one FlatParameter gathered at once, and no error is raised.
+    smolfsdp.book.gotcha_cases_distributed.check_wrapping counts the units and refuses that.""",
+)
 
-def decoder_layer_cls():
-    return SmolLM3DecoderLayer
+_entry(
+    "trainer_fsdp_is_ddp",
+    "The Trainer's FSDP silently runs as DDP on CPU",
+    DIST,
+    """TrainingArguments(fsdp=..., use_cpu=True) on 2 processes trains without a word, but
+    accelerate 1.15 keeps an FSDP plugin only for accelerator devices: the model is wrapped in
+    DistributedDataParallel and every rank holds all parameters. smolfsdp.train.trl_engine.detect_effective reads
+    what the Trainer really built. The fix: smolfsdp.train.accelerate_cpu_fsdp lifts exactly that gate (and
+    gives FSDP a plain cpu device), and the same Trainer then wraps FullyShardedDataParallel units.""",
+)
 
+_entry(
+    "gradient_checkpointing",
+    "HF gradient_checkpointing with FSDP vs FSDP's own activation checkpointing",
+    DIST,
+    """Counted with torch.profiler over one forward+backward (c10d collectives, rank 0), after
+    checking that recomputation really happens (decoder-layer forward calls per step). With torch
+    2.13 neither FSDP1 nor FSDP2 issues an extra all-gather for HF gradient_checkpointing: both skip
+    the gather when the recomputed forward runs inside backward. The redundant all-gather the
+    transformers docs warn about does not show in this setup; FSDP's own activation checkpointing
+    (checkpoint_wrapper inside each unit) stays the recommended form: it is what FSDP tests.""",
+)
 
-def shard_fsdp2(model: nn.Module, world: int) -> nn.Module:
-    """``apply_fsdp2`` on a CPU mesh of ``world`` ranks, one unit per decoder layer."""
-    return apply_fsdp2(model, build_mesh("cpu", world), decoder_layer_cls())
+_entry(
+    "tied_embeddings",
+    "Tied embeddings placed in separate FSDP2 groups",
+    DIST,
+    """SmolLM3 ties lm_head.weight to embed_tokens.weight (one Parameter). fully_shard(model.lm_head)
+    on its own puts that Parameter in a second group; with torch 2.13 the root's fully_shard then
+    refuses loudly (we have not measured what older releases did). Keep both in the
+    root group, as smolfsdp.sharding.fsdp2.apply_fsdp2 does: after a step they are still one tensor.""",
+)
 
+_entry(
+    "optimizer_before_sharding",
+    "The optimizer created before sharding",
+    DIST,
+    """fully_shard replaces every parameter with a new DTensor Parameter. An optimizer built before
+    holds the old tensors, which never receive a gradient: step() runs, the loss is computed, and
+    no weight changes. Build the optimizer from model.parameters() after sharding.""",
+)
 
-def full_tensor(p) -> torch.Tensor:
-    """A parameter's full value: a DTensor gathered, a plain tensor detached."""
-    return p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+_entry(
+    "peft_fp32_adapters_fsdp1",
+    "peft's fp32 adapters on a bf16 base and FSDP1's one-dtype FlatParameter",
+    DIST,
+    """peft (autocast_adapter_dtype=True, its default) keeps LoRA weights in fp32 on a bf16 base.
+    FSDP1 flattens every unit's parameters into one FlatParameter, which needs one dtype, so
+    wrapping fails. Fixes: keep adapters in the base dtype (autocast_adapter_dtype=False), load the
+    base in fp32 with MixedPrecision for compute, or use FSDP2 (per-parameter DTensors).""",
+)
+
+_entry(
+    "checkpoint_disk_full",
+    "A checkpoint that does not fit on the disk",
+    LOCAL,
+    """Saving into a filesystem smaller than the checkpoint fails part-way, after the training it
+    was meant to keep (torch.save's zip writer raises RuntimeError on the short write), and leaves
+    a partial file where the checkpoint should be. The fix checks before
+    training: smolfsdp.checkpoint.dcp.estimate_checkpoint_bytes (weights + AdamW state) against the free
+    bytes of the output directory's own filesystem, and refuses with both numbers (DiskSpaceError).
+    Shown on a tmpfs of half the estimate (needs root to mount; skipped otherwise).""",
+)
+
+_entry(
+    "tracker_wrong_project",
+    "Metrics logged to the wrong place (trackio)",
+    LOCAL,
+    """A hand-made trackio.init(project=...) before the Trainer does not route the Trainer's
+    metrics: TrackioCallback calls trackio.init itself with TrainingArguments.project (default
+    "huggingface"), which replaces the hand-made run; the metrics land in "huggingface" and the
+    script's own trackio.finish() then raises. transformers 5.24's callback reads no TRACKIO_*
+    environment variable for the project: it reads args.project and args.trackio_space_id. The fix
+    is project=... in TrainingArguments/SFTConfig and no second session; TRACKIO_DIR (read by trackio
+    at import) chooses the local store.""",
+)
+
+_entry(
+    "fsdp1_cpu_offload_state_dict",
+    "FSDP1 full state dict with cpu_offload=True on a CPU-only gloo run",
+    CRASH,
+    """get_model_state_dict(model, StateDictOptions(full_state_dict=True, cpu_offload=True)) on
+    FSDP1 with gloo and no GPU kills rank 0 with SIGSEGV (exit code -11) in torch 2.13: a real
+    crash, not an exception, so it is run in its own launch. On CPU the gathered tensors are in host
+    memory already: pass cpu_offload only when the device is CUDA (smolfsdp.train.export.save_final_model).""",
+)

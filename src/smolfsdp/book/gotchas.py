@@ -10,7 +10,8 @@ group in the caller); the others run in a plain subprocess.
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.book.gotchas \\
         --ranks tied_embeddings --out runs/gotchas
 
-This module runs them and formats what they did; the registry is ``smolfsdp.book.gotcha_registry``,
+This module runs them and formats what they did; the catalogue (and ``format_list``, which needs no torch) is
+``smolfsdp.book.gotcha_registry``,
 the cases ``smolfsdp.book.gotcha_cases_distributed`` (2 ranks) and ``smolfsdp.book.gotcha_cases_local``.
 """
 
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,18 @@ from typing import Any
 import pandas as pd
 import torch
 
-# the case modules register their gotchas in GOTCHAS when imported, in this order (the chapter's)
+# importing the case modules attaches their functions to the catalogue's entries (GOTCHAS)
 from smolfsdp.book import gotcha_cases_distributed, gotcha_cases_local  # noqa: F401
 from smolfsdp.book.gotcha_cases_local import trackio_form
-from smolfsdp.book.gotcha_registry import CRASH, DIST, GOTCHAS, KIND_LEGEND, LOCAL, GotchaResult
+from smolfsdp.book.gotcha_registry import (
+    CRASH,
+    DIST,
+    GOTCHAS,
+    KIND_LEGEND,
+    LOCAL,
+    GotchaResult,
+    format_list,
+)
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.torchrun import cpu_probe_env, torchrun_command
 from smolfsdp.measure.results import versions
@@ -65,8 +75,14 @@ def _crash_form(out: Path, offload: bool) -> dict[str, Any]:
     return res
 
 
-def run_gotchas(names: list[str] | None = None, out: str | Path | None = None) -> dict[str, GotchaResult]:
-    """Run gotchas (all by default) in subprocesses; return their results by name, in registry order."""
+def run_gotchas(
+    names: list[str] | None = None,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, GotchaResult]:
+    """Run gotchas (all by default) in subprocesses; return their results by name, in registry order.
+    ``progress`` (the CLI passes a printer) is told what starts: the 2-rank launch, then each local gotcha."""
+    say = progress or (lambda _msg: None)
 
     names = list(GOTCHAS) if names is None else names
     unknown = [n for n in names if n not in GOTCHAS]
@@ -77,12 +93,15 @@ def run_gotchas(names: list[str] | None = None, out: str | Path | None = None) -
     raw: dict[str, dict[str, Any]] = {}
     dist_names = [n for n in names if GOTCHAS[n].kind == DIST]
     if dist_names:
+        say(f"running {', '.join(dist_names)} on 2 ranks (one torchrun launch, both forms each)")
         proc = _launch(dist_names, out, 2)
         if proc.returncode != 0:
             raise RuntimeError(f"gotchas {dist_names} failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
         raw.update({n: json.loads((out / f"{n}.json").read_text()) for n in dist_names})
     for n in names:
         g = GOTCHAS[n]
+        if g.kind != DIST:
+            say(f"running {n} ({KIND_LEGEND[g.kind]})")
         if g.kind == LOCAL:
             raw[n] = g.fn(out / n)
         elif g.kind == CRASH:
@@ -125,22 +144,6 @@ def format_result(r: GotchaResult, width: int = 60) -> str:
     return f"== {r.title} ({r.name})\n" + "\n".join(rows) + "\n\n" + textwrap.fill(r.explanation, 2 * width)
 
 
-def format_list(as_json: bool = False) -> str:
-    """``gotchas --list``: name, how it runs, title; a legend of the ``how`` column; or JSON."""
-    if as_json:
-        rows = [
-            {"name": g.name, "how": g.kind, "how_means": KIND_LEGEND[g.kind], "title": g.title}
-            for g in GOTCHAS.values()
-        ]
-        return json.dumps(rows, indent=2)
-    lines = [f"{'name':<30} {'how':<6} title"]
-    lines += [f"{g.name:<30} {g.kind:<6} {g.title}" for g in GOTCHAS.values()]
-    lines.append("\nhow (the column above):")
-    lines += [f"  {k:<6} {v}" for k, v in KIND_LEGEND.items()]
-    lines.append("run one: smolfsdp gotchas --run NAME [--json]; all: --run all")
-    return "\n".join(lines)
-
-
 def _main_ranks(names: list[str], out: Path, offload: bool) -> None:
     info = init_distributed()
     for name in names:
@@ -176,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list or args.run is None:
         print(format_list(as_json=args.json))
         return 0
-    results = run_gotchas(names, args.out)
+    results = run_gotchas(
+        names, args.out, lambda msg: print(f"[smolfsdp] {msg}", file=sys.stderr, flush=True)
+    )
     if args.json:
         print(json.dumps({n: asdict(r) for n, r in results.items()}, indent=2, default=str))
     else:

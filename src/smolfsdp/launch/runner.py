@@ -14,6 +14,7 @@ Each launched process runs :func:`smolfsdp.train.sft.train`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from smolfsdp import quiet
@@ -40,14 +41,16 @@ from smolfsdp.sharding.distributed import check_offload_support
 from smolfsdp.sharding.lora import apply_lora
 
 
-def preflight(cfg: TrainConfig) -> dict[str, Any]:
+def preflight(cfg: TrainConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every check that can fail before processes start: the composed config checks
     (:func:`smolfsdp.launch.validate.validate`: model name, mesh, launch fields), output folder (writable, run not already
     going), tokenizer and chat template, data file, column mapping, rows left after filtering, model
     preset, ``max_length`` within the model's positions, tied head vs checkpoint, wrap class.
 
-    Raises ConfigError with the problem and the fix. Returns what it found (for logs).
+    Raises ConfigError with the problem and the fix. Returns what it found (for logs). ``progress``
+    (the CLI passes a printer) is told each slow stage as it starts: tokenising, then the model's shapes.
     """
+    say = progress or (lambda _msg: None)
     validate(cfg)  # model name, mesh, launch fields: milliseconds, before any tokenizer or data
     quiet.install()  # apply_lora below builds a PeftModel in this process (transformers FutureWarning)
     check_output_dir(cfg)  # a folder, writable, and this run not already going (its lock)
@@ -56,8 +59,14 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
     except FileExistsError as err:
         raise ConfigError(str(err)) from err
     check_offload_support(cfg.fsdp_version, cfg.cpu_offload)  # FSDP1 offload on a CPU-only machine
+    say(f"checking the data: loading the tokenizer of {cfg.model} and tokenising {cfg.dataset}")
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
+    st = data.stats()
+    say(
+        f"data: {st['kept']:,} of {st['rows_in']:,} rows kept, {st['train_rows']:,} train / "
+        f"{st['eval_rows']:,} eval; checking the model's shapes (meta device, no weights)"
+    )
     per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     if len(data.train) < per_step:
         raise ConfigError(

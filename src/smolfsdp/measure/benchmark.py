@@ -293,6 +293,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ profiler
+# what rank 0 logs when the profiler starts (wait, warm-up, active steps, the run folder)
+PROFILING_LINE = "profiling: %d step(s) skipped, %d warm-up, %d recorded into %s/traces"
+
+
 def start_profiler(cfg, info, run_dir: Path):
     """A started ``torch.profiler.profile`` with the configured schedule, or None if ``profile`` is off.
 

@@ -9,7 +9,8 @@ CUDA and ROCm. Pure pandas/numpy; traces are read streaming (``smolfsdp.traces.l
 
 Modules: ``trace_load`` (reading, columns), ``trace_classify`` (what each event is),
 ``trace_intervals`` (union/intersection), ``trace_collectives`` (steps, NCCL kernels -> CPU code,
-FSDP all-gathers, prefetch); their public names are importable from here.
+FSDP all-gathers, prefetch), ``sanity`` (what is left out and why: ``data_quality``); their public names
+are importable from here.
 
 Definitions (every time in microseconds, the trace's own unit):
 
@@ -47,10 +48,11 @@ from smolfsdp.traces.classify import (
 from smolfsdp.traces.collectives import all_gathers, assign_steps, collective_kernels, prefetch
 from smolfsdp.traces.intervals import intersection_length, merge_intervals, union_length
 from smolfsdp.traces.load import TraceError, load_trace, read_trace
+from smolfsdp.traces.sanity import attribute_steps, screen
 
 __all__ = [
     "CATEGORIES", "CPU_COMM_RE", "FSDP_RE", "KINDS", "LAYER_RE", "NCCL_RE", "TraceError", "TraceReport",
-    "all_gathers", "analyze", "assign_steps", "classify", "collective_kernels", "comm_by_row",
+    "all_gathers", "analyze", "assign_steps", "classify", "collective_kernels", "comm_by_row", "complete_window",
     "intersection_length", "json_safe", "load_trace", "merge_intervals", "parse_id", "prefetch", "read_trace",
     "summarize_trace", "union_length",
 ]  # fmt: skip
@@ -68,6 +70,9 @@ class TraceReport:
     gathers: pd.DataFrame  # one row per all-gather of an FSDP unit
     prefetch: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    # what could not be trusted (smolfsdp.traces.sanity.screen): impossible times, device kinds not
+    # analysed, same-stream overlap, and the steps left out of complete_steps as empty
+    data_quality: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values: NaN and infinities (e.g. the overlap % of a step without
@@ -82,6 +87,7 @@ class TraceReport:
                 "gathers": self.gathers.to_dict(orient="records"),
                 "prefetch": self.prefetch,
                 "notes": self.notes,
+                "data_quality": self.data_quality,
             }
         )
 
@@ -137,10 +143,15 @@ def analyze(df: pd.DataFrame, *, boundary_frac: float = 0.1) -> TraceReport:
     """
     if df.empty:
         raise ValueError("analyze: the trace has no events")
+    # the mode from every event: a GPU trace whose kernels all have impossible times stays a GPU trace
     mode = "gpu" if (df["device"].eq("gpu") & df["category"].eq("compute")).any() else "cpu"
+    df, found = screen(df)
+    if df.empty:
+        raise ValueError(f"analyze: no event of the trace can be analysed ({'; '.join(found['notes'])})")
     comm, comp = _comm_compute(df, mode)
     overall = _overlap(comm, comp)
     df, windows, notes = assign_steps(df)
+    excluded = attribute_steps(found.pop("impossible_frame"), df, windows)
     step_rows, row_rows = [], []
     a = _Arrays(df, mode)
     for w in windows.itertuples(index=False):
@@ -153,6 +164,7 @@ def analyze(df: pd.DataFrame, *, boundary_frac: float = 0.1) -> TraceReport:
             "start_us": w.start_us,
             "dur_us": w.dur_us,
             **_overlap_arrays(comm, (a.ts[sel], a.end[sel])),
+            "excluded_events": int(excluded.get(w.step, 0)),  # impossible times, left out of the sums
         }
         rec.update(_bursts(*comm, w.start_us, w.end_us, boundary_frac))
         for phase, code in a.phases.items():
@@ -161,16 +173,37 @@ def analyze(df: pd.DataFrame, *, boundary_frac: float = 0.1) -> TraceReport:
         row_rows += _row_figures(a, in_step & a.timed, w)
     gathers = all_gathers(df)
     steps = pd.DataFrame(step_rows)
+    window, empty = complete_window(steps)
+    found["empty_steps"] = empty
+    if empty and len(empty) == len(steps):
+        notes.append("no step recorded compute or communication that could be analysed")
+    elif empty:
+        notes.append(
+            f"step{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} recorded no compute and no "
+            "communication while other steps did: left out of the complete-steps figures"
+        )
     return TraceReport(
         mode=mode,
         overall=overall,
-        complete_steps=_sum_steps(steps.iloc[:-1] if len(steps) > 1 else steps),
+        complete_steps=_sum_steps(window),
         steps=steps,
         rows=pd.DataFrame(row_rows),
         gathers=gathers,
         prefetch=prefetch(df, gathers),
-        notes=notes + gathers.attrs.get("notes", []),
+        notes=found.pop("notes") + notes + gathers.attrs.get("notes", []),
+        data_quality=found,
     )
+
+
+def complete_window(steps: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
+    """(the steps HTA's window keeps, the empty steps left out): every step but the trace's last (it may
+    be cut short), and never an empty one (no compute and no communication, while another step has
+    some) in place of a real one. With a single real step, that step."""
+    work = (steps["comm_us"] + steps["compute_us"]) > 0
+    empty = [int(s) for s in steps["step"][~work]]
+    real = steps[work] if work.any() else steps
+    last_is_real = real["step"].iloc[-1] == steps["step"].iloc[-1]
+    return (real.iloc[:-1] if len(real) > 1 and last_is_real else real), empty
 
 
 class _Arrays:
@@ -277,5 +310,5 @@ def summarize_trace(path: str | Path, *, progress: bool = False) -> dict[str, An
         "path": str(path),
         "events": len(df),
         **report.to_dict(),
-        "by_row": json_safe(comm_by_row(df).to_dict(orient="records")),
+        "by_row": json_safe(comm_by_row(screen(df)[0]).to_dict(orient="records")),  # the analysed events
     }

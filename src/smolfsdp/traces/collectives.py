@@ -34,16 +34,22 @@ def assign_steps(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str
         )
     launch = df["ts"].to_numpy().copy()
     gpu = df["device"].eq("gpu").to_numpy() & (df["correlation"].to_numpy() >= 0)
-    if gpu.any():
-        rt = df[df["category"].eq("runtime") & df["correlation"].ge(0)].drop_duplicates("correlation")
+    rt, at = None, None
+    runtime = df[df["category"].eq("runtime") & df["correlation"].ge(0)]
+    if gpu.any() and len(runtime):  # a trace of GPU events without launches keeps their own times
+        rt = runtime.drop_duplicates("correlation")
         at = pd.Index(rt["correlation"].to_numpy()).get_indexer(df["correlation"].to_numpy()[gpu])
         launch[gpu] = np.where(at >= 0, rt["ts"].to_numpy()[at], launch[gpu])
+    early = _before_recording(df, gpu, rt, at) & (not marks.empty)  # one span: nothing is "before"
+    launch[early] = -np.inf  # their step is unknown: not the one their kernel ran in
     k = np.searchsorted(windows["start_us"].to_numpy(), launch, side="right") - 1
     inside = (k >= 0) & (launch <= windows["end_us"].to_numpy()[np.clip(k, 0, None)])
     df = df.assign(step=np.where(inside, windows["step"].to_numpy()[np.clip(k, 0, None)], -2))
     if len(windows) == 1 and marks.empty:
         df["step"] = -1
-    dropped = int((df["step"] == -2).sum())
+    if early.any():
+        notes.append(_before_recording_note(df, early, windows))
+    dropped = int((df["step"] == -2).sum()) - int(early.sum())
     if dropped:
         events, verb = ("event", "is") if dropped == 1 else ("events", "are")
         notes.append(
@@ -54,6 +60,26 @@ def assign_steps(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str
     windows["end_us"] = np.maximum(windows["end_us"], windows["step"].map(ext).fillna(windows["end_us"]))
     windows["dur_us"] = windows["end_us"] - windows["start_us"]
     return df, windows, notes
+
+
+def _before_recording(df: pd.DataFrame, gpu: np.ndarray, rt: pd.DataFrame | None, at) -> np.ndarray:
+    """GPU events launched before the profiler started recording: their launch is not in the trace and
+    their correlation id is below every recorded launch's (CUPTI numbers launches in order)."""
+    early = np.zeros(len(df), dtype=bool)
+    if rt is not None and len(rt):
+        early[gpu] = (at < 0) & (df["correlation"].to_numpy()[gpu] < rt["correlation"].min())
+    return early
+
+
+def _before_recording_note(df: pd.DataFrame, early: np.ndarray, windows: pd.DataFrame) -> str:
+    g = df[early]
+    comm = g["category"].eq("communication")
+    first = int(windows["step"].iloc[0])
+    return (
+        f"{len(g):,} GPU events ({int(comm.sum()):,} of them communication, {g['dur'].sum() / 1000:,.1f} ms) "
+        f"were launched before recording started (no launch in the trace, correlation ids below the first "
+        f"recorded one): left out of per-step figures rather than counted into step {first}"
+    )
 
 
 def _innermost(ranges: pd.DataFrame, queries: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

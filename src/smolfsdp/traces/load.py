@@ -10,7 +10,9 @@ Events are parsed one at a time by ijson's C (yajl2) backend (without ijson, as 
 machine's image, by the standard-library scanner of ``smolfsdp.traces.json_stream``) and folded into numpy columns in
 chunks, with repeated strings (names, categories, threads) stored once as pandas categoricals:
 memory grows with the number of events (~60 bytes each), never with a tree of Python dicts. A
-progress bar (stderr) appears when ``progress=True`` and reading takes more than 2 s.
+progress bar (stderr) appears when ``progress=True`` and reading takes more than 2 s. Input is bounded
+(``limits``): past ``MAX_BYTES`` decompressed bytes or ``MAX_EVENTS`` events the read stops with a
+TraceError naming the limit and the variable that raises it, so a gzip bomb costs seconds, not the machine.
 
 What varies between the Kineto writers this reads (each has a test in tests/test_trace_analysis.py):
 
@@ -27,6 +29,7 @@ What varies between the Kineto writers this reads (each has a test in tests/test
 from __future__ import annotations
 
 import gzip
+import os
 import sys
 import zlib
 from collections.abc import Iterator
@@ -48,6 +51,11 @@ except ImportError:  # the lent GPU machine's image has none: json_stream reads 
 JSON_ERRORS = (json_stream.StreamError,) + ((ijson.JSONError,) if ijson else ())
 
 PROGRESS_DELAY_S = 2.0  # the bar appears only on reads that take longer than this
+# Input bounds (a trace is data from elsewhere: a gzip bomb must not take the machine). Memory is
+# about 60 bytes per event in the columns, plus at most the byte limit for one value held whole by the
+# parser (a huge string or header list); the largest real traces seen are far below both.
+MAX_BYTES = 4 * 2**30  # decompressed JSON bytes read; env SMOLFSDP_TRACE_MAX_BYTES raises or lowers it
+MAX_EVENTS = 20_000_000  # traceEvents items; env SMOLFSDP_TRACE_MAX_EVENTS
 CHUNK = 16_384  # events folded into numpy columns at a time (bounds the Python objects alive)
 # PyTorch 1.8-1.9 wrote capitalised categories; later Kineto (CUDA and ROCm) writes these
 CAT_ALIASES = {
@@ -80,12 +88,35 @@ class TraceError(ValueError):
     """A file that is not a readable Chrome trace; the message names the file and where it broke."""
 
 
+def limits() -> tuple[int, int]:
+    """(max decompressed bytes, max events) for one trace: ``MAX_BYTES``/``MAX_EVENTS`` unless the
+    environment sets ``SMOLFSDP_TRACE_MAX_BYTES``/``SMOLFSDP_TRACE_MAX_EVENTS`` (integers)."""
+    out = []
+    for var, default in (("SMOLFSDP_TRACE_MAX_BYTES", MAX_BYTES), ("SMOLFSDP_TRACE_MAX_EVENTS", MAX_EVENTS)):
+        raw = os.environ.get(var, "").strip()
+        try:
+            out.append(int(float(raw)) if raw else default)
+        except ValueError:
+            raise TraceError(
+                f"{var}={raw!r} is not a number: give a whole count, e.g. {var}={default}"
+            ) from None
+    return out[0], out[1]
+
+
+def _over(path: Path, what: str, limit: int, var: str) -> TraceError:
+    return TraceError(
+        f"{path}: more than {limit:,} {what}; refused to bound memory and time (a trace this large, or a "
+        f"compressed bomb): if the file is trusted, raise the limit, e.g. {var}={4 * limit}"
+    )
+
+
 # ------------------------------------------------------------------------------ reading
 class _Reader:
     """File-like view of a (possibly gzip'd) trace that counts bytes and feeds the progress bar."""
 
-    def __init__(self, path: Path, bar: tqdm | None = None):
+    def __init__(self, path: Path, bar: tqdm | None = None, max_bytes: int | None = None):
         self.path, self.bar, self.pos = path, bar, 0
+        self.max_bytes = limits()[0] if max_bytes is None else max_bytes
         self.raw = path.open("rb")
         gz = self.raw.read(2) == b"\x1f\x8b"
         self.raw.seek(0)
@@ -105,6 +136,8 @@ class _Reader:
                 f"{self.raw.tell():,}; is it a .json.gz trace?"
             ) from err
         self.pos += len(data)
+        if self.pos > self.max_bytes:  # checked per read (ijson asks for 64 KiB at a time)
+            raise _over(self.path, "bytes once decompressed", self.max_bytes, "SMOLFSDP_TRACE_MAX_BYTES")
         if self.bar is not None:
             self.bar.update(self.raw.tell() - self.bar.n)
         return data
@@ -171,7 +204,7 @@ def read_trace(path: str | Path, progress: bool = False) -> tuple[dict[str, Any]
 
     Raises FileNotFoundError, or TraceError naming the file for truncated gzip or JSON (with the
     byte where it stops), invalid JSON, JSON that holds no ``traceEvents`` list, and (while iterating)
-    list items that are not objects.
+    list items that are not objects, or more bytes or events than :func:`limits` allows.
     """
     path = Path(path)
     if not path.is_file():
@@ -206,9 +239,12 @@ def _events(path: Path, prefix: str, progress: bool) -> Iterator[dict[str, Any]]
         leave=False,
     )
     reader = _Reader(path, bar)
+    max_events = limits()[1]
     try:
         items = ijson.items(reader, prefix, use_float=True) if ijson else _stdlib_items(reader)
         for i, e in enumerate(items):
+            if i >= max_events:
+                raise _over(path, "events", max_events, "SMOLFSDP_TRACE_MAX_EVENTS")
             if not isinstance(e, dict):
                 raise TraceError(
                     f"{path}: traceEvents item {i} is a {type(e).__name__} ({str(e)[:40]!r}), not an event "

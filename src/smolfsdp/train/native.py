@@ -55,6 +55,7 @@ def build(cfg: TrainConfig) -> tuple[Any, Any, nn.Module]:
     FSDP casts to bf16 for compute only."""
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
+    log.info("building model %s%s", cfg.model, " with LoRA adapters" if cfg.lora else "")
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     if cfg.lora:
         model = apply_lora(model, cfg)
@@ -294,6 +295,11 @@ class NativeTrainer:
         checkpoints on the configured steps; then the final eval and model. Returns the summary fields."""
         cfg = self.cfg
         prof = benchmark.start_profiler(cfg, self.info, self.writer.run_dir)
+        if prof is not None:
+            run_dir = self.writer.run_dir
+            log.info(
+                benchmark.PROFILING_LINE, cfg.profile_wait, cfg.profile_warmup, cfg.profile_active, run_dir
+            )
         eval_losses = [self.evaluate(self.start_step)]
         train_losses, tokens, t_train = [], 0, time.perf_counter()
         last_step = min(self.total_steps, cfg.stop_at_step or self.total_steps)

@@ -311,11 +311,16 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         log.info(FSDP1_NOTE, versions().get("transformers"))
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
+    log.info("building model %s, then TRL's SFTTrainer (which shards it when training starts)", cfg.model)
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     total_params = sum(p.numel() for p in model.parameters())
     args = trl_args(cfg, info, str(writer.run_dir / "trainer"), wrap_cls.__name__)
     prof = benchmark.start_profiler(cfg, info, writer.run_dir)
+    if prof is not None:
+        log.info(
+            benchmark.PROFILING_LINE, cfg.profile_wait, cfg.profile_warmup, cfg.profile_active, writer.run_dir
+        )
     callback, bench_cb, callbacks = build_callbacks(cfg, info, writer, model, total_params, prof)
     trainer = SmolSFTTrainer(
         model=model,
