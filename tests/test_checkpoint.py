@@ -310,3 +310,61 @@ def test_a_damaged_or_escaping_marker_is_refused(tmp_path, files):
     )
     problem = checkpoint.find_problem(tmp_path)
     assert problem == f"{tmp_path / checkpoint.MARKER} is damaged (not the JSON smolfsdp writes)."
+
+
+# ------------------------------------------------------------------ lineage and faults (issue 27)
+class _OneRank:
+    """``torch.distributed`` as ``atomic_save`` uses it, for one process without a process group."""
+
+    @staticmethod
+    def barrier():
+        pass
+
+    @staticmethod
+    def get_world_size():
+        return 1
+
+    @staticmethod
+    def broadcast_object_list(objs, src=0):
+        pass
+
+    @staticmethod
+    def all_gather_object(parts, obj):
+        parts[0] = obj
+
+
+def _save(run_dir: Path, step: int, keep=None, value: float = 0.0) -> Path:
+    def write(tmp: Path) -> None:
+        checkpoint.dcp.save({"w": torch.full((4,), value)}, checkpoint_id=str(tmp), no_dist=True)
+
+    return checkpoint.atomic_save(run_dir, step, 0, write, keep=keep)
+
+
+def test_keep_last_k_after_resuming_from_an_older_step_keeps_the_step_just_written(tmp_path, monkeypatch):
+    """Steps 2..8 of an earlier run, then --resume_from step-4 --save_total_limit 1: the new step 6 stays,
+    the stale step 8 (a branch the run left) is neither kept nor offered as the last checkpoint."""
+    monkeypatch.setattr(checkpoint, "dist", _OneRank)
+    monkeypatch.setattr(checkpoint, "_LAST", {})
+    ckpts = tmp_path / "checkpoints"
+    for step in (2, 4, 6, 8):
+        _save(tmp_path, step, value=step)
+    assert [p.name for p in checkpoint.current_lineage(ckpts)] == [f"step-00000{s}" for s in (8, 6, 4, 2)]
+    checkpoint._LAST.clear()  # a new launch resumes from step 4
+    assert checkpoint.resolve_resume(str(ckpts / "step-000004"), tmp_path) == ckpts / "step-000004"
+    new6 = _save(tmp_path, 6, value=-6.0)  # no limit: the stale step 8 stays on disk, outside the lineage
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000002", "step-000004", "step-000006", "step-000008"]
+    assert json.loads((new6 / checkpoint.MARKER).read_text())["parent"] == "step-000004"
+    assert checkpoint.latest_checkpoint(tmp_path) == new6
+    assert checkpoint.newest_good_checkpoint(ckpts)[0] == new6
+    line = failures.explain_failure("", 1, BASE.replace(name=tmp_path.name, output_dir=str(tmp_path.parent)))
+    assert f"the last complete checkpoint is {new6};" in line and "step-000008" not in line
+    _save(tmp_path, 6, keep=1, value=-6.0)  # the same save with --save_total_limit 1
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000006"]
+    state = {"w": torch.zeros(4)}
+    checkpoint.dcp_load(state, ckpts / "step-000006")
+    assert state["w"].tolist() == [-6.0] * 4  # the checkpoint just written, not the stale one
+    # markers written before lineage was recorded keep the old rule (every lower step continues)
+    marker = json.loads((new6 / checkpoint.MARKER).read_text())
+    del marker["parent"], marker["saved_at"]
+    (new6 / checkpoint.MARKER).write_text(json.dumps(marker))
+    assert checkpoint.current_lineage(ckpts) == [new6]

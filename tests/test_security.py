@@ -18,6 +18,7 @@ import yaml
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
 from smolfsdp.launch import failures, runner
 from smolfsdp.paths import bundled_data_path
 from smolfsdp.secrets import is_secret_name, redact, secret_values
@@ -344,3 +345,81 @@ def test_non_tensor_entries_are_read_weights_only(tmp_path):
     with pytest.raises(checkpoint.UnsafeCheckpointError, match="the entry 'lr' is not plain data"):
         checkpoint.dcp_load({"lr": 0.0, "w": torch.zeros(3)}, ckpt)
     assert not flag.exists()
+
+
+# ------------------------------------------------------------------ a checkpoint handed in is data (issue 27)
+def _hostile_copy(secret_run, tmp_path):
+    """A copy of the secret run whose step-2 ``config.yaml`` names a model folder inside the checkpoint with
+    ``trust_remote_code: true``; that folder's ``config.json`` maps the Auto classes to ``evil.py``, which
+    creates ``pwned`` when imported. The marker is forged to match, as whoever edited the folder would."""
+    shutil.copytree(secret_run.path, tmp_path / "runs" / "secret")
+    ckpt = tmp_path / "runs" / "secret" / "checkpoints" / "step-000002"
+    flag, evil = tmp_path / "pwned", ckpt / "evil_model"
+    evil.mkdir()
+    (evil / "evil.py").write_text(f"import pathlib\npathlib.Path({str(flag)!r}).touch()\n")
+    auto = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (evil / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": auto}))
+    saved = yaml.safe_load((ckpt / "config.yaml").read_text())
+    saved.update(model=str(evil), trust_remote_code=True)
+    (ckpt / "config.yaml").write_text(yaml.safe_dump(saved))
+    _forge_marker(ckpt, "config.yaml")
+    return ckpt, flag
+
+
+def test_a_checkpoint_asking_for_remote_code_runs_none_on_convert_or_resume(secret_run, tmp_path, capsys):
+    ckpt, flag = _hostile_copy(secret_run, tmp_path)
+    out = tmp_path / "out"
+    assert cli_main(["convert", str(ckpt), str(out)]) == 2
+    err = capsys.readouterr()
+    assert err.out == ""  # nothing said before the refusal
+    assert f"names the model '{ckpt / 'evil_model'}' (a folder inside the checkpoint)" in err.err
+    assert "Pass --model NAME" in err.err and len(err.err.strip().splitlines()) == 1
+    # resume: the running config decides the model; the checkpoint's differing model is refused, not loaded
+    cfg = TrainConfig(name="secret", output_dir=str(tmp_path / "runs"), max_steps=4, resume_from=str(ckpt))
+    with pytest.raises(ConfigError, match=r"model '.*evil_model' -> 'tiny'"):
+        runner.preflight(cfg)
+    # told which model, convert rebuilds it without remote code and the export carries no code
+    assert cli_main(["convert", str(ckpt), str(out), "--model", "tiny", "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["model"] == "tiny" and "model.safetensors" in written["files"]
+    assert not [f for f in written["files"] if f.endswith(".py")]
+    assert json.loads((out / "smolfsdp_convert.json").read_text())["model"] == "tiny"
+    assert not flag.exists()
+
+
+def test_convert_never_writes_into_a_checkpoint_or_deletes_what_no_run_wrote(secret_run, tmp_path, capsys):
+    run = tmp_path / "runs" / "secret"
+    shutil.copytree(secret_run.path, run)
+    ckpt = run / "checkpoints" / "step-000002"
+    before = sorted(p.name for p in ckpt.iterdir())
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    cases = {
+        str(ckpt): "is the checkpoint",
+        str(ckpt / "x"): "is inside the checkpoint",
+        str(run): "holds the checkpoint",
+        str(run / "checkpoints"): "holds the checkpoint",
+        str(run / "checkpoints" / "exported"): "a checkpoint or a run's checkpoints/ folder",
+        str(mine): "holds files smolfsdp convert did not write (notes.txt)",
+    }
+    for out, why in cases.items():
+        assert cli_main(["convert", str(ckpt), out, "--overwrite"]) == 2, out
+        got = capsys.readouterr()
+        assert why in got.err and got.out == "" and len(got.err.strip().splitlines()) == 1, (out, got.err)
+    assert sorted(p.name for p in ckpt.iterdir()) == before and (mine / "notes.txt").read_text() == "mine"
+    assert not (run / "checkpoints" / "exported").exists()
+    # a missing checkpoint: the error first, with the run's checkpoints that verify
+    assert cli_main(["convert", str(run / "checkpoints" / "step-000009"), str(tmp_path / "o")]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and "step-000009 does not exist" in got.err
+    assert f"Complete checkpoints in {run / 'checkpoints'} that verify (file sizes): {ckpt}." in got.err
+    # an earlier convert's output may be replaced with --overwrite; once someone adds a file, it may not
+    out = tmp_path / "exported"
+    checkpoint.convert_checkpoint(ckpt, out)
+    checkpoint.convert_checkpoint(ckpt, out, overwrite=True)
+    (out / "README.md").write_text("my notes")
+    with pytest.raises(ConfigError, match=r"did not write \(README.md\)"):
+        checkpoint.convert_checkpoint(ckpt, out, overwrite=True)
+    assert (out / "README.md").read_text() == "my notes"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary folder left

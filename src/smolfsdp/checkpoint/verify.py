@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import pickle
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -198,10 +199,28 @@ def hash_files(folder: Path, names: list[str], threads: int = 4) -> dict[str, di
         return dict(zip(names, pool.map(lambda n: hash_file(folder / n), names), strict=True))
 
 
-def write_marker(folder: Path, files: dict[str, dict[str, Any]]) -> None:
-    """The ``COMPLETE`` marker: JSON with every file's size and digest (written last, by rank 0)."""
-    body = {"format": MARKER_FORMAT, "algorithm": HASH, "files": dict(sorted(files.items()))}
+def write_marker(folder: Path, files: dict[str, dict[str, Any]], parent: str | None = None) -> None:
+    """The ``COMPLETE`` marker: JSON with every file's size and digest (written last, by rank 0), the
+    checkpoint this one continues (``parent``: its folder name, None for a run's first save) and when it
+    was saved (``saved_at``, seconds since the epoch): its lineage (:func:`current_lineage`)."""
+    body = {
+        "format": MARKER_FORMAT,
+        "algorithm": HASH,
+        "parent": parent,
+        "saved_at": time.time(),
+        "files": dict(sorted(files.items())),
+    }
     (folder / MARKER).write_text(json.dumps(body, indent=1) + "\n")
+
+
+def _lineage_fields(folder: Path) -> tuple[float, str | None, bool]:
+    """(saved_at, parent, knows_parent) from ``folder``'s marker; (0, None, False) for a marker written
+    before lineage was recorded, or one that does not read."""
+    try:
+        body = json.loads((folder / MARKER).read_text())
+        return float(body.get("saved_at", 0.0)), body.get("parent"), "parent" in body
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0, None, False
 
 
 def read_marker(folder: Path) -> dict[str, dict[str, Any]] | None:
@@ -287,14 +306,41 @@ def complete_checkpoints(folder: str | Path) -> list[Path]:
     return sorted(done, key=_step, reverse=True)
 
 
+def current_lineage(folder: str | Path, head: Path | None = None) -> list[Path]:
+    """The complete checkpoints of the run's current lineage in ``folder``, newest first.
+
+    The rule: the head is the checkpoint saved last (the marker's ``saved_at``; the highest step among
+    markers without it), or ``head``; the lineage is the head and, following each marker's ``parent``,
+    the checkpoints it continues. A checkpoint of a branch the run left (steps 6 and 8 of an earlier run
+    after a resume from step 4 wrote a new step 6) is in no lineage of the new head: it is neither offered
+    for a resume nor kept by keep-last-K. A marker written before lineage was recorded continues every
+    complete checkpoint of a lower step (what "newest by step" meant before).
+    """
+    done = complete_checkpoints(folder)
+    if not done:
+        return []
+    if head is None:
+        head = max(done, key=lambda p: (_lineage_fields(p)[0], _step(p)))
+    chain, by_name = [head], {p.name: p for p in done}
+    while True:
+        _, parent, knows = _lineage_fields(chain[-1])
+        if not knows:
+            chain += [p for p in done if _step(p) < _step(chain[-1])]
+            return chain
+        nxt = by_name.get(parent or "")
+        if nxt is None or nxt in chain or _step(nxt) >= _step(chain[-1]):
+            return chain
+        chain.append(nxt)
+
+
 def newest_good_checkpoint(
     folder: str | Path, *, hashes: bool = True, skip: tuple[Path, ...] = ()
 ) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest complete checkpoint in ``folder`` (``runs/<name>/checkpoints``) that verifies, and the
-    newer ones that did not, each with its problem (see :func:`smolfsdp.checkpoint.verify.find_problem`;
-    ``hashes=False`` checks sizes only). ``skip``: checkpoints not to consider."""
+    """The newest complete checkpoint of the current lineage (:func:`current_lineage`) in ``folder``
+    (``runs/<name>/checkpoints``) that verifies, and the newer ones that did not, each with its problem (see
+    :func:`find_problem`; ``hashes=False`` checks sizes only). ``skip``: checkpoints not to consider."""
     bad = []
-    for path in complete_checkpoints(folder):
+    for path in current_lineage(folder):
         if path in skip:
             continue
         try:
