@@ -352,7 +352,12 @@ def test_keep_last_k_after_resuming_from_an_older_step_keeps_the_step_just_writt
     checkpoint._LAST.clear()  # a new launch resumes from step 4
     assert checkpoint.resolve_resume(str(ckpts / "step-000004"), tmp_path) == ckpts / "step-000004"
     new6 = _save(tmp_path, 6, value=-6.0)  # no limit: the stale step 8 stays on disk, outside the lineage
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000002", "step-000004", "step-000006", "step-000008"]
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "step-000002",
+        "step-000004",
+        "step-000006",
+        "step-000008",
+    ]
     assert json.loads((new6 / checkpoint.MARKER).read_text())["parent"] == "step-000004"
     assert checkpoint.latest_checkpoint(tmp_path) == new6
     assert checkpoint.newest_good_checkpoint(ckpts)[0] == new6

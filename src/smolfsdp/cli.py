@@ -24,7 +24,7 @@ import sys
 
 from smolfsdp import quiet
 from smolfsdp.cli_args import command_hint, field_parser, option_names, overrides_from, refuse_unknown
-from smolfsdp.cli_output import format_bench, format_data, format_trace
+from smolfsdp.cli_output import format_bench, format_data, format_fit_verdict, format_trace
 from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.errors import ConfigError
 
@@ -163,7 +163,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(format_table(est))
     verdict = "fits" if fits(est, gpu) else "does not fit"
     print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
-    print(f"Does FSDP fit? {rec.decision} on {rec.gpus} GPU(s): {rec.reason}")
+    print(format_fit_verdict(est, fits(est, gpu), gpu.name, gpu.memory_bytes, rec))
     return 0
 
 

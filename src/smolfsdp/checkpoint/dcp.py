@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import yaml
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -64,6 +63,7 @@ from smolfsdp.checkpoint.verify import (  # noqa: F401
     verify_checkpoint,
     write_marker,
 )
+from smolfsdp.config import read_recipe
 from smolfsdp.errors import ConfigError
 from smolfsdp.secrets import redact
 
@@ -250,7 +250,7 @@ def check_engine(path: str | Path, engine: str) -> None:
     path = Path(path)
     written_by = "trl" if (path / "scheduler.json").is_file() else "native"
     if (path / "config.yaml").is_file():
-        written_by = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("engine", written_by)
+        written_by = (read_recipe(path / "config.yaml") or {}).get("engine", written_by)
     if written_by != engine:
         raise ConfigError(
             f"{path} was written by the {written_by} engine, and this run uses engine: {engine}. Resume with "
@@ -282,7 +282,7 @@ def check_resume_settings(path: str | Path, cfg) -> None:
     path = Path(path)
     saved_file = path / "config.yaml"
     if saved_file.is_file():
-        saved = yaml.safe_load(saved_file.read_text()) or {}
+        saved = read_recipe(saved_file) or {}  # bounded: a checkpoint's file is data from elsewhere
         now = redact(cfg.to_dict())  # the saved config is redacted: compare like with like
         diff = [
             f"{k} {saved.get(k)!r} -> {now.get(k)!r}"
