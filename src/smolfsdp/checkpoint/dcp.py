@@ -43,10 +43,12 @@ from smolfsdp.checkpoint.disk import (  # noqa: F401
     DiskFullError,
     DiskSpaceError,
     check_disk_space,
+    check_disk_space_each,
     disk_full_cause,
     estimate_checkpoint_bytes,
     explain_disk_full,
     free_bytes,
+    full_disk_after_failure,
 )
 from smolfsdp.checkpoint.verify import (  # noqa: F401
     MARKER,
@@ -120,8 +122,8 @@ def atomic_save(
         if rank == 0:
             parent = _LAST.get(_lineage_key(run_dir))
             write_marker(tmp, files, parent=parent.name if parent is not None else None)
-    except (OSError, dcp.CheckpointException) as err:
-        full = disk_full_cause(err)
+    except (OSError, RuntimeError, dcp.CheckpointException) as err:
+        full = full_disk_after_failure(run_dir, tmp, err)  # ENOSPC, or a short write on a full disk
         if full is not None:
             raise DiskFullError(errno.ENOSPC, explain_disk_full(run_dir, step, tmp, full)) from err
         raise
@@ -298,8 +300,29 @@ def check_resume_settings(path: str | Path, cfg) -> None:
             )
     step = int(path.name.split("-")[-1]) if path.name.split("-")[-1].isdigit() else None
     if step is not None and cfg.max_steps > 0 and step >= cfg.max_steps:
+        missing = missing_final_model(cfg.run_dir, path)
+        if missing:
+            raise ConfigError(
+                f"{path} is at step {step} of max_steps={cfg.max_steps}: nothing is left to train. {missing}"
+            )
         raise ConfigError(
             f"{path} is at step {step} and the run has max_steps={cfg.max_steps}: it is finished, there is "
-            "nothing to resume. Its final model is in final_model/; to train longer start a new run from the "
-            f"weights (smolfsdp convert {path} OUT)."
+            f"nothing to resume. Its final model is in {Path(cfg.run_dir) / 'final_model'}; to train longer start a "
+            f"new run from the weights (smolfsdp convert {path} OUT)."
         )
+
+
+def missing_final_model(run_dir: str | Path, ckpt: str | Path) -> str | None:
+    """For a run whose last checkpoint ``ckpt`` is at its last step: None when ``final_model/`` was written
+    (it appears whole: ``smolfsdp.train.export`` moves a finished folder into place), else what exists
+    and the command that writes the final model from ``ckpt`` (a kill during the final save)."""
+    final = Path(run_dir) / "final_model"
+    if final.is_dir() and any(final.rglob("*.safetensors")):
+        return None
+    partial = final.with_name("final_model.tmp")
+    left = f"; {partial} holds the interrupted save and can be deleted" if partial.exists() else ""
+    return (
+        f"Every step ran and {ckpt} is complete, but the final model was not written (its save was "
+        f"interrupted{left}). Write it from that checkpoint: smolfsdp convert {ckpt} {final} (a LoRA run's "
+        "adapter comes out merged into the base model)."
+    )

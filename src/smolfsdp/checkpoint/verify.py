@@ -251,8 +251,8 @@ def find_problem(path: str | Path, *, hashes: bool = True) -> str | None:
     it points to exists and holds the bytes it points into. A marker without checksums (written before
     they were recorded) gets only the last two checks.
 
-    Raises UnsafeCheckpointError (from :func:`read_dcp_metadata`): an unsafe checkpoint is refused
-    outright, never offered as a problem to route around.
+    Raises UnsafeCheckpointError (from :func:`read_dcp_metadata` or :func:`check_rng_files`): an unsafe
+    checkpoint is refused outright, never offered as a problem to route around.
     """
     path = Path(path)
     try:
@@ -273,6 +273,7 @@ def find_problem(path: str | Path, *, hashes: bool = True) -> str | None:
                     f"{path / name} does not match the {HASH} recorded at save: its bytes changed since "
                     "(a flipped bit, a torn copy, an edit)"
                 )
+    check_rng_files(path)
     if not (path / ".metadata").is_file():
         return f"{path / '.metadata'} is missing"
     try:
@@ -289,6 +290,29 @@ def find_problem(path: str | Path, *, hashes: bool = True) -> str | None:
         if f.stat().st_size < end:
             return f"{f} has {f.stat().st_size:,} bytes; its .metadata reads up to byte {end:,}"
     return None
+
+
+#: The per-rank RNG files of both engines: the native loop's and the Trainer's (``_save_rng_state``).
+RNG_FILES = ("rng_rank*.pt", "rng_state*.pth")
+
+
+def check_rng_files(path: Path) -> None:
+    """Each per-rank RNG file of checkpoint ``path`` loads as plain data (``torch.load(weights_only=True)``,
+    as the resume does): a file that asks for anything else is refused before any rank reads it, so no
+    failure line offers the checkpoint. The files are a few KB each.
+
+    Raises:
+        UnsafeCheckpointError: naming the file.
+    """
+    for pattern in RNG_FILES:
+        for file in sorted(path.glob(pattern)):
+            try:
+                torch.load(file, weights_only=True, map_location="cpu")
+            except Exception as err:  # UnpicklingError, RuntimeError, EOFError...: all mean "not RNG state"
+                raise UnsafeCheckpointError(
+                    f"{file} is not plain RNG state ({type(err).__name__}: {str(err).splitlines()[0][:160]}); it was "
+                    "refused before anything in it ran. Do not resume from this checkpoint."
+                ) from err
 
 
 # ------------------------------------------------------------------------------- which checkpoints are good
