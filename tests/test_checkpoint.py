@@ -411,7 +411,7 @@ def test_a_disk_that_fills_during_a_save_is_named_as_a_full_disk(small_disk, mon
             run_dir, 2, 0, lambda tmp: torch.save(torch.zeros(2**20), tmp / "big.pt"), keep=1
         )
     msg = str(err.value)
-    assert f"saving checkpoint step 2 ran out of disk space ([Errno 28] No space left on device" in msg
+    assert "saving checkpoint step 2 ran out of disk space ([Errno 28] No space left on device" in msg
     assert f"on the filesystem mounted at {small_disk}:" in msg
     assert f"The last good checkpoint is {good}; once there is room, resume from it (--resume)" in msg
     assert checkpoint.latest_checkpoint(run_dir) == good and checkpoint.find_problem(good) is None
