@@ -423,3 +423,77 @@ def test_convert_never_writes_into_a_checkpoint_or_deletes_what_no_run_wrote(sec
         checkpoint.convert_checkpoint(ckpt, out, overwrite=True)
     assert (out / "README.md").read_text() == "my notes"
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary folder left
+
+
+# ------------------------------------------------------------------ hostile inputs refused in one line (issue 27)
+LOOP_TEMPLATE = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+ESCAPE_TEMPLATE = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+
+
+def test_chat_templates_render_once_in_the_sandbox_within_a_time_bound(tmp_path):
+    import time
+
+    from smolfsdp.data.chat import check_chat_template
+    from smolfsdp.models.modeling import load_tokenizer
+    from smolfsdp.paths import bundled_tokenizer_path
+
+    tok = load_tokenizer("tiny")
+    check_chat_template(tok)  # the bundled template renders
+    tok.chat_template = LOOP_TEMPLATE  # 10^10 iterations: hours
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"did not render a two-turn conversation within 0.5 s"):
+        check_chat_template(tok, time_limit_s=0.5)
+    assert time.perf_counter() - t0 < 3
+    # a tokenizer folder whose template tries to leave Jinja's sandbox: refused before any row, one line
+    folder = tmp_path / "tok"
+    shutil.copytree(bundled_tokenizer_path(), folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = ESCAPE_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as err:
+        runner.preflight(
+            TrainConfig(name="hostile", output_dir=str(tmp_path / "runs"), tokenizer=str(folder))
+        )
+    msg = str(err.value)
+    assert (
+        f"The chat template of '{folder}' (tokenizer_config.json or chat_template.jinja) failed to render"
+        in msg
+    )
+    assert "SecurityError" in msg and "\n" not in msg
+    assert not (tmp_path / "runs" / "hostile").exists()
+
+
+ALIAS_BOMB = "name: smoke\nextra:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"  {c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)  # 9^9 = 387 million strings from ~600 bytes
+
+
+def test_alias_bombs_tags_and_long_names_are_refused_in_one_line(tmp_path, capsys):
+    import time
+    import tracemalloc
+
+    from smolfsdp.config import load_config
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(ALIAS_BOMB)
+    assert len(ALIAS_BOMB) < 700
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"bomb.yaml, line 4: not a plain YAML recipe \(an alias"):
+        load_config(bomb)
+    took, peak = time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert took < 1 and peak < 5 * 2**20, (took, peak)
+    tagged = tmp_path / "tagged.yaml"
+    tagged.write_text(f"name: !!python/object/apply:os.system ['touch {tmp_path / 'pwned'}']\n")
+    for path, why in ((bomb, "write the value out"), (tagged, "remove the tag: a recipe holds plain values")):
+        assert cli_main(["train", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert why in err and len(err.strip().splitlines()) == 1 and str(path) in err
+    assert not (tmp_path / "pwned").exists()
+    assert cli_main(["train", "--name", "x" * 300]) == 2
+    err = capsys.readouterr().err
+    assert "is 300 characters; a run name is a folder name of at most 100" in err
+    assert cli_main(["train", "--name", "my run"]) == 2
+    assert "name='my run' holds ' '; a run name uses letters, digits" in capsys.readouterr().err
