@@ -497,3 +497,58 @@ def test_alias_bombs_tags_and_long_names_are_refused_in_one_line(tmp_path, capsy
     assert "is 300 characters; a run name is a folder name of at most 100" in err
     assert cli_main(["train", "--name", "my run"]) == 2
     assert "name='my run' holds ' '; a run name uses letters, digits" in capsys.readouterr().err
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    """Rewrite a .safetensors file with ``edit(header)`` applied to its JSON header (data bytes unchanged)."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    edit(header)
+    new = json.dumps(header).encode()
+    path.write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n :])
+
+
+def test_a_model_folder_whose_safetensors_header_lies_is_refused_before_launch(tmp_path):
+    from smolfsdp.models.modeling import (
+        build_meta_model,
+        build_model,
+        check_safetensors_folder,
+        load_tokenizer,
+    )
+
+    folder = tmp_path / "model"
+    tok = load_tokenizer("tiny")
+    build_model("tiny", tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    good = weights.read_bytes()
+    cfg = TrainConfig(name="lying", output_dir=str(tmp_path / "runs"), model=str(folder))
+    name = "model.layers.0.mlp.down_proj.weight"  # [128, 352] in the tiny config
+
+    def transpose(h):
+        h[name]["shape"] = h[name]["shape"][::-1]  # same bytes, another shape
+
+    def beyond(h):
+        start, end = h[name]["data_offsets"]
+        h[name]["data_offsets"] = [start + 10**9, end + 10**9]
+
+    cases = (
+        (
+            transpose,
+            f"{weights}: {name!r} has shape [352, 128] but {folder / 'config.json'} builds [128, 352]",
+        ),
+        (beyond, f"{weights}: {name!r} (F32 [128, 352]) needs 180,224 bytes but its header points at bytes"),
+    )
+    for i, (edit, why) in enumerate(cases):
+        weights.write_bytes(good)
+        _rewrite_header(weights, edit)
+        with pytest.raises(ConfigError) as err:
+            if i == 0:  # what the launcher runs, before any process starts
+                runner.preflight(cfg)
+            else:
+                check_safetensors_folder(str(folder), build_meta_model(str(folder)))
+        assert why in str(err.value) and "\n" not in str(err.value)
+    weights.write_bytes(good)
+    check_safetensors_folder(str(folder), build_meta_model(str(folder)))  # the saved folder passes
+    assert not (tmp_path / "runs" / "lying").exists()

@@ -35,7 +35,12 @@ from smolfsdp.launch.torchrun import launch
 from smolfsdp.launch.validate import validate
 from smolfsdp.measure.benchmark import load_bench
 from smolfsdp.measure.results import check_run_dir, load_run
-from smolfsdp.models.modeling import build_meta_model, load_tokenizer, resolve_wrap_class
+from smolfsdp.models.modeling import (
+    build_meta_model,
+    check_safetensors_folder,
+    load_tokenizer,
+    resolve_wrap_class,
+)
 from smolfsdp.sharding.distributed import check_offload_support
 from smolfsdp.sharding.lora import apply_lora
 
@@ -68,6 +73,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         )
     meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
     check_model_fits_data(cfg, meta)  # max_length within the model's positions
+    check_safetensors_folder(cfg.model, meta)  # a local folder's headers: offsets and shapes vs the config
     check_tied_head(cfg.model, meta)  # config.json's tie_word_embeddings agrees with the checkpoint
     wrap_cls = resolve_wrap_class(meta, cfg.wrap_class)
     if cfg.lora:
