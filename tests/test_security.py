@@ -552,3 +552,22 @@ def test_a_model_folder_whose_safetensors_header_lies_is_refused_before_launch(t
     weights.write_bytes(good)
     check_safetensors_folder(str(folder), build_meta_model(str(folder)))  # the saved folder passes
     assert not (tmp_path / "runs" / "lying").exists()
+
+
+@pytest.mark.parametrize("chapter", sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb")))
+def test_an_unknown_profile_stops_every_chapter_right_after_its_parameters(chapter):
+    """papermill's ``-p PROFILE bogus`` gave chapter 01 a KeyError and ran chapter 07 silently. papermill and
+    Quarto put the injected value right after the parameters cell; the cell after that checks it."""
+    cells = json.loads((ROOT / "notebooks" / chapter).read_text())["cells"]
+    params = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+    check = "".join(cells[params + 1]["source"])
+    assert "check_profile(PROFILE)" in check and cells[params + 1]["metadata"]["tags"] == ["remove-cell"]
+    namespace: dict = {}
+    exec("".join(cells[params]["source"]), namespace)
+    exec(check, namespace)  # the default passes
+    exec('PROFILE = "bogus"', namespace)  # what `papermill -p PROFILE bogus` injects
+    with pytest.raises(ConfigError) as err:
+        exec(check, namespace)
+    assert str(err.value).startswith(
+        "PROFILE='bogus' is not a profile of this book: use smoke (CPU, minutes)"
+    )
