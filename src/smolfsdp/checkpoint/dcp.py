@@ -65,9 +65,9 @@ from smolfsdp.checkpoint.verify import (  # noqa: F401
     verify_checkpoint,
     write_marker,
 )
-from smolfsdp.config import read_recipe
 from smolfsdp.errors import ConfigError
 from smolfsdp.secrets import redact
+from smolfsdp.yaml_files import read_recipe
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:

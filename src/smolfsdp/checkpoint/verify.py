@@ -203,19 +203,13 @@ def write_marker(folder: Path, files: dict[str, dict[str, Any]], parent: str | N
     """The ``COMPLETE`` marker: JSON with every file's size and digest (written last, by rank 0), the
     checkpoint this one continues (``parent``: its folder name, None for a run's first save) and when it
     was saved (``saved_at``, seconds since the epoch): its lineage (:func:`current_lineage`)."""
-    body = {
-        "format": MARKER_FORMAT,
-        "algorithm": HASH,
-        "parent": parent,
-        "saved_at": time.time(),
-        "files": dict(sorted(files.items())),
-    }
+    body = {"format": MARKER_FORMAT, "algorithm": HASH, "parent": parent, "saved_at": time.time()}
+    body["files"] = dict(sorted(files.items()))
     (folder / MARKER).write_text(json.dumps(body, indent=1) + "\n")
 
 
 def _lineage_fields(folder: Path) -> tuple[float, str | None, bool]:
-    """(saved_at, parent, knows_parent) from ``folder``'s marker; (0, None, False) for a marker written
-    before lineage was recorded, or one that does not read."""
+    """(saved_at, parent, knows_parent) of ``folder``'s marker; (0, None, False) for an older or unreadable one."""
     try:
         body = json.loads((folder / MARKER).read_text())
         return float(body.get("saved_at", 0.0)), body.get("parent"), "parent" in body
@@ -297,13 +291,9 @@ RNG_FILES = ("rng_rank*.pt", "rng_state*.pth")
 
 
 def check_rng_files(path: Path) -> None:
-    """Each per-rank RNG file of checkpoint ``path`` loads as plain data (``torch.load(weights_only=True)``,
-    as the resume does): a file that asks for anything else is refused before any rank reads it, so no
-    failure line offers the checkpoint. The files are a few KB each.
-
-    Raises:
-        UnsafeCheckpointError: naming the file.
-    """
+    """Raise UnsafeCheckpointError naming a per-rank RNG file of ``path`` (a few KB each) that does not load as
+    plain data (``torch.load(weights_only=True)``, as a resume does): refused before any rank reads it, and
+    so never offered by a failure line."""
     for pattern in RNG_FILES:
         for file in sorted(path.glob(pattern)):
             try:
@@ -331,15 +321,11 @@ def complete_checkpoints(folder: str | Path) -> list[Path]:
 
 
 def current_lineage(folder: str | Path, head: Path | None = None) -> list[Path]:
-    """The complete checkpoints of the run's current lineage in ``folder``, newest first.
-
-    The rule: the head is the checkpoint saved last (the marker's ``saved_at``; the highest step among
-    markers without it), or ``head``; the lineage is the head and, following each marker's ``parent``,
-    the checkpoints it continues. A checkpoint of a branch the run left (steps 6 and 8 of an earlier run
-    after a resume from step 4 wrote a new step 6) is in no lineage of the new head: it is neither offered
-    for a resume nor kept by keep-last-K. A marker written before lineage was recorded continues every
-    complete checkpoint of a lower step (what "newest by step" meant before).
-    """
+    """The complete checkpoints of the run's current lineage in ``folder``, newest first. The rule: the head
+    is ``head`` or the checkpoint saved last (markers' ``saved_at``, then step); the lineage is the head and,
+    following each marker's ``parent``, the checkpoints it continues. A branch the run left (steps 6 and 8 of
+    an earlier run after a resume from step 4 wrote a new step 6) is outside it: neither offered for a resume
+    nor kept by keep-last-K. A marker without ``parent`` (older) continues every lower complete step."""
     done = complete_checkpoints(folder)
     if not done:
         return []
