@@ -321,6 +321,24 @@ def test_planted_metadata_runs_nothing_through_any_entry_point(planted, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+def test_a_poisoned_rng_file_is_refused_and_never_recommended(secret_run, tmp_path):
+    """rng_rank0.pt replaced by a pickle that runs a command, the marker forged: the resume is refused before
+    launch naming the file, and the failure line of the run offers no checkpoint to resume from."""
+    shutil.copytree(secret_run.path, tmp_path / "runs" / "secret")
+    ckpt = tmp_path / "runs" / "secret" / "checkpoints" / "step-000002"
+    flag = tmp_path / "pwned"
+    torch.save({"cpu": _Payload(f"touch {flag}"), "cuda": None}, ckpt / "rng_rank0.pt")
+    _forge_marker(ckpt, "rng_rank0.pt")
+    cfg = TrainConfig(name="secret", output_dir=str(tmp_path / "runs"), max_steps=4, resume_from="latest")
+    with pytest.raises(checkpoint.UnsafeCheckpointError) as err:
+        checkpoint.resolve_resume("latest", cfg.run_dir)  # what the ranks and the pre-launch check call
+    assert f"{ckpt / 'rng_rank0.pt'} is not plain RNG state (UnpicklingError" in str(err.value)
+    line = failures.explain_failure("", 1, cfg)
+    assert "no checkpoint of this run verifies" in line and "rng_rank0.pt is not plain RNG state" in line
+    assert "resume with" not in line
+    assert not flag.exists()
+
+
 def test_non_tensor_entries_are_read_weights_only(tmp_path):
     """DCP reads non-tensor entries (an optimizer's lr, betas) with torch.load(weights_only=False);
     checkpoint.dcp_load first proves they are plain data."""
