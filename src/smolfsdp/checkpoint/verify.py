@@ -322,15 +322,17 @@ def complete_checkpoints(folder: str | Path) -> list[Path]:
 
 def current_lineage(folder: str | Path, head: Path | None = None) -> list[Path]:
     """The complete checkpoints of the run's current lineage in ``folder``, newest first. The rule: the head
-    is ``head`` or the checkpoint saved last (markers' ``saved_at``, then step); the lineage is the head and,
+    is ``head`` or the highest step not saved before a lower one (markers' ``saved_at``); the lineage is it and,
     following each marker's ``parent``, the checkpoints it continues. A branch the run left (steps 6 and 8 of
     an earlier run after a resume from step 4 wrote a new step 6) is outside it: neither offered for a resume
     nor kept by keep-last-K. A marker without ``parent`` (older) continues every lower complete step."""
     done = complete_checkpoints(folder)
     if not done:
         return []
-    if head is None:
-        head = max(done, key=lambda p: (_lineage_fields(p)[0], _step(p)))
+    if head is None:  # the highest step, unless a lower one was saved after it (then it is a left branch)
+        saved = {p: _lineage_fields(p)[0] for p in done}
+        last = max(done, key=lambda p: (saved[p], _step(p)))
+        head = next(p for p in done if not (saved[p] and _step(p) > _step(last)))
     chain, by_name = [head], {p.name: p for p in done}
     while True:
         _, parent, knows = _lineage_fields(chain[-1])
