@@ -20,6 +20,7 @@ the ranks hash their share of the files in parallel.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -200,9 +201,7 @@ def hash_files(folder: Path, names: list[str], threads: int = 4) -> dict[str, di
 
 
 def write_marker(folder: Path, files: dict[str, dict[str, Any]], parent: str | None = None) -> None:
-    """The ``COMPLETE`` marker: JSON with every file's size and digest (written last, by rank 0), the
-    checkpoint this one continues (``parent``: its folder name, None for a run's first save) and when it
-    was saved (``saved_at``, seconds since the epoch): its lineage (:func:`current_lineage`)."""
+    """The ``COMPLETE`` marker (JSON, last, rank 0): sizes, digests, ``parent``, ``saved_at`` (:func:`current_lineage`)."""
     body = {"format": MARKER_FORMAT, "algorithm": HASH, "parent": parent, "saved_at": time.time()}
     body["files"] = dict(sorted(files.items()))
     (folder / MARKER).write_text(json.dumps(body, indent=1) + "\n")
@@ -286,23 +285,29 @@ def find_problem(path: str | Path, *, hashes: bool = True) -> str | None:
     return None
 
 
-#: The per-rank RNG files of both engines: the native loop's and the Trainer's (``_save_rng_state``).
-RNG_FILES = ("rng_rank*.pt", "rng_state*.pth")
+RNG_FILES = ("rng_rank*.pt", "rng_state*.pth")  # the native loop's and the Trainer's (``_save_rng_state``)
 
 
 def check_rng_files(path: Path) -> None:
-    """Raise UnsafeCheckpointError naming a per-rank RNG file of ``path`` (a few KB each) that does not load as
-    plain data (``torch.load(weights_only=True)``, as a resume does): refused before any rank reads it, and
-    so never offered by a failure line."""
-    for pattern in RNG_FILES:
-        for file in sorted(path.glob(pattern)):
-            try:
+    """Raise UnsafeCheckpointError naming an RNG file of ``path`` a resume would not load as plain data."""
+    for file in sorted(f for pattern in RNG_FILES for f in path.glob(pattern)):
+        allow = contextlib.nullcontext()
+        if file.name.startswith(
+            "rng_state"
+        ):  # the Trainer's hold numpy state: its own allow-list, as it loads them
+            from transformers.trainer_pt_utils import (
+                safe_globals,
+            )  # deferred: transformers, TRL checkpoints only
+
+            allow = safe_globals()
+        try:
+            with allow:
                 torch.load(file, weights_only=True, map_location="cpu")
-            except Exception as err:  # UnpicklingError, RuntimeError, EOFError...: all mean "not RNG state"
-                raise UnsafeCheckpointError(
-                    f"{file} is not plain RNG state ({type(err).__name__}: {str(err).splitlines()[0][:160]}); it was "
-                    "refused before anything in it ran. Do not resume from this checkpoint."
-                ) from err
+        except Exception as err:  # UnpicklingError, RuntimeError, EOFError...: all mean "not RNG state"
+            raise UnsafeCheckpointError(
+                f"{file} is not plain RNG state ({type(err).__name__}: {str(err).splitlines()[0][:160]}); it was "
+                "refused before anything in it ran. Do not resume from this checkpoint."
+            ) from err
 
 
 # ------------------------------------------------------------------------------- which checkpoints are good
@@ -321,24 +326,21 @@ def complete_checkpoints(folder: str | Path) -> list[Path]:
 
 
 def current_lineage(folder: str | Path, head: Path | None = None) -> list[Path]:
-    """The complete checkpoints of the run's current lineage in ``folder``, newest first. The rule: the head
-    is ``head`` or the highest step not saved before a lower one (markers' ``saved_at``); the lineage is it and,
-    following each marker's ``parent``, the checkpoints it continues. A branch the run left (steps 6 and 8 of
-    an earlier run after a resume from step 4 wrote a new step 6) is outside it: neither offered for a resume
-    nor kept by keep-last-K. A marker without ``parent`` (older) continues every lower complete step."""
+    """The complete checkpoints of the current lineage in ``folder``, newest first: the head (``head``, or the
+    highest step not saved before a lower one) and the checkpoints it continues (each marker's ``parent``; an
+    older marker continues every lower step). A branch the run left is outside it (README, Checkpoints)."""
     done = complete_checkpoints(folder)
     if not done:
         return []
     if head is None:  # the highest step, unless a lower one was saved after it (then it is a left branch)
-        saved = {p: _lineage_fields(p)[0] for p in done}
+        saved = {p: _lineage_fields(p)[0] for p in done}  # after a resume from 4: a new 6 saved after 8
         last = max(done, key=lambda p: (saved[p], _step(p)))
         head = next(p for p in done if not (saved[p] and _step(p) > _step(last)))
     chain, by_name = [head], {p.name: p for p in done}
     while True:
         _, parent, knows = _lineage_fields(chain[-1])
-        if not knows:
-            chain += [p for p in done if _step(p) < _step(chain[-1])]
-            return chain
+        if not knows:  # an older marker: every lower step
+            return chain + [p for p in done if _step(p) < _step(chain[-1])]
         nxt = by_name.get(parent or "")
         if nxt is None or nxt in chain or _step(nxt) >= _step(chain[-1]):
             return chain
