@@ -443,3 +443,15 @@ def test_free_space_is_checked_where_a_symlinked_checkpoints_folder_really_is(sm
         checkpoint.check_disk_space_each([(run_dir / "checkpoints", big), (run_dir / "final_model", 1000)])
     assert f"about {big:,} bytes of checkpoints and models to {run_dir / 'checkpoints'}" in str(err.value)
     assert f"filesystem has {shutil.disk_usage(small_disk).free:,} bytes free" in str(err.value)
+
+
+def test_convert_onto_a_full_disk_says_so_and_leaves_nothing(stopped, small_disk):
+    ckpt = stopped.run_dir / "checkpoints" / "step-000004"
+    with pytest.raises(ConfigError) as err:  # the tiny model's safetensors alone is larger than 2 MiB
+        checkpoint.convert_checkpoint(ckpt, small_disk / "out")
+    assert f"writing {small_disk / 'out'} failed (" in str(err.value) and "No space left on device" in str(
+        err.value
+    )
+    assert "The partial output was removed; free space or choose another folder." in str(err.value)
+    gc.collect()
+    assert list(small_disk.iterdir()) == []

@@ -367,9 +367,8 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(
-                f"Run config {str(p)!r} does not exist. Named runs live in configs/runs/*.yaml."
-            )
+            what = "is not a regular file" if p.exists() else "does not exist"
+            raise ConfigError(f"Run config {str(p)!r} {what}. Named runs live in configs/runs/*.yaml.")
         values = read_recipe(p) or {}
         if not isinstance(values, dict):
             raise ConfigError(f"{p} must hold a mapping of TrainConfig fields, got {type(values).__name__}.")

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+
 from smolfsdp.checkpoint.verify import (
     MARKER,
     complete_checkpoints,
@@ -41,7 +43,14 @@ from smolfsdp.checkpoint.verify import (
 )
 from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
-from smolfsdp.models.modeling import PRESETS, SMOLLM3_3B, build_model, load_tokenizer
+from smolfsdp.models.modeling import (
+    PRESETS,
+    SMOLLM3_3B,
+    build_meta_model,
+    build_model,
+    check_safetensors_folder,
+    load_tokenizer,
+)
 from smolfsdp.paths import umask_modes
 from smolfsdp.sharding.lora import apply_lora
 
@@ -307,6 +316,8 @@ def convert_checkpoint(
     ckpt, out, cfg = plan.ckpt, plan.out, plan.cfg
     verify_checkpoint(ckpt, hashes=True, action="convert")
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
+    # a local model folder's headers before from_pretrained reads its weights (one line, not SafetensorError)
+    check_safetensors_folder(cfg.model, build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code))
     built = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     if cfg.lora:
         built = apply_lora(built, cfg)
@@ -328,6 +339,16 @@ def convert_checkpoint(
         if out.exists():
             shutil.rmtree(out)  # check_convert_out: empty, or an earlier convert's files only
         tmp.replace(out)
+    except (
+        OSError,
+        SafetensorError,
+    ) as err:  # a full disk, a read-only folder: named, nothing half-written left
+        free = shutil.disk_usage(out.parent).free
+        raise ConfigError(
+            f"writing {out} failed ({err}); {free:,} bytes are free on its filesystem. The partial output was "
+            f"removed{' and ' + str(out) + ' kept as it was' if out.exists() else ''}; free space or choose "
+            "another folder."
+        ) from err
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
