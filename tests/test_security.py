@@ -405,6 +405,19 @@ def test_a_checkpoint_asking_for_remote_code_runs_none_on_convert_or_resume(secr
     assert not flag.exists()
 
 
+def test_an_export_drops_code_files(tmp_path):
+    from smolfsdp.checkpoint.convert import drop_code_files
+
+    (tmp_path / "sub").mkdir()
+    for name in ("modeling_evil.py", "sub/configuration_evil.py", "model.safetensors", "config.json"):
+        (tmp_path / name).write_text("x")
+    assert drop_code_files(tmp_path) == ["modeling_evil.py", "sub/configuration_evil.py"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "config.json",
+        "model.safetensors",
+    ]
+
+
 def test_convert_never_writes_into_a_checkpoint_or_deletes_what_no_run_wrote(secret_run, tmp_path, capsys):
     run = tmp_path / "runs" / "secret"
     shutil.copytree(secret_run.path, run)
