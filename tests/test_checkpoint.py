@@ -1,5 +1,6 @@
 """Sharded DCP checkpoints: atomic saves, keep-last-K, disk checks, kill + resume, convert, verification."""
 
+import gc
 import hashlib
 import json
 import logging
@@ -310,3 +311,147 @@ def test_a_damaged_or_escaping_marker_is_refused(tmp_path, files):
     )
     problem = checkpoint.find_problem(tmp_path)
     assert problem == f"{tmp_path / checkpoint.MARKER} is damaged (not the JSON smolfsdp writes)."
+
+
+# ------------------------------------------------------------------ lineage and faults (issue 27)
+class _OneRank:
+    """``torch.distributed`` as ``atomic_save`` uses it, for one process without a process group."""
+
+    @staticmethod
+    def barrier():
+        pass
+
+    @staticmethod
+    def get_world_size():
+        return 1
+
+    @staticmethod
+    def broadcast_object_list(objs, src=0):
+        pass
+
+    @staticmethod
+    def all_gather_object(parts, obj):
+        parts[0] = obj
+
+
+def _save(run_dir: Path, step: int, keep=None, value: float = 0.0) -> Path:
+    def write(tmp: Path) -> None:
+        checkpoint.dcp.save({"w": torch.full((4,), value)}, checkpoint_id=str(tmp), no_dist=True)
+
+    return checkpoint.atomic_save(run_dir, step, 0, write, keep=keep)
+
+
+def test_keep_last_k_after_resuming_from_an_older_step_keeps_the_step_just_written(tmp_path, monkeypatch):
+    """Steps 2..8 of an earlier run, then --resume_from step-4 --save_total_limit 1: the new step 6 stays,
+    the stale step 8 (a branch the run left) is neither kept nor offered as the last checkpoint."""
+    monkeypatch.setattr(checkpoint, "dist", _OneRank)
+    monkeypatch.setattr(checkpoint, "_LAST", {})
+    ckpts = tmp_path / "checkpoints"
+    for step in (2, 4, 6, 8):
+        _save(tmp_path, step, value=step)
+    assert [p.name for p in checkpoint.current_lineage(ckpts)] == [f"step-00000{s}" for s in (8, 6, 4, 2)]
+    checkpoint._LAST.clear()  # a new launch resumes from step 4
+    assert checkpoint.resolve_resume(str(ckpts / "step-000004"), tmp_path) == ckpts / "step-000004"
+    new6 = _save(tmp_path, 6, value=-6.0)  # no limit: the stale step 8 stays on disk, outside the lineage
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "step-000002",
+        "step-000004",
+        "step-000006",
+        "step-000008",
+    ]
+    assert json.loads((new6 / checkpoint.MARKER).read_text())["parent"] == "step-000004"
+    assert checkpoint.latest_checkpoint(tmp_path) == new6
+    assert checkpoint.newest_good_checkpoint(ckpts)[0] == new6
+    cfg = BASE.replace(name=tmp_path.name, output_dir=str(tmp_path.parent), max_steps=10)
+    line = failures.explain_failure("", 1, cfg)
+    assert f"the last complete checkpoint is {new6};" in line and "step-000008" not in line
+    # a kill during the final save of a 6-step run: what exists and how to finish, not "resume"
+    (tmp_path / "final_model.tmp").mkdir()
+    line = failures.explain_failure("", 1, cfg.replace(max_steps=6))
+    finish = (
+        f"every step ran and {new6} is complete, but the final model was not written (its save was interrupted; "
+        f"{tmp_path / 'final_model.tmp'} holds the interrupted save and can be deleted). Write it from that "
+        f"checkpoint: smolfsdp convert {new6} {tmp_path / 'final_model'}"
+    )
+    assert finish in line and "resume" not in line
+    with pytest.raises(ConfigError, match="nothing is left to train. Every step ran and") as err:
+        checkpoint.check_resume_settings(new6, cfg.replace(max_steps=6))
+    assert "Its final model is in" not in str(err.value)
+    _save(tmp_path, 6, keep=1, value=-6.0)  # the same save with --save_total_limit 1
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000006"]
+    state = {"w": torch.zeros(4)}
+    checkpoint.dcp_load(state, ckpts / "step-000006")
+    assert state["w"].tolist() == [-6.0] * 4  # the checkpoint just written, not the stale one
+    # markers written before lineage was recorded keep the old rule (every lower step continues)
+    marker = json.loads((new6 / checkpoint.MARKER).read_text())
+    del marker["parent"], marker["saved_at"]
+    (new6 / checkpoint.MARKER).write_text(json.dumps(marker))
+    assert checkpoint.current_lineage(ckpts) == [new6]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root only; skipped elsewhere), unmounted afterwards."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mnt
+    gc.collect()  # a failed torch.save's file object may still hold the disk open
+    subprocess.run(["umount", "-l", str(mnt)], check=False)  # lazy: detached even if something holds it
+
+
+def test_a_disk_that_fills_during_a_save_is_named_as_a_full_disk(small_disk, monkeypatch):
+    monkeypatch.setattr(checkpoint, "dist", _OneRank)
+    monkeypatch.setattr(checkpoint, "_LAST", {})
+    run_dir = small_disk / "run"
+    good = _save(run_dir, 1)
+    with pytest.raises(checkpoint.DiskFullError) as err:  # 4 MiB of float32 onto a 2 MiB disk: a real ENOSPC
+        checkpoint.atomic_save(
+            run_dir, 2, 0, lambda tmp: torch.save(torch.zeros(2**20), tmp / "big.pt"), keep=1
+        )
+    msg = str(err.value)
+    assert "saving checkpoint step 2 ran out of disk space ([Errno 28] No space left on device" in msg
+    assert f"on the filesystem mounted at {small_disk}:" in msg
+    assert f"The last good checkpoint is {good}; once there is room, resume from it (--resume)" in msg
+    assert checkpoint.latest_checkpoint(run_dir) == good and checkpoint.find_problem(good) is None
+    # torch's zip writer reports a short write without errno ("unexpected pos"): named by the free space
+    short = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")
+
+    def torn(tmp):
+        raise short
+
+    with pytest.raises(
+        checkpoint.DiskFullError, match=r"failed with RuntimeError: \[enforce fail.*unexpected pos 704"
+    ):
+        checkpoint.atomic_save(run_dir, 3, 0, torn)
+    monkeypatch.setattr(checkpoint_disk, "free_bytes", lambda path: 10 * 2**30)  # room: another failure
+    with pytest.raises(RuntimeError, match="unexpected pos") as other:
+        checkpoint.atomic_save(run_dir, 3, 0, torn)
+    assert not isinstance(other.value, checkpoint.DiskFullError)
+
+
+def test_free_space_is_checked_where_a_symlinked_checkpoints_folder_really_is(small_disk, tmp_path):
+    run_dir = tmp_path / "runs" / "linked"
+    run_dir.mkdir(parents=True)
+    (run_dir / "checkpoints").symlink_to(small_disk)
+    big = 8 * 2**20  # fits the test machine's disk, not the 2 MiB one the checkpoints go to
+    checkpoint.check_disk_space(run_dir, big)  # the run folder's own filesystem has room
+    with pytest.raises(checkpoint.DiskSpaceError) as err:
+        checkpoint.check_disk_space_each([(run_dir / "checkpoints", big), (run_dir / "final_model", 1000)])
+    assert f"about {big:,} bytes of checkpoints and models to {run_dir / 'checkpoints'}" in str(err.value)
+    assert f"filesystem has {shutil.disk_usage(small_disk).free:,} bytes free" in str(err.value)
+
+
+def test_convert_onto_a_full_disk_says_so_and_leaves_nothing(stopped, small_disk):
+    ckpt = stopped.run_dir / "checkpoints" / "step-000004"
+    with pytest.raises(ConfigError) as err:  # the tiny model's safetensors alone is larger than 2 MiB
+        checkpoint.convert_checkpoint(ckpt, small_disk / "out")
+    assert f"writing {small_disk / 'out'} failed (" in str(err.value) and "No space left on device" in str(
+        err.value
+    )
+    assert "The partial output was removed; free space or choose another folder." in str(err.value)
+    gc.collect()
+    assert list(small_disk.iterdir()) == []

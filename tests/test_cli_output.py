@@ -5,7 +5,6 @@ import os
 import stat
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -136,12 +135,19 @@ def _checkpoint(tmp_path, **fields):
 
 
 def test_convert_says_it_merges_a_lora_adapter(tmp_path):
+    from smolfsdp.checkpoint.convert import plan_convert
+
     run, ckpt = _checkpoint(tmp_path, lora=True, lora_r=8, lora_alpha=16)
-    plan = cli.convert_plan(str(ckpt))
+    (ckpt / ".metadata").write_bytes(b"")  # the plan reads no tensor: the files need only exist
+    plan = plan_convert(ckpt, tmp_path / "out").describe()
     assert "is a LoRA run (r=8, alpha=16, q_proj,k_proj,v_proj,o_proj)" in plan
     assert "merging the adapter into the base model tiny" in plan
     run2, ckpt2 = _checkpoint(tmp_path / "full")
-    assert cli.convert_plan(str(ckpt2)) == f"[smolfsdp] converting {ckpt2} (model tiny) to model.safetensors"
+    (ckpt2 / ".metadata").write_bytes(b"")
+    assert (
+        plan_convert(ckpt2, tmp_path / "out").describe()
+        == f"converting {ckpt2} (model tiny) to model.safetensors"
+    )
 
 
 def test_stop_note_says_where_it_can_resume(tmp_path):
@@ -312,21 +318,23 @@ def test_resume_flag_is_resume_from(monkeypatch, tmp_path):
 
 
 def test_convert_json(monkeypatch, tmp_path, capsys):
-    from smolfsdp.checkpoint import dcp
+    from smolfsdp.checkpoint import convert
 
     run, ckpt = _checkpoint(tmp_path, lora=True)
+    (ckpt / ".metadata").write_bytes(b"")
 
-    def fake_convert(checkpoint, out, overwrite=False):
-        Path(out).mkdir()
-        (Path(out) / "model.safetensors").write_text("")
-        return Path(out)
+    def fake_convert(plan):
+        plan.out.mkdir()
+        (plan.out / "model.safetensors").write_text("")
+        return plan.out
 
-    monkeypatch.setattr(dcp, "convert_checkpoint", fake_convert)
+    monkeypatch.setattr(convert, "convert_checkpoint", fake_convert)
     assert cli.main(["convert", str(ckpt), str(tmp_path / "out"), "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out) == {
         "checkpoint": str(ckpt),
         "out": str(tmp_path / "out"),
+        "model": "tiny",
         "lora_merged": True,
         "files": ["model.safetensors"],
     }

@@ -158,3 +158,35 @@ def test_device_name_picks_the_right_variant(device_name, key, tflops):
     g = gpu_from_device_name(device_name)
     assert (g.name if g else None) == key
     assert peak_tflops(device_name)[0] == tflops
+
+
+def test_cli_verdict_names_the_strategy_asked_and_why_another_is_recommended(capsys):
+    """Issue 27: the last line read 'full replica ... fits as given: FSDP1 NO_SHARD' when FULL_SHARD was
+    asked, and picked SHARD_GRAD_OP over a lower FULL_SHARD + offload without saying why."""
+    from smolfsdp.cli import main
+
+    args = ["memory", "--model", "smollm3-3b", "--gpus", "2", "--strategy", "FULL_SHARD", "--seq-len", "4096"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.split("verdict:")[1]
+    asked = estimate_memory("smollm3-3b", world_size=2, strategy="FULL_SHARD", seq_len=4096, fsdp_version=1)
+    assert (
+        f"asked FSDP1 FULL_SHARD on 2 x H100 SXM: fits (peak {asked.peak_bytes / 2**30:.1f} of 74.5 GiB)"
+        in out
+    )
+    assert (
+        "Recommended: full replica on 2 GPU(s), because a full replica already fits, and FULL_SHARD would "
+        in out
+    )
+    assert main([*args, "--offload", "--gpu", "A10G"]) == 0
+    out = capsys.readouterr().out.split("verdict:")[1]
+    assert "asked FSDP1 FULL_SHARD + CPU offload on 2 x A10G: does not fit" in out
+    rec = recommend("smollm3-3b", "A10G", 2, seq_len=4096, fsdp_version=1)
+    full = estimate_memory(
+        "smollm3-3b", world_size=2, strategy="FULL_SHARD", seq_len=4096, fsdp_version=1,
+        activation_checkpointing=True, offload=True,
+    )  # fmt: skip
+    assert rec.estimate.strategy == "SHARD_GRAD_OP" and full.peak_bytes < rec.estimate.peak_bytes
+    assert (
+        f"SHARD_GRAD_OP rather than FULL_SHARD: FULL_SHARD would peak lower ({full.peak_bytes / 2**30:.1f} GiB)"
+        in out
+    )

@@ -27,7 +27,7 @@ import sys
 from smolfsdp import quiet
 from smolfsdp.cli_args import command_hint, field_parser, option_names, overrides_from, refuse_unknown
 from smolfsdp.cli_dryrun import add_dryrun_parser, cmd_dryrun
-from smolfsdp.cli_output import format_bench, format_data, format_trace, status
+from smolfsdp.cli_output import format_bench, format_data, format_fit_verdict, format_trace, status
 from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.errors import ConfigError
 
@@ -190,7 +190,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(format_table(est))
     verdict = "fits" if fits(est, gpu) else "does not fit"
     print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
-    print(f"Does FSDP fit? {rec.decision} on {rec.gpus} GPU(s): {rec.reason}")
+    print(format_fit_verdict(est, fits(est, gpu), gpu.name, gpu.memory_bytes, rec))
     return 0
 
 
@@ -208,35 +208,31 @@ def cmd_gotchas(args: argparse.Namespace) -> int:
     return gotchas_main(flags)
 
 
-def convert_plan(checkpoint: str) -> str:
-    """What ``convert`` is about to write: a plain model, or a LoRA run's adapter merged into its base."""
-    from smolfsdp.checkpoint.dcp import config_of  # deferred: torch
-
-    path = config_of(checkpoint)
-    if not path.is_file():  # convert_checkpoint raises the error that names the problem
-        return f"[smolfsdp] converting {checkpoint}"
-    cfg = load_config(path)
-    if not cfg.lora:
-        return f"[smolfsdp] converting {checkpoint} (model {cfg.model}) to model.safetensors"
-    return (
-        f"[smolfsdp] {checkpoint} is a LoRA run (r={cfg.lora_r}, alpha={cfg.lora_alpha}, "
-        f"{','.join(cfg.lora_target_modules)}): merging the adapter into the base model {cfg.model}; "
-        "the output is one plain model (to keep the adapter alone, use the run's final_model/adapter)"
-    )
-
-
 def cmd_convert(args: argparse.Namespace) -> int:
-    from smolfsdp.checkpoint.dcp import convert_checkpoint  # deferred: torch, transformers
+    """Check the path, the output folder and the model first (one line on a problem), then say what it
+    writes and write it; the model and ``trust_remote_code`` come from the command line, not the checkpoint."""
+    from smolfsdp.checkpoint.convert import convert_checkpoint, plan_convert  # deferred: torch, transformers
 
-    plan = convert_plan(args.checkpoint)
-    print(plan, file=sys.stderr if args.json else sys.stdout, flush=True)
-    out = convert_checkpoint(args.checkpoint, args.out, overwrite=args.overwrite)
+    plan = plan_convert(
+        args.checkpoint,
+        args.out,
+        overwrite=args.overwrite,
+        model=args.model,
+        trust_remote_code=args.trust_remote_code,
+    )
+    print(f"[smolfsdp] {plan.describe()}", file=sys.stderr if args.json else sys.stdout, flush=True)
+    out = convert_checkpoint(plan)
     if args.json:
         files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-        merged = "merging the adapter" in plan
         print(
             json.dumps(
-                {"checkpoint": args.checkpoint, "out": str(out), "lora_merged": merged, "files": files}
+                {
+                    "checkpoint": args.checkpoint,
+                    "out": str(out),
+                    "model": plan.cfg.model,
+                    "lora_merged": plan.cfg.lora,
+                    "files": files,
+                }
             )
         )
     else:
@@ -337,7 +333,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="DCP checkpoint -> model.safetensors + config + tokenizer", **common)
     p.add_argument("checkpoint", help="runs/<name>/checkpoints/step-N")
     p.add_argument("out", help="output folder (must be new or empty unless --overwrite)")
-    p.add_argument("--overwrite", action="store_true", help="replace the files of a non-empty OUT")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier convert's output in OUT (nothing else)"
+    )
+    p.add_argument(
+        "--model", default=None,
+        help="the model to rebuild (default: the one the run's config.yaml names, if a preset or a local "
+        "folder outside the checkpoint; a checkpoint's own word is never trusted further)",
+    )  # fmt: skip
+    p.add_argument(
+        "--trust_remote_code", action="store_true",
+        help="run the --model's own modelling code (off unless given here; a checkpoint's setting is ignored)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     return parser
 

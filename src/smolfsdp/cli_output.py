@@ -235,3 +235,38 @@ def format_trace(s: dict) -> str:
     ]
     out += [f"note: {n}" for n in s["notes"]]
     return "\n".join(out)
+
+
+def asked_label(est) -> str:
+    """The configuration a ``smolfsdp memory`` call asked for, as the verdict names it: 'FSDP1 FULL_SHARD +
+    activation checkpointing + CPU offload, micro-batch 2' (an estimate of ``smolfsdp.measure.memory``)."""
+    parts = [f"FSDP{est.fsdp_version} {est.strategy}"]
+    parts += ["activation checkpointing"] * bool(est.activation_checkpointing) + ["CPU offload"] * bool(
+        est.offload
+    )
+    return " + ".join(parts) + (f", micro-batch {est.micro_batch}" if est.micro_batch > 1 else "")
+
+
+def format_fit_verdict(est, fits_as_asked: bool, gpu_name: str, gpu_bytes: int, rec) -> str:
+    """The "Does FSDP fit?" answer: the configuration asked and its verdict, then the recommendation (the
+    cheapest lever that fits, ``smolfsdp.measure.recommend``) and why it differs from what was asked."""
+    gib = 2**30
+    verdict = "fits" if fits_as_asked else "does not fit"
+    head = (
+        f"Does FSDP fit? asked {asked_label(est)} on {est.world_size} x {gpu_name}: {verdict} (peak "
+        f"{est.peak_bytes / gib:.1f} of {gpu_bytes / gib:.1f} GiB)."
+    )
+    if rec.decision == "does not fit":
+        return f"{head} Nothing fits: {rec.reason}"
+    same = rec.estimate.strategy == est.strategy and bool(rec.estimate.offload) == bool(est.offload)
+    if rec.lever == "none":
+        why = (
+            "the configuration asked is the cheapest that fits"
+            if same
+            else f"a full replica already fits, and {est.strategy} would only add communication"
+        )
+    elif rec.lever == "more GPUs":
+        why = f"nothing fits on {est.world_size} GPU(s)"
+    else:
+        why = f"{rec.lever} is the cheapest lever that makes it fit (cheaper ones were tried first, below)"
+    return f"{head}\nRecommended: {rec.decision} on {rec.gpus} GPU(s), because {why}: {rec.reason}"

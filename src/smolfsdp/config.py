@@ -19,6 +19,7 @@ import yaml
 
 from smolfsdp.errors import ConfigError, did_you_mean
 from smolfsdp.secrets import redact
+from smolfsdp.yaml_files import read_recipe
 
 ENGINES = ("native", "trl")
 FSDP_VERSIONS = (1, 2)
@@ -359,16 +360,16 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
     """Load ``configs/runs/*.yaml`` (optional) and apply ``overrides``; validate everything.
 
     Raises:
-        ConfigError: a missing file, an unknown key (with the nearest valid one), or an invalid value.
+        ConfigError: a missing file, one over :data:`smolfsdp.yaml_files.MAX_RECIPE_BYTES`, YAML aliases or tags
+            (:func:`smolfsdp.yaml_files.read_recipe`), an unknown key (with the nearest valid one), or an invalid value.
     """
     values: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(
-                f"Run config {str(p)!r} does not exist. Named runs live in configs/runs/*.yaml."
-            )
-        values = yaml.safe_load(p.read_text()) or {}
+            what = "is not a regular file" if p.exists() else "does not exist"
+            raise ConfigError(f"Run config {str(p)!r} {what}. Named runs live in configs/runs/*.yaml.")
+        values = read_recipe(p) or {}
         if not isinstance(values, dict):
             raise ConfigError(f"{p} must hold a mapping of TrainConfig fields, got {type(values).__name__}.")
         check_keys(values, str(p))

@@ -29,6 +29,7 @@ import nbformat
 import yaml
 from tqdm import tqdm
 
+from smolfsdp.book.profiles import PROFILES, check_profile  # noqa: F401 (PROFILES: re-exported)
 from smolfsdp.errors import ConfigError, did_you_mean
 from smolfsdp.paths import repo_root
 
@@ -209,7 +210,7 @@ def execute_chapter(
     if timeout == 0:
         timeout = CELL_TIMEOUT_S[profile]
     nb = nbformat.read(path, as_version=4)
-    inject_parameters(nb, PROFILE=profile)
+    inject_parameters(nb, PROFILE=check_profile(profile))
     with tempfile.TemporaryDirectory(prefix="smolfsdp-kernel-") as sockets:
         client = NotebookClient(
             nb,
@@ -248,7 +249,6 @@ def execute_chapter(
 # last copy, so the scratch notebook Quarto wrote back stays, as in an in-place project, and
 # `freeze: auto` re-executes exactly the chapters whose committed source changed.
 RENDER_STATE = ".smolfsdp-render.json"  # marks a scratch project; scripts/quarto_guard.py looks for it
-PROFILES = ("smoke", "full")
 
 
 def render_sources(root: Path | None = None) -> list[Path]:

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import yaml
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -32,21 +31,31 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 # re-exported: callers import the checkpoint API from this module
+from smolfsdp.checkpoint.convert import (  # noqa: F401
+    ConvertPlan,
+    check_matches_model,
+    config_of,
+    convert_checkpoint,
+    plan_convert,
+)
 from smolfsdp.checkpoint.disk import (  # noqa: F401
     ADAM_STATES,
     DiskFullError,
     DiskSpaceError,
     check_disk_space,
+    check_disk_space_each,
     disk_full_cause,
     estimate_checkpoint_bytes,
     explain_disk_full,
     free_bytes,
+    full_disk_after_failure,
 )
 from smolfsdp.checkpoint.verify import (  # noqa: F401
     MARKER,
     CheckpointCorruptError,
     UnsafeCheckpointError,
     complete_checkpoints,
+    current_lineage,
     dcp_load,
     find_problem,
     hash_files,
@@ -56,16 +65,22 @@ from smolfsdp.checkpoint.verify import (  # noqa: F401
     verify_checkpoint,
     write_marker,
 )
-from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
-from smolfsdp.models.modeling import build_model, load_tokenizer
-from smolfsdp.paths import umask_modes
 from smolfsdp.secrets import redact
-from smolfsdp.sharding.lora import apply_lora
+from smolfsdp.yaml_files import read_recipe
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
+
+
+#: The checkpoint this process last resumed from (:func:`resolve_resume`) or saved (:func:`atomic_save`),
+#: per checkpoints folder: the ``parent`` the next save records in its marker (its lineage).
+_LAST: dict[Path, Path] = {}
+
+
+def _lineage_key(run_dir: str | Path) -> Path:
+    return checkpoint_dir(run_dir).resolve()
 
 
 def atomic_save(
@@ -83,7 +98,9 @@ def atomic_save(
     collective). Rank 0 then writes ``config.yaml`` (the settings that produced these tensors); the
     ranks hash the files (size + SHA-256, each rank a share), rank 0 writes them into the marker and
     renames. With ``keep``, only the newest ``keep`` complete checkpoints remain (the new one is
-    complete before any old one is removed). If ``write`` raises on any rank, no ``step-N/`` appears
+    complete before any old one is removed; only the newest ``keep`` of its lineage stay, see
+    :func:`smolfsdp.checkpoint.verify.current_lineage`: the marker records the checkpoint this process
+    resumed from or saved last as the new one's parent). If ``write`` raises on any rank, no ``step-N/`` appears
     and the previous checkpoint stays the latest. Returns ``step-N/``.
 
     Raises:
@@ -103,9 +120,10 @@ def atomic_save(
         dist.barrier()
         files = _hash_share(tmp, rank)
         if rank == 0:
-            write_marker(tmp, files)
-    except (OSError, dcp.CheckpointException) as err:
-        full = disk_full_cause(err)
+            parent = _LAST.get(_lineage_key(run_dir))
+            write_marker(tmp, files, parent=parent.name if parent is not None else None)
+    except (OSError, RuntimeError, dcp.CheckpointException) as err:
+        full = full_disk_after_failure(run_dir, tmp, err)  # ENOSPC, or a short write on a full disk
         if full is not None:
             raise DiskFullError(errno.ENOSPC, explain_disk_full(run_dir, step, tmp, full)) from err
         raise
@@ -113,9 +131,12 @@ def atomic_save(
         if final.exists():
             shutil.rmtree(final)
         tmp.replace(final)
-        if keep is not None:
-            for old in complete_checkpoints(checkpoint_dir(run_dir))[keep:]:
-                shutil.rmtree(old)
+        if keep is not None:  # the new one and its lineage's newest; a left branch's checkpoints go too
+            kept = current_lineage(checkpoint_dir(run_dir), head=final)[:keep]
+            for old in complete_checkpoints(checkpoint_dir(run_dir)):
+                if old not in kept:
+                    shutil.rmtree(old)
+    _LAST[_lineage_key(run_dir)] = final
     dist.barrier()
     return final
 
@@ -166,8 +187,9 @@ def save_checkpoint(
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of a run (not verified: see :func:`newest_good_checkpoint`), or None."""
-    done = complete_checkpoints(checkpoint_dir(run_dir))
+    """The newest complete checkpoint of a run's current lineage (not verified: see
+    :func:`newest_good_checkpoint`), or None."""
+    done = current_lineage(checkpoint_dir(run_dir))
     return done[0] if done else None
 
 
@@ -192,6 +214,7 @@ def resolve_resume(resume_from: str, run_dir: str | Path, *, hashes: bool = Fals
             "it may be a save that was interrupted."
         )
     verify_checkpoint(path, hashes=hashes, action="resume")
+    _LAST[_lineage_key(run_dir)] = path  # the parent of this process's next save
     return path
 
 
@@ -229,7 +252,7 @@ def check_engine(path: str | Path, engine: str) -> None:
     path = Path(path)
     written_by = "trl" if (path / "scheduler.json").is_file() else "native"
     if (path / "config.yaml").is_file():
-        written_by = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("engine", written_by)
+        written_by = (read_recipe(path / "config.yaml") or {}).get("engine", written_by)
     if written_by != engine:
         raise ConfigError(
             f"{path} was written by the {written_by} engine, and this run uses engine: {engine}. Resume with "
@@ -261,7 +284,7 @@ def check_resume_settings(path: str | Path, cfg) -> None:
     path = Path(path)
     saved_file = path / "config.yaml"
     if saved_file.is_file():
-        saved = yaml.safe_load(saved_file.read_text()) or {}
+        saved = read_recipe(saved_file) or {}  # bounded: a checkpoint's file is data from elsewhere
         now = redact(cfg.to_dict())  # the saved config is redacted: compare like with like
         diff = [
             f"{k} {saved.get(k)!r} -> {now.get(k)!r}"
@@ -277,94 +300,29 @@ def check_resume_settings(path: str | Path, cfg) -> None:
             )
     step = int(path.name.split("-")[-1]) if path.name.split("-")[-1].isdigit() else None
     if step is not None and cfg.max_steps > 0 and step >= cfg.max_steps:
+        missing = missing_final_model(cfg.run_dir, path)
+        if missing:
+            raise ConfigError(
+                f"{path} is at step {step} of max_steps={cfg.max_steps}: nothing is left to train. {missing}"
+            )
         raise ConfigError(
             f"{path} is at step {step} and the run has max_steps={cfg.max_steps}: it is finished, there is "
-            "nothing to resume. Its final model is in final_model/; to train longer start a new run from the "
-            f"weights (smolfsdp convert {path} OUT)."
+            f"nothing to resume. Its final model is in {Path(cfg.run_dir) / 'final_model'}; to train longer start a "
+            f"new run from the weights (smolfsdp convert {path} OUT)."
         )
 
 
-def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    meta = read_dcp_metadata(path)
-    return {
-        k[len("model.") :]: tuple(v.size)
-        for k, v in meta.state_dict_metadata.items()
-        if k.startswith("model.") and hasattr(v, "size")
-    }
-
-
-def check_matches_model(ckpt: str | Path, model, model_name: str = "the model") -> None:
-    """Raise ConfigError naming the keys that differ between a checkpoint and ``model`` (meta is fine)."""
-    saved = _checkpoint_shapes(Path(ckpt))
-    wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = sorted(set(wanted) - set(saved))
-    shape = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
-    extra = sorted(set(saved) - set(wanted))
-    if missing or shape or extra:
-        detail = "; ".join(
-            f"{label}: {keys[:4]}{' ...' if len(keys) > 4 else ''}"
-            for label, keys in (("missing", missing), ("different shape", shape), ("unexpected", extra))
-            if keys
-        )
-        raise ConfigError(
-            f"{ckpt} does not match {model_name} ({detail}). Was it written by a run with other "
-            "settings (LoRA on/off, another model)?"
-        )
-
-
-def config_of(ckpt: str | Path) -> Path:
-    """The run config that describes a checkpoint: the copy saved in it, else ``runs/<name>/config.yaml``
-    (the run folder's may have changed since the save). The path may not exist."""
-    ckpt = Path(ckpt)
-    return ckpt / "config.yaml" if (ckpt / "config.yaml").is_file() else ckpt.parent.parent / "config.yaml"
-
-
-def convert_checkpoint(checkpoint: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    """DCP checkpoint -> ``model.safetensors`` + config + tokenizer, in one process, no process group.
-
-    The run's ``config.yaml`` (two levels up: ``runs/<name>/checkpoints/step-N``) says which model
-    to build. A LoRA run is written merged (base + adapter folded in) so the output is one plain model.
-
-    Raises:
-        ConfigError: not a checkpoint, an incomplete one, one from another model (the differing keys
-            are named), or a non-empty ``out_dir`` without ``overwrite``.
-    """
-    ckpt, out = Path(checkpoint), Path(out_dir)
-    if not ckpt.exists():
-        raise ConfigError(f"{ckpt} does not exist; checkpoints live in runs/<name>/checkpoints/step-N/.")
-    if not (ckpt / ".metadata").is_file():
-        raise ConfigError(
-            f"{ckpt} is not a DCP checkpoint (no .metadata file); checkpoints live in "
-            "runs/<name>/checkpoints/step-N/."
-        )
-    if not is_complete(ckpt):
-        raise ConfigError(
-            f"{ckpt} is incomplete (no {MARKER} marker): its save was interrupted; use an older one."
-        )
-    verify_checkpoint(ckpt, hashes=True, action="convert")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; choose a new folder or pass --overwrite.")
-    run_config = config_of(ckpt)
-    if not run_config.is_file():
-        raise ConfigError(f"{run_config} is missing: convert needs the run's config to rebuild the model.")
-    cfg = load_config(run_config)
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
-    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
-    if cfg.lora:
-        model = apply_lora(model, cfg)
-    check_matches_model(ckpt, model, f"the model {cfg.model!r} of {run_config}")
-    state = model.state_dict()
-    loaded = {"model": state}
-    dcp_load(loaded, ckpt)  # no process group: DCP reads every shard in this process
-    model.load_state_dict(loaded["model"])
-    if cfg.lora:
-        model = model.merge_and_unload()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    umask_modes(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.replace(out)
-    return out
+def missing_final_model(run_dir: str | Path, ckpt: str | Path) -> str | None:
+    """For a run whose last checkpoint ``ckpt`` is at its last step: None when ``final_model/`` was written
+    (it appears whole: ``smolfsdp.train.export`` moves a finished folder into place), else what exists
+    and the command that writes the final model from ``ckpt`` (a kill during the final save)."""
+    final = Path(run_dir) / "final_model"
+    if final.is_dir() and any(final.rglob("*.safetensors")):
+        return None
+    partial = final.with_name("final_model.tmp")
+    left = f"; {partial} holds the interrupted save and can be deleted" if partial.exists() else ""
+    return (
+        f"Every step ran and {ckpt} is complete, but the final model was not written (its save was "
+        f"interrupted{left}). Write it from that checkpoint: smolfsdp convert {ckpt} {final} (a LoRA run's "
+        "adapter comes out merged into the base model)."
+    )

@@ -48,11 +48,8 @@ def estimate_checkpoint_bytes(model, optimizer_trainable_params=None) -> int:
 
 
 def free_bytes(path: str | Path) -> int:
-    """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent)."""
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
+    """Free bytes on the filesystem that holds ``path`` (symlinks followed; or its nearest existing parent)."""
+    return shutil.disk_usage(_nearest_existing(path)).free
 
 
 def check_disk_space(output_dir: str | Path, needed_bytes: int) -> None:
@@ -64,6 +61,28 @@ def check_disk_space(output_dir: str | Path, needed_bytes: int) -> None:
             f"filesystem has {free:,} bytes free. Free space, choose another output_dir, save less often "
             "(save_steps), keep fewer checkpoints (save_total_limit) or use LoRA (smaller optimizer state)."
         )
+
+
+def check_disk_space_each(needs: list[tuple[Path, int]]) -> None:
+    """:func:`check_disk_space` per filesystem: ``needs`` pairs a path (a run's ``checkpoints/``, its
+    ``final_model/``) with the bytes written there; paths are followed through symlinks to the filesystem
+    that really holds them (a ``checkpoints/`` linked to a small disk is checked on that disk), and the
+    bytes of paths on one filesystem are added up."""
+    by_device: dict[int, list] = {}
+    for path, needed in needs:
+        if needed > 0:
+            device = os.stat(_nearest_existing(path)).st_dev
+            by_device.setdefault(device, [path, 0])[1] += needed
+    for path, needed in by_device.values():
+        check_disk_space(path, needed)
+
+
+def _nearest_existing(path: str | Path) -> Path:
+    """``path`` with symlinks followed, or its nearest existing parent (a folder a run will create)."""
+    p = Path(path).resolve()
+    while not p.exists():
+        p = p.parent
+    return p
 
 
 def disk_full_cause(err: BaseException) -> OSError | None:
@@ -78,6 +97,28 @@ def disk_full_cause(err: BaseException) -> OSError | None:
         if isinstance(e, dcp.CheckpointException):
             seen += [exc for exc, _ in e.failures.values()]
     return None
+
+
+#: Below this many free bytes a failed save is read as a full disk even when the error does not say ENOSPC.
+FULL_DISK_SLACK = 1 << 20
+
+
+def full_disk_after_failure(run_dir: str | Path, tmp: Path, err: BaseException) -> OSError | None:
+    """The full disk behind a failed save, when the error hides it: torch's zip writer reports a short
+    write as ``RuntimeError: ... unexpected pos 704 vs 598`` (no errno). The filesystem of ``tmp`` is
+    full when it has less free than the last good checkpoint takes (or :data:`FULL_DISK_SLACK`). Returns
+    an ENOSPC ``OSError`` describing it, or None (another failure: re-raised as it was)."""
+    found = disk_full_cause(err)
+    if found is not None:
+        return found
+    good, _ = newest_good_checkpoint(Path(run_dir) / "checkpoints", hashes=False)
+    needed = max(_folder_bytes(good) if good is not None else 0, FULL_DISK_SLACK)
+    if free_bytes(tmp) >= needed:
+        return None
+    said = " ".join(str(err).split())[:200]
+    return OSError(
+        errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}; the save failed with {type(err).__name__}: {said}"
+    )
 
 
 def _folder_bytes(path: Path) -> int:

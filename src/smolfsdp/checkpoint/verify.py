@@ -20,10 +20,12 @@ the ranks hash their share of the files in parallel.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import pickle
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -198,10 +200,20 @@ def hash_files(folder: Path, names: list[str], threads: int = 4) -> dict[str, di
         return dict(zip(names, pool.map(lambda n: hash_file(folder / n), names), strict=True))
 
 
-def write_marker(folder: Path, files: dict[str, dict[str, Any]]) -> None:
-    """The ``COMPLETE`` marker: JSON with every file's size and digest (written last, by rank 0)."""
-    body = {"format": MARKER_FORMAT, "algorithm": HASH, "files": dict(sorted(files.items()))}
+def write_marker(folder: Path, files: dict[str, dict[str, Any]], parent: str | None = None) -> None:
+    """The ``COMPLETE`` marker (JSON, last, rank 0): sizes, digests, ``parent``, ``saved_at`` (:func:`current_lineage`)."""
+    body = {"format": MARKER_FORMAT, "algorithm": HASH, "parent": parent, "saved_at": time.time()}
+    body["files"] = dict(sorted(files.items()))
     (folder / MARKER).write_text(json.dumps(body, indent=1) + "\n")
+
+
+def _lineage_fields(folder: Path) -> tuple[float, str | None, bool]:
+    """(saved_at, parent, knows_parent) of ``folder``'s marker; (0, None, False) for an older or unreadable one."""
+    try:
+        body = json.loads((folder / MARKER).read_text())
+        return float(body.get("saved_at", 0.0)), body.get("parent"), "parent" in body
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0.0, None, False
 
 
 def read_marker(folder: Path) -> dict[str, dict[str, Any]] | None:
@@ -232,8 +244,8 @@ def find_problem(path: str | Path, *, hashes: bool = True) -> str | None:
     it points to exists and holds the bytes it points into. A marker without checksums (written before
     they were recorded) gets only the last two checks.
 
-    Raises UnsafeCheckpointError (from :func:`read_dcp_metadata`): an unsafe checkpoint is refused
-    outright, never offered as a problem to route around.
+    Raises UnsafeCheckpointError (from :func:`read_dcp_metadata` or :func:`check_rng_files`): an unsafe
+    checkpoint is refused outright, never offered as a problem to route around.
     """
     path = Path(path)
     try:
@@ -254,6 +266,7 @@ def find_problem(path: str | Path, *, hashes: bool = True) -> str | None:
                     f"{path / name} does not match the {HASH} recorded at save: its bytes changed since "
                     "(a flipped bit, a torn copy, an edit)"
                 )
+    check_rng_files(path)
     if not (path / ".metadata").is_file():
         return f"{path / '.metadata'} is missing"
     try:
@@ -272,6 +285,31 @@ def find_problem(path: str | Path, *, hashes: bool = True) -> str | None:
     return None
 
 
+RNG_FILES = ("rng_rank*.pt", "rng_state*.pth")  # the native loop's and the Trainer's (``_save_rng_state``)
+
+
+def check_rng_files(path: Path) -> None:
+    """Raise UnsafeCheckpointError naming an RNG file of ``path`` a resume would not load as plain data."""
+    for file in sorted(f for pattern in RNG_FILES for f in path.glob(pattern)):
+        allow = contextlib.nullcontext()
+        if file.name.startswith(
+            "rng_state"
+        ):  # the Trainer's hold numpy state: its own allow-list, as it loads them
+            from transformers.trainer_pt_utils import (
+                safe_globals,
+            )  # deferred: transformers, TRL checkpoints only
+
+            allow = safe_globals()
+        try:
+            with allow:
+                torch.load(file, weights_only=True, map_location="cpu")
+        except Exception as err:  # UnpicklingError, RuntimeError, EOFError...: all mean "not RNG state"
+            raise UnsafeCheckpointError(
+                f"{file} is not plain RNG state ({type(err).__name__}: {str(err).splitlines()[0][:160]}); it was "
+                "refused before anything in it ran. Do not resume from this checkpoint."
+            ) from err
+
+
 # ------------------------------------------------------------------------------- which checkpoints are good
 def is_complete(path: str | Path) -> bool:
     return (Path(path) / MARKER).is_file()
@@ -287,14 +325,36 @@ def complete_checkpoints(folder: str | Path) -> list[Path]:
     return sorted(done, key=_step, reverse=True)
 
 
+def current_lineage(folder: str | Path, head: Path | None = None) -> list[Path]:
+    """The complete checkpoints of the current lineage in ``folder``, newest first: the head (``head``, or the
+    highest step not saved before a lower one) and the checkpoints it continues (each marker's ``parent``; an
+    older marker continues every lower step). A branch the run left is outside it (README, Checkpoints)."""
+    done = complete_checkpoints(folder)
+    if not done:
+        return []
+    if head is None:  # the highest step, unless a lower one was saved after it (then it is a left branch)
+        saved = {p: _lineage_fields(p)[0] for p in done}  # after a resume from 4: a new 6 saved after 8
+        last = max(done, key=lambda p: (saved[p], _step(p)))
+        head = next(p for p in done if not (saved[p] and _step(p) > _step(last)))
+    chain, by_name = [head], {p.name: p for p in done}
+    while True:
+        _, parent, knows = _lineage_fields(chain[-1])
+        if not knows:  # an older marker: every lower step
+            return chain + [p for p in done if _step(p) < _step(chain[-1])]
+        nxt = by_name.get(parent or "")
+        if nxt is None or nxt in chain or _step(nxt) >= _step(chain[-1]):
+            return chain
+        chain.append(nxt)
+
+
 def newest_good_checkpoint(
     folder: str | Path, *, hashes: bool = True, skip: tuple[Path, ...] = ()
 ) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest complete checkpoint in ``folder`` (``runs/<name>/checkpoints``) that verifies, and the
-    newer ones that did not, each with its problem (see :func:`smolfsdp.checkpoint.verify.find_problem`;
-    ``hashes=False`` checks sizes only). ``skip``: checkpoints not to consider."""
+    """The newest complete checkpoint of the current lineage (:func:`current_lineage`) in ``folder``
+    (``runs/<name>/checkpoints``) that verifies, and the newer ones that did not, each with its problem (see
+    :func:`find_problem`; ``hashes=False`` checks sizes only). ``skip``: checkpoints not to consider."""
     bad = []
-    for path in complete_checkpoints(folder):
+    for path in current_lineage(folder):
         if path in skip:
             continue
         try:

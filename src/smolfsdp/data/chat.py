@@ -9,8 +9,11 @@ label is :data:`IGNORE_INDEX`; templates that call ``strftime_now`` render :data
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import signal
+import threading
 from datetime import datetime
 from typing import Any
 
@@ -54,13 +57,71 @@ def to_messages(
 
 
 # ---------------------------------------------------------------------------- tokenising
-def check_chat_template(tokenizer) -> None:
+#: Seconds one render of a two-turn conversation may take at the pre-launch check (SmolLM3's: ~1 ms).
+TEMPLATE_TIME_LIMIT_S = 10.0
+
+
+def check_chat_template(tokenizer, time_limit_s: float = TEMPLATE_TIME_LIMIT_S) -> None:
+    """The tokenizer has a chat template, and it renders a two-turn conversation once, in Jinja's sandbox
+    (transformers renders templates in an ``ImmutableSandboxedEnvironment``), within ``time_limit_s``.
+
+    A template is code that ships with a tokenizer: one that escapes the sandbox, fails, or loops for hours
+    (two nested ``range(100000)``) is refused here, before any row is tokenized. The time bound is a
+    ``SIGALRM`` timer, so it holds in the main thread (the launcher, each rank); elsewhere the render is
+    not bounded.
+
+    Raises:
+        ConfigError: no template, or one that fails, breaks the sandbox or runs too long; one line naming
+            the tokenizer's files and the fix.
+    """
+    require_template(tokenizer)
+    where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    fix = "use a tokenizer whose template renders plain text (the model's own, or the bundled data/tokenizer)"
+    try:
+        with _time_limit(time_limit_s):
+            render_ids(build_messages("Is this a test?", "Yes."), tokenizer)
+    except TimeoutError as err:
+        raise ConfigError(
+            f"The chat template of {where!r} (tokenizer_config.json or chat_template.jinja) did not render a "
+            f"two-turn conversation within {time_limit_s:g} s (a loop without bound?); {fix}."
+        ) from err
+    except ConfigError:
+        raise
+    except Exception as err:  # jinja2's SecurityError, TemplateError, or whatever the template raises
+        said = " ".join(str(err).split())[:200]
+        raise ConfigError(
+            f"The chat template of {where!r} (tokenizer_config.json or chat_template.jinja) failed to render "
+            f"({type(err).__name__}: {said}); nothing was run outside Jinja's sandbox. {fix[0].upper()}{fix[1:]}."
+        ) from err
+
+
+def require_template(tokenizer) -> None:
+    """Raise ConfigError when the tokenizer has no chat template (the per-row check; no render)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             f"The tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so chat messages "
             "cannot be turned into tokens. Use a tokenizer that ships one (the model's own, or the bundled "
             "data/tokenizer), or set tokenizer.chat_template before training."
         )
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise TimeoutError in the block after ``seconds`` (SIGALRM; main thread only, else no bound)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"over {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def has_generation_markers(tokenizer) -> bool:
@@ -108,7 +169,7 @@ def encode_chat(messages: list[dict[str, str]], tokenizer) -> tuple[list[int], l
     them; otherwise masks the prompt rendered with ``add_generation_prompt=True`` (it must be a prefix
     of the full conversation, which is checked).
     """
-    check_chat_template(tokenizer)
+    require_template(tokenizer)
     if has_generation_markers(tokenizer):
         enc = render_ids(messages, tokenizer, return_assistant_tokens_mask=True)
         return list(enc["input_ids"]), list(enc["assistant_masks"])

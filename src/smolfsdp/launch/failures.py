@@ -12,7 +12,7 @@ import re
 import signal
 from typing import Any
 
-from smolfsdp.checkpoint.dcp import checkpoint_dir, newest_good_checkpoint
+from smolfsdp.checkpoint.dcp import checkpoint_dir, missing_final_model, newest_good_checkpoint
 from smolfsdp.config import TrainConfig
 
 _FAILURE = re.compile(
@@ -108,7 +108,10 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     # recommend only a checkpoint that verifies (sizes and SHA-256 of every file), never a broken one
     latest, bad = newest_good_checkpoint(checkpoint_dir(cfg.run_dir))
     broken = f" ({bad[0][1]}; {len(bad)} newer checkpoint(s) fail verification)" if bad else ""
-    if latest is not None and not bad:
+    missing = _final_not_written(latest, cfg)
+    if missing:  # the kill hit the final save: resuming would train nothing
+        then = missing[0].lower() + missing[1:]
+    elif latest is not None and not bad:
         then = (
             f"the last complete checkpoint is {latest}; resume with: smolfsdp train <the same flags> --resume"
         )
@@ -126,6 +129,17 @@ def explain_failure(output: str, returncode: int, cfg: TrainConfig) -> str:
     else:
         then = "no checkpoints were written (save_steps=0); set --save_steps to make a run resumable"
     return f"run {cfg.name!r} failed: {what}. {then}"
+
+
+def _final_not_written(latest, cfg: TrainConfig) -> str | None:
+    """What exists and how to finish when the newest good checkpoint is at the run's last step but no final
+    model was written (:func:`smolfsdp.checkpoint.dcp.missing_final_model`); None otherwise."""
+    if latest is None or cfg.max_steps <= 0 or not cfg.save_final_model:
+        return None
+    step = latest.name.split("-")[-1]
+    if not step.isdigit() or int(step) < cfg.max_steps:
+        return None
+    return missing_final_model(cfg.run_dir, latest)
 
 
 #: c10d's TCPStore when its port is taken: "... failed to listen on any local network address. port: 29400,

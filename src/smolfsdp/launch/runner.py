@@ -19,7 +19,7 @@ from typing import Any
 
 from smolfsdp import quiet
 from smolfsdp.checkpoint.dcp import (
-    check_disk_space,
+    check_disk_space_each,
     check_engine,
     check_matches_model,
     check_resume_settings,
@@ -36,7 +36,12 @@ from smolfsdp.launch.torchrun import launch
 from smolfsdp.launch.validate import validate
 from smolfsdp.measure.benchmark import load_bench
 from smolfsdp.measure.results import check_run_dir, load_run
-from smolfsdp.models.modeling import build_meta_model, load_tokenizer, resolve_wrap_class
+from smolfsdp.models.modeling import (
+    build_meta_model,
+    check_safetensors_folder,
+    load_tokenizer,
+    resolve_wrap_class,
+)
 from smolfsdp.sharding.distributed import check_offload_support
 from smolfsdp.sharding.lora import apply_lora
 
@@ -77,6 +82,7 @@ def preflight(cfg: TrainConfig, progress: Callable[[str], None] | None = None) -
         )
     meta = build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code)
     check_model_fits_data(cfg, meta)  # max_length within the model's positions
+    check_safetensors_folder(cfg.model, meta)  # a local folder's headers: offsets and shapes vs the config
     check_tied_head(cfg.model, meta)  # config.json's tie_word_embeddings agrees with the checkpoint
     wrap_cls = resolve_wrap_class(meta, cfg.wrap_class)
     if cfg.lora:
@@ -87,15 +93,22 @@ def preflight(cfg: TrainConfig, progress: Callable[[str], None] | None = None) -
         check_engine(resume_path, cfg.engine)
         check_matches_model(resume_path, meta, cfg.model)
         check_resume_settings(resume_path, cfg)
-    needed = bytes_to_write(cfg, meta, resume_path)
-    if needed:
-        check_disk_space(cfg.output_dir, needed)
+    ckpt_bytes, final_bytes = bytes_to_write_each(cfg, meta, resume_path)
+    # each on the filesystem that holds it: checkpoints/ may be a symlink to another disk
+    check_disk_space_each(
+        [(checkpoint_dir(cfg.run_dir), ckpt_bytes), (cfg.run_dir / "final_model", final_bytes)]
+    )
     return {"data": data.stats(), "wrap_class": wrap_cls.__name__}
 
 
 def bytes_to_write(cfg: TrainConfig, meta_model, resume_path=None) -> int:
-    """Disk bytes a run adds at its peak: the checkpoints it will hold at once beyond those already there,
-    and the final model (or adapter). Estimated on the meta-device model.
+    """The bytes of :func:`bytes_to_write_each`, checkpoints and final model together."""
+    return sum(bytes_to_write_each(cfg, meta_model, resume_path))
+
+
+def bytes_to_write_each(cfg: TrainConfig, meta_model, resume_path=None) -> tuple[int, int]:
+    """Disk bytes a run adds at its peak, as (checkpoints, final model): the checkpoints it will hold at
+    once beyond those already there, and the final model (or adapter). Estimated on the meta-device model.
 
     ``save_total_limit + 1`` checkpoints at most are on disk at once (the new one is complete before the
     oldest goes). A run resumed from ``resume_path`` (``step-N``) writes only the saves after step N, and
@@ -114,7 +127,7 @@ def bytes_to_write(cfg: TrainConfig, meta_model, resume_path=None) -> int:
     if cfg.save_final_model:
         params = [p for p in meta_model.parameters() if (p.requires_grad or not cfg.lora)]
         final = sum(p.numel() * 4 for p in {id(p): p for p in params}.values())
-    return n_ckpt * ckpt + final
+    return n_ckpt * ckpt, final
 
 
 def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None):

@@ -13,6 +13,8 @@ validate(load_config(model='tiyn'))"
 
 from __future__ import annotations
 
+import re
+
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.torchrun import parse_endpoint
@@ -28,12 +30,39 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             :func:`smolfsdp.models.modeling.check_model_name` or ``normalise_wrap_class_name``,
             each naming the problem and the fix.
     """
+    check_run_name(cfg.name)
     check_launch(cfg)
     check_sharding(cfg)
     check_model_name(cfg.model)
     if cfg.wrap_class is not None:
         cfg.wrap_class = normalise_wrap_class_name(cfg.wrap_class)
     return cfg
+
+
+#: The longest run name: the run folder, its lock file (``.<name>.lock``) and the folders chapters derive
+#: from it (``<name>_resumed``) stay far below the 255-byte file-name limit of common filesystems.
+MAX_NAME_CHARS = 100
+#: POSIX's portable file-name characters: the same folder name on every filesystem and shell.
+_PORTABLE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_run_name(name: str) -> None:
+    """A run name is at most :data:`MAX_NAME_CHARS` portable characters (letters, digits, ``._-``).
+
+    Raises:
+        ConfigError: naming the length or the first character that is not portable, and the fix.
+    """
+    if len(name) > MAX_NAME_CHARS:
+        raise ConfigError(
+            f"name={name[:20]!r}... is {len(name)} characters; a run name is a folder name of at most "
+            f"{MAX_NAME_CHARS}: give a shorter --name."
+        )
+    if not _PORTABLE.fullmatch(name):
+        bad = next(c for c in name if not _PORTABLE.fullmatch(c))
+        raise ConfigError(
+            f"name={name!r} holds {bad!r}; a run name uses letters, digits, '.', '_' and '-' only (the same "
+            "folder on every filesystem and shell): e.g. --name lora_r16."
+        )
 
 
 def check_launch(cfg: TrainConfig) -> None:

@@ -211,8 +211,25 @@ def recommend(
             cost = _cost(lever, model, kw)
             cheaper = "; ".join(f"{c} {b / GIB:.1f} GiB" for c, b in tried[:-1])
             reason = f"{_describe(est, g, gpus)}\n  lever: {lever}; cost: {cost}\n  tried first, did not fit: {cheaper}"
-            return Recommendation(label, gpus, est, reason, lever, chosen, cost, tried)
+            return Recommendation(
+                label, gpus, est, reason + _least_sharding(model, kw, est), lever, chosen, cost, tried
+            )
     return _more_gpus(model, g, gpus, base, max_gpus, tried, est)
+
+
+def _least_sharding(model, kw: dict, est) -> str:
+    """Why SHARD_GRAD_OP was chosen where FULL_SHARD peaks lower (both fit): it communicates less.
+    Empty for any other choice."""
+    if kw.get("strategy") != "SHARD_GRAD_OP":
+        return ""
+    full = estimate_memory(model, **{**kw, "strategy": "FULL_SHARD"})
+    if full.peak_bytes >= est.peak_bytes:
+        return ""
+    return (
+        f"\n  SHARD_GRAD_OP rather than FULL_SHARD: FULL_SHARD would peak lower ({full.peak_bytes / GIB:.1f} GiB), "
+        "but both fit and SHARD_GRAD_OP moves less data (no second all-gather in backward: 2x instead of 3x "
+        "the parameter bytes per step), so the least sharding that fits is recommended"
+    )
 
 
 def _more_gpus(model, g: GPU, gpus: int, base: dict, max_gpus: int, tried: list, last) -> Recommendation:

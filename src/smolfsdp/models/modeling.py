@@ -9,6 +9,7 @@ small enough to train on two CPU processes in seconds. Used by every chapter.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +162,83 @@ def build_meta_model(model: str, tokenizer=None, trust_remote_code: bool = False
             ) from err
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+# ---------------------------------------------------------------------------- local model folders
+#: Bytes per element of each safetensors dtype (the format's own names; safetensors/src/tensor.rs).
+SAFETENSORS_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}  # fmt: skip
+#: A header longer than this is not a model's (SmolLM3-3B's is ~40 KB); safetensors itself caps it at 100 MB.
+MAX_HEADER_BYTES = 100 * 2**20
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a ``.safetensors`` file, checked against the file: its length fits the file, each
+    tensor's ``data_offsets`` lie inside the data and span ``numel x dtype`` bytes. Reads the header only.
+
+    Raises:
+        ConfigError: naming the file, the tensor and what is wrong, and the fix.
+    """
+    size = path.stat().st_size
+    fix = "the file is damaged or was edited: download or save the model again."
+    with path.open("rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if not 0 < n <= min(size - 8, MAX_HEADER_BYTES):
+            raise ConfigError(
+                f"{path}: its header length ({n:,} bytes) does not fit the file ({size:,} bytes); {fix}"
+            )
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as err:
+            raise ConfigError(f"{path}: its header is not JSON ({err}); {fix}") from err
+    data = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shape, (start, end) = [int(d) for d in info["shape"]], info["data_offsets"]
+            numel = 1
+            for d in shape:
+                numel *= d
+            want = numel * SAFETENSORS_DTYPE_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{path}: the header entry of {name!r} is malformed ({err!r}); {fix}") from err
+        if not (
+            isinstance(start, int)
+            and isinstance(end, int)
+            and 0 <= start <= end <= data
+            and end - start == want
+        ):
+            raise ConfigError(
+                f"{path}: {name!r} ({info['dtype']} {shape}) needs {want:,} bytes but its header points at bytes "
+                f"{start}..{end} of {data:,}; {fix}"
+            )
+    return header
+
+
+def check_safetensors_folder(model: str, meta_model: nn.Module) -> None:
+    """For a local model folder: every ``.safetensors`` header is sound (:func:`read_safetensors_header`) and
+    each tensor's shape is the one the folder's ``config.json`` builds (``meta_model``, on the meta
+    device). Header reads only: milliseconds, before any process loads the weights.
+
+    Raises:
+        ConfigError: naming the file, the tensor, both shapes and the fix.
+    """
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return  # a preset or a hub id: nothing local to read
+    expected = {k: tuple(v.shape) for k, v in meta_model.state_dict().items()}
+    for path in sorted(folder.glob("*.safetensors")):
+        for name, info in read_safetensors_header(path).items():
+            if name != "__metadata__" and name in expected and tuple(info["shape"]) != expected[name]:
+                raise ConfigError(
+                    f"{path}: {name!r} has shape {list(info['shape'])} but {folder / 'config.json'} builds "
+                    f"{list(expected[name])}; the weights and the config are of different models. Use the "
+                    "config.json that came with these weights."
+                )
 
 
 # ---------------------------------------------------------------------------- wrap class
