@@ -58,7 +58,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float, fsdp_version: int) -> floa
 
     FSDP1 needs its own ``clip_grad_norm_`` (each rank holds a shard of every FlatParameter's
     gradient); under FSDP2 torch's ``clip_grad_norm_`` works on the DTensor gradients and returns
-    the norm as a DTensor, which ``full_tensor()`` turns into one number.
+    the norm as a DTensor, which ``full_tensor()`` turns into one number. With FSDP1 + LoRA a rank whose
+    shards hold no adapter element has no local gradient: torch warns, yet returns the same global norm
+    (``smolfsdp.quiet`` filters that one warning and says why).
     """
     if fsdp_version == 1:
         return float(model.clip_grad_norm_(max_norm))
