@@ -35,6 +35,7 @@ from smolfsdp.book import gotcha_cases_distributed, gotcha_cases_local  # noqa: 
 from smolfsdp.book.gotcha_cases_local import trackio_form
 from smolfsdp.book.gotcha_registry import CRASH, DIST, GOTCHAS, KIND_LEGEND, LOCAL, GotchaResult
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.processes import run_group
 from smolfsdp.launch.torchrun import launch_env, torchrun_command
 from smolfsdp.measure.results import versions
 from smolfsdp.sharding.distributed import init_distributed, teardown
@@ -45,7 +46,7 @@ def _launch(names: list[str], out: Path, nproc: int, extra: list[str] = ()) -> s
     args = ["--ranks", ",".join(names), "--out", str(out), *extra]
     cmd = torchrun_command(nproc, args, module="smolfsdp.book.gotchas")
     env = {**launch_env(nproc), "SMOLFSDP_GOTCHA_OUT": str(out)}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return run_group(cmd, env=env, timeout=900)  # torchrun and its ranks stopped as a group on a timeout
 
 
 def _crash_form(out: Path, offload: bool) -> dict[str, Any]:
@@ -65,13 +66,19 @@ def _crash_form(out: Path, offload: bool) -> dict[str, Any]:
 
 
 def run_gotchas(names: list[str] | None = None, out: str | Path | None = None) -> dict[str, GotchaResult]:
-    """Run gotchas (all by default) in subprocesses; return their results by name, in registry order."""
+    """Run gotchas (all by default) in subprocesses; return their results by name, in registry order.
+
+    ``out``: the folder their runs and result files go to, kept; by default a temporary folder removed
+    before this returns (the results hold everything the chapter shows)."""
 
     names = list(GOTCHAS) if names is None else names
     unknown = [n for n in names if n not in GOTCHAS]
     if unknown:
         raise ConfigError(f"unknown gotcha(s) {unknown}; known: {list(GOTCHAS)}")
-    out = Path(out or tempfile.mkdtemp(prefix="smolfsdp-gotchas-"))
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="smolfsdp-gotchas-") as tmp:
+            return run_gotchas(names, tmp)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     raw: dict[str, dict[str, Any]] = {}
     dist_names = [n for n in names if GOTCHAS[n].kind == DIST]
