@@ -78,8 +78,12 @@ def quiet_runs(tmp_path_factory):
 @pytest.mark.parametrize("name", ["smoke", "lora_smoke", "smoke_trl", "lora_fsdp1"])
 def test_runs_print_no_third_party_warnings(quiet_runs, name):
     run = quiet_runs[name]
-    assert run.summary["metrics"]["steps"] == 3
+    m = run.summary["metrics"]
+    assert m["steps"] == 3
     assert third_party_warning_lines(run.log) == []
+    # eval_steps 0 with eval_on_start (the default), on either engine: step 0 and after the last step
+    assert (m["eval_step_first"], m["eval_step_last"]) == (0, 3)
+    assert re.search(r"eval loss \d\.\d{3} \(step 0\) -> \d\.\d{3} \(step 3\) over 3 steps", run.log)
     # neither says "warn": torch's FSDP1 clip on a rank without LoRA gradients, transformers' long-row notice
     assert "clip_grad_norm_()" not in run.log and "Token indices sequence length" not in run.log
 

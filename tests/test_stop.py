@@ -120,3 +120,18 @@ def test_a_gotcha_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
     assert results["checkpoint_disk_full"].failing["outcome"] in {"skipped", "error"}
     left = list(tmp.rglob("*"))
     assert left == [] and sum(p.stat().st_size for p in left if p.is_file()) == 0
+
+
+def test_chapter_runs_is_an_emptied_folder_under_runs_book(tmp_path, monkeypatch):
+    from smolfsdp import paths
+    from smolfsdp.errors import ConfigError
+
+    monkeypatch.setattr(paths, "repo_root", lambda: tmp_path)
+    first = paths.chapter_runs("07_scaling")
+    (first / "old_run").mkdir()
+    (tmp_path / "runs" / "book" / "other").mkdir()
+    assert paths.chapter_runs("07_scaling") == tmp_path / "runs" / "book" / "07_scaling"
+    assert list(first.iterdir()) == [] and (tmp_path / "runs" / "book" / "other").is_dir()
+    for bad in ("", "..", "../x", "a/b"):
+        with pytest.raises(ConfigError, match="one plain folder name"):
+            paths.chapter_runs(bad)
