@@ -7,6 +7,12 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from smolfsdp.launch.processes import stop_on_signals  # noqa: E402  (after the environment above; no torch)
+
+# SIGTERM or Ctrl-C to pytest (`make test`) stops every process a test launched (torchrun, its ranks, a
+# CLI run, a kernel), then ends the session as after Ctrl-C: none is left running (tests/test_stop.py)
+stop_on_signals()
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MEDQUAD = SHARED / "data" / "medquad_cancergov_niddk.jsonl"

@@ -6,6 +6,7 @@ for a few steps and counts the lines of their captured output that look like a w
 smolfsdp's own.
 """
 
+import json
 import logging
 import re
 import stat
@@ -16,6 +17,7 @@ import pytest
 
 from smolfsdp import quiet
 from smolfsdp.config import load_config
+from smolfsdp.data.files import load_rows
 from smolfsdp.launch import runner
 from smolfsdp.train.trl_callbacks import log_line
 
@@ -43,23 +45,77 @@ def test_counter_sees_the_warnings_issue_17_lists():
     assert len(third_party_warning_lines(before)) == 5
 
 
+#: Rows of more than the bundled tokenizer's model_max_length (2,048) tokens but under the character bound
+#: (max_length 256 x 32), so they are tokenized in full and dropped as too long (issue 27)
+LONG_ROWS = 2
+
+
+def long_row_file(path: Path) -> Path:
+    """The first 58 bundled rows and :data:`LONG_ROWS` rows whose answer is 2,200 tokens ("7 " x 1,100)."""
+    rows = load_rows("bundled").to_list()[:58]
+    rows += [{"Question": f"Long question {i}?", "Response": "7 " * 1100} for i in range(LONG_ROWS)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 @pytest.fixture(scope="module")
 def quiet_runs(tmp_path_factory):
-    """The demo, a LoRA and a TRL run as configured, 3 steps each on 60 rows, no evaluation, output captured."""
+    """The demo, a LoRA and a TRL run as configured, 3 steps each on 60 rows, evaluation at step 0 and the end,
+    output captured; and the README's LoRA + FSDP1 command (``smolfsdp train --lora --fsdp_version 1 ...``)
+    on a file with rows too long for the tokenizer."""
     out = tmp_path_factory.mktemp("quiet")
     short = {"output_dir": str(out), "max_steps": 3, "eval_steps": 0, "max_rows": 60}
     runs = {}
     for name in ("smoke", "lora_smoke", "smoke_trl"):
         cfg = load_config(ROOT / "configs" / "runs" / f"{name}.yaml", **short)
         runs[name] = runner.run(cfg, capture=True, timeout=300)
+    data = long_row_file(out / "long_rows.jsonl")
+    cfg = load_config(lora=True, fsdp_version=1, name="lora_fsdp1", dataset=str(data), **short)
+    runs["lora_fsdp1"] = runner.run(cfg, capture=True, timeout=300)
     return runs
 
 
-@pytest.mark.parametrize("name", ["smoke", "lora_smoke", "smoke_trl"])
+@pytest.mark.parametrize("name", ["smoke", "lora_smoke", "smoke_trl", "lora_fsdp1"])
 def test_runs_print_no_third_party_warnings(quiet_runs, name):
     run = quiet_runs[name]
-    assert run.summary["metrics"]["steps"] == 3
+    m = run.summary["metrics"]
+    assert m["steps"] == 3
     assert third_party_warning_lines(run.log) == []
+    # eval_steps 0 with eval_on_start (the default), on either engine: step 0 and after the last step
+    assert (m["eval_step_first"], m["eval_step_last"]) == (0, 3)
+    assert re.search(r"eval loss \d\.\d{3} \(step 0\) -> \d\.\d{3} \(step 3\) over 3 steps", run.log)
+    # neither says "warn": torch's FSDP1 clip on a rank without LoRA gradients, transformers' long-row notice
+    assert "clip_grad_norm_()" not in run.log and "Token indices sequence length" not in run.log
+
+
+def test_long_rows_are_counted_once_with_the_reason(quiet_runs):
+    run = quiet_runs["lora_fsdp1"]
+    data = run.summary["data"]
+    assert data["rows_in"] == 60 and data["dropped_too_long"] >= LONG_ROWS
+    line = (
+        f"data: {data['dropped_too_long']} rows dropped: too long: more than max_length=256 tokens as a chat, "
+        "and an answer is never cut (too_long: drop); they never reach the model. Raise max_length to keep them"
+    )
+    assert run.log.count(line) == 1, run.log[:3000]  # rank 0 only
+
+
+def test_long_row_tokenizes_without_the_indexing_errors_notice(caplog):
+    """The notice transformers logs once per tokenizer (a fresh tokenizer here: the flag is per instance);
+    transformers' loggers do not propagate to the root, so caplog's handler goes on theirs."""
+    from smolfsdp.data.chat import build_messages, tokenize_messages
+    from smolfsdp.models.modeling import load_tokenizer
+
+    tok = load_tokenizer("tiny")
+    hf = logging.getLogger("transformers")
+    hf.addHandler(caplog.handler)
+    try:
+        out = tokenize_messages(build_messages("Q?", "7 " * 1100, ""), tok, 256)
+        tok("7 " * 1100)  # the same text without verbose=False: the notice this test would see
+    finally:
+        hf.removeHandler(caplog.handler)
+    assert out["truncated"] and len(out["input_ids"]) == 256
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and msgs[0].startswith("Token indices sequence length is longer"), msgs
 
 
 def test_trl_run_logs_one_readable_line_per_step_on_rank0(quiet_runs):

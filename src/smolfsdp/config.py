@@ -121,7 +121,10 @@ class TrainConfig:
     # gradients by it (0 freezes, -1 climbs), so <= 0 is refused for both engines
     max_grad_norm: float = _field(1.0, OPTIM, "clip the global grad norm to this (> 0; 1e6: no clipping)")
     logging_steps: int = _field(1, RUN, "log loss, grad norm and lr every N steps")
-    eval_steps: int = _field(10, RUN, "evaluate every N steps (0: only at the end)")
+    eval_steps: int = _field(
+        10, RUN, "evaluate every N steps and at the end (0: at the end only); at step 0 too if eval_on_start"
+    )
+    eval_on_start: bool = _field(True, RUN, "also evaluate at step 0 (a resumed run: the step it starts at)")
     save_steps: int = _field(0, CHECKPOINTS, "checkpoint every N steps (0: none; the final model is saved)")
     save_final_model: bool = _field(True, CHECKPOINTS, "write runs/<name>/final_model/ at the end")
     save_total_limit: int = _field(2, CHECKPOINTS, "complete checkpoints kept (older ones are removed)")

@@ -9,6 +9,7 @@ results writer reach the same paths without importing each other.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from smolfsdp.errors import ConfigError, did_you_mean
@@ -27,6 +28,25 @@ def bundled_data_path() -> Path:
 def bundled_tokenizer_path() -> Path:
     """The bundled byte-level BPE tokenizer folder the ``tiny`` model uses."""
     return repo_root() / "data" / "tokenizer"
+
+
+def chapter_runs(chapter: str) -> Path:
+    """``runs/book/<chapter>/``, emptied and created: the folder a chapter's runs, drills and probes write to
+    (never the system's temporary folder, where each render used to leave them behind).
+
+    Emptied first so a re-render starts clean (a drill's earlier checkpoints would otherwise refuse or
+    feed its new runs); nothing outside this one folder is touched.
+
+    Raises:
+        ConfigError: ``chapter`` is not one plain folder name (``07_scaling``).
+    """
+    if not chapter or chapter in (".", "..") or Path(chapter).name != chapter:
+        raise ConfigError(f"chapter={chapter!r} must be one plain folder name, such as '07_scaling'.")
+    folder = repo_root() / "runs" / "book" / chapter
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return folder
 
 
 def recipe(name: str) -> Path:

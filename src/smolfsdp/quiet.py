@@ -18,6 +18,11 @@ Warnings fixed at their cause instead (nothing filtered):
 * torch DDP ``find_unused_parameters=True was specified ... but did not find any unused parameters``
   (TRL with ``accelerate_fsdp_on_cpu: false``): ``trl_engine.trl_args`` sets ``ddp_find_unused_parameters=False``
   (every parameter of the causal LM gets a gradient).
+* transformers ``Token indices sequence length is longer than the specified maximum sequence length ...
+  will result in indexing errors`` (once per tokenizer: in the launcher and on each rank) for a row longer
+  than the tokenizer's ``model_max_length``: ``data.chat.render_ids`` tokenizes with ``verbose=False``,
+  since such a row never reaches the model (``data.prepare`` drops or cuts it at ``max_length`` and logs
+  how many rows and why, once, on rank 0).
 * The Trainer's raw log dict per logging step: ``trl_callbacks.OneLineProgressCallback`` prints one
   readable line on rank 0 instead.
 """
@@ -68,6 +73,15 @@ KNOWN: tuple[Known, ...] = (
         "accelerate 1.15 wraps FULL_SHARD whatever fsdp_config asks. Only this exact message is dropped; "
         "accelerate's other FSDP2-conversion warnings still print",
         logger="accelerate.utils.dataclasses",
+    ),
+    Known(
+        message=r"Called FSDP\.clip_grad_norm_\(\) on rank \S+ with no gradients",
+        library="torch 2.13 (distributed.fsdp.FullyShardedDataParallel.clip_grad_norm_, attributed to the "
+        "torch.utils._contextlib frame of its no_grad decorator), once per rank process",
+        why="FSDP1 + LoRA (use_orig_params): a rank whose FlatParameter shards hold no adapter element has "
+        "no local gradient, so torch warns; the norm it returns is still the global one (the local sums are "
+        "all-reduced before the warning), only in fp32, which smolfsdp.train.steps.clip_grad_norm reads anyway",
+        module=r"torch\.utils\._contextlib",
     ),
     Known(
         message=r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to load "

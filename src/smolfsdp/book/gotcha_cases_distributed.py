@@ -117,7 +117,7 @@ def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
     )
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
-    out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT", tempfile.mkdtemp()))
+    out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT") or tempfile.mkdtemp())  # gotchas._launch sets it
     results = {}
     for label, lifted in (("failing", False), ("fixed", True)):
         cfg = TrainConfig(

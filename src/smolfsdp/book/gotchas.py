@@ -45,6 +45,7 @@ from smolfsdp.book.gotcha_registry import (
     format_list,
 )
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.processes import run_group
 from smolfsdp.launch.torchrun import cpu_probe_env, torchrun_command
 from smolfsdp.measure.results import versions
 from smolfsdp.sharding.distributed import init_distributed, teardown
@@ -56,7 +57,7 @@ def _launch(names: list[str], out: Path, nproc: int, extra: list[str] = ()) -> s
     cmd = torchrun_command(nproc, args, module="smolfsdp.book.gotchas")
     # the gotchas shard on CPU on purpose (gloo, FSDP1 device_id=cpu): GPUs hidden, also on a GPU box
     env = {**cpu_probe_env(nproc), "SMOLFSDP_GOTCHA_OUT": str(out)}
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    return run_group(cmd, env=env, timeout=900)  # torchrun and its ranks stopped as a group on a timeout
 
 
 def _crash_form(out: Path, offload: bool) -> dict[str, Any]:
@@ -81,14 +82,20 @@ def run_gotchas(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, GotchaResult]:
     """Run gotchas (all by default) in subprocesses; return their results by name, in registry order.
-    ``progress`` (the CLI passes a printer) is told what starts: the 2-rank launch, then each local gotcha."""
+
+    ``out``: the folder their runs and result files go to, kept; by default a temporary folder removed
+    before this returns (the results hold everything the chapter shows). ``progress`` (the CLI passes a
+    printer) is told what starts: the 2-rank launch, then each local gotcha."""
     say = progress or (lambda _msg: None)
 
     names = list(GOTCHAS) if names is None else names
     unknown = [n for n in names if n not in GOTCHAS]
     if unknown:
         raise ConfigError(f"unknown gotcha(s) {unknown}; known: {list(GOTCHAS)}")
-    out = Path(out or tempfile.mkdtemp(prefix="smolfsdp-gotchas-"))
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="smolfsdp-gotchas-") as tmp:
+            return run_gotchas(names, tmp)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     raw: dict[str, dict[str, Any]] = {}
     dist_names = [n for n in names if GOTCHAS[n].kind == DIST]

@@ -28,10 +28,12 @@ def measure_tiny_memory(nproc: int = 2, timeout: float = 600) -> pd.DataFrame:
     step (``scripts/measure_memory.py``, every case of ``memory_measure.CASES``), beside the estimator's
     bytes (``memory_measure.compare_with_estimate``). Raises RuntimeError with the launcher's output tail
     when the launch fails."""
-    out = Path(tempfile.mkdtemp(prefix="smolfsdp-measured-")) / "measured.json"
     script = repo_root() / "scripts" / "measure_memory.py"
-    run_probe("measure_memory.py", script, ["--out", str(out)], nproc, timeout)
-    return compare_with_estimate(json.loads(out.read_text()))
+    with tempfile.TemporaryDirectory(prefix="smolfsdp-measured-") as tmp:  # removed once read
+        out = Path(tmp) / "measured.json"
+        run_probe("measure_memory.py", script, ["--out", str(out)], nproc, timeout)
+        measured = json.loads(out.read_text())
+    return compare_with_estimate(measured)
 
 
 COMPONENTS = {"params": "parameters", "grads": "gradients", "optimizer": "AdamW m + v"}

@@ -155,10 +155,21 @@ def pin_template_date(template: str) -> str:
 
 def render_ids(messages: list[dict[str, str]], tokenizer, **kwargs) -> dict[str, Any]:
     """``tokenizer.apply_chat_template(..., tokenize=True, return_dict=True)`` with the date pinned
-    (:func:`pin_template_date`)."""
+    (:func:`pin_template_date`).
+
+    The whole conversation is tokenized uncut (``verbose=False``): a row longer than the tokenizer's
+    ``model_max_length`` would otherwise make transformers 5.24 log "Token indices sequence length is longer
+    than the specified maximum ... will result in indexing errors" (once per tokenizer, so once per rank and
+    once in the launcher), although such a row never reaches the model: ``smolfsdp.data.prepare`` drops or
+    cuts it at ``max_length`` and logs how many."""
     template = pin_template_date(tokenizer.get_chat_template())
     return tokenizer.apply_chat_template(
-        messages, chat_template=template, tokenize=True, return_dict=True, **kwargs
+        messages,
+        chat_template=template,
+        tokenize=True,
+        return_dict=True,
+        tokenizer_kwargs={"verbose": False},
+        **kwargs,
     )
 
 
@@ -202,7 +213,7 @@ def fit_reasoning(
     """Cut the end of ``reasoning`` until the whole conversation fits in ``max_length`` tokens; None when
     it cannot (the prompt and the answer alone are too long). Token counts of the pieces are not exactly
     additive (merges at the cut), so the cut is retried a few times with the measured excess."""
-    r_ids = tokenizer(reasoning, add_special_tokens=False)["input_ids"]
+    r_ids = tokenizer(reasoning, add_special_tokens=False, verbose=False)["input_ids"]  # see render_ids
     full = len(
         encode_chat(build_messages(question, answer, reasoning, system_prompt=system_prompt), tokenizer)[0]
     )

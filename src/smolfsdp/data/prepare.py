@@ -172,9 +172,23 @@ def log_counts(counts: dict[str, int], cfg) -> None:
     )
     for reason in OUTCOMES[1:]:
         if counts[reason]:
-            log.info(
-                "data: %d rows dropped: %s", counts[reason], reason.removeprefix("dropped_").replace("_", " ")
-            )
+            log.info("data: %d rows dropped: %s", counts[reason], drop_reason(reason, cfg))
+
+
+def drop_reason(reason: str, cfg) -> str:
+    """Why rows of outcome ``reason`` (one of :data:`OUTCOMES` but ``kept``) were dropped, and the way out."""
+    what = reason.removeprefix("dropped_").replace("_", " ")
+    if reason != "dropped_too_long":
+        return what
+    if cfg.too_long == "truncate":
+        return (
+            f"{what}: the prompt alone fills max_length={cfg.max_length} tokens, leaving no answer token to "
+            "learn from; raise max_length to keep them"
+        )
+    return (
+        f"{what}: more than max_length={cfg.max_length} tokens as a chat, and an answer is never cut "
+        "(too_long: drop); they never reach the model. Raise max_length to keep them"
+    )
 
 
 def too_long_hint(counts: dict[str, int], cfg) -> str:

@@ -3,7 +3,8 @@
 ``validate`` (config checks that need the model presets, the mesh or the launcher: :func:`validate.validate`),
 ``runner`` (``run``, ``preflight``, ``run_benchmark``: what chapters, tests and the CLI call), ``torchrun``
 (the command, the subprocess, signals, elastic restart), ``checks`` (output folder, run lock, cores, memory,
-GPUs, model against data), ``failures`` (torchrun's failure report in one line).
+GPUs, model against data), ``failures`` (torchrun's failure report in one line), ``processes`` (launched
+processes in a process group of their own, stopped as a group).
 
 Layer: below ``book``; may import ``train``, ``checkpoint``, ``measure``, ``sharding``, ``traces``,
 ``models``, ``data``, ``config`` and the bottom modules (errors, paths, secrets, quiet).

@@ -43,6 +43,7 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.checks import check_resources, run_lock
 from smolfsdp.launch.failures import explain_failure
+from smolfsdp.launch.processes import run_group, spawn, stop_group
 
 #: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
 #: names the collective in a timeout error (smolfsdp.sharding.distributed.name_collective_errors).
@@ -232,12 +233,10 @@ def run_probe(
     cmd = torchrun_command(nproc, args, module=str(target))
     if not str(target).startswith("smolfsdp."):  # a script path: torchrun takes it without its -m
         del cmd[cmd.index(str(target)) - 1]
-    proc = subprocess.run(
-        cmd,
-        env={**cpu_probe_env(nproc), **(env or {}), "CUDA_VISIBLE_DEVICES": ""},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    # torchrun and its ranks in a process group of their own: a timeout or Ctrl-C stops all of them;
+    # GPUs hidden: the probes shard on CPU on purpose, also on a GPU box
+    proc = run_group(
+        cmd, env={**cpu_probe_env(nproc), **(env or {}), "CUDA_VISIBLE_DEVICES": ""}, timeout=timeout
     )
     if proc.returncode != 0:
         raise RuntimeError(
@@ -273,7 +272,7 @@ def launch(
         # run folder's and each checkpoint's config.yaml); this private folder is removed afterwards
         cfg.save(cfg_path, redact_secrets=False)
         cmd = command_for(cfg, ["train", "--config", str(cfg_path)])
-        proc = subprocess.Popen(
+        proc = spawn(  # its own process group, SIGTERMed if this process dies (smolfsdp.launch.processes)
             cmd,
             env=launch_env(cfg.nproc // cfg.nnodes, cfg.max_restarts),
             stdout=subprocess.PIPE,
@@ -346,15 +345,13 @@ class _Tee:
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGINT the launcher (torchrun forwards it to every rank), then SIGTERM, then SIGKILL."""
-    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        if proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGINT torchrun (it forwards it to every rank and waits for them), then SIGTERM and SIGKILL to its
+    whole process group (:func:`smolfsdp.launch.processes.stop_group`), so no rank outlives it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace_s)
+    stop_group(proc)
 
 
 def resume_on_restart(cfg: TrainConfig, env: dict[str, str] | None = None) -> TrainConfig:

@@ -183,7 +183,11 @@ def build_mesh(device_type: str, shard_size: int, replicate_size: int | None = N
             f"a mesh of {replicate_size or 1} x {shard_size} = {size} ranks is {relation} than the world size "
             f"{world}; make replicate_size x shard_size = {world}, or launch {size} processes."
         )
-    shape, names = ((replicate_size, shard_size), MESH_DIM_NAMES) if replicate_size else ((shard_size,), MESH_DIM_NAMES[1:])
+    shape, names = (
+        ((replicate_size, shard_size), MESH_DIM_NAMES)
+        if replicate_size
+        else ((shard_size,), MESH_DIM_NAMES[1:])
+    )
     # A mesh is bookkeeping (lists of ranks), never model memory: under the full-size dry run's
     # FakeTensorMode (smolfsdp.dryrun) its rank tensor must still be real, or reading it back fails.
     with unset_fake_temporarily():

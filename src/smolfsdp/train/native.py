@@ -300,7 +300,7 @@ class NativeTrainer:
             log.info(
                 benchmark.PROFILING_LINE, cfg.profile_wait, cfg.profile_warmup, cfg.profile_active, run_dir
             )
-        eval_losses = [self.evaluate(self.start_step)]
+        evals = [(self.start_step, self.evaluate(self.start_step))] if cfg.eval_on_start else []
         train_losses, tokens, t_train = [], 0, time.perf_counter()
         last_step = min(self.total_steps, cfg.stop_at_step or self.total_steps)
         bar = tqdm(
@@ -320,8 +320,8 @@ class NativeTrainer:
                 self.writer.log(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}")
             bar.update()
-            if cfg.eval_steps > 0 and (step % cfg.eval_steps == 0) and step != self.total_steps:
-                eval_losses.append(self.evaluate(step))
+            if steps.is_eval_step(step, self.total_steps, cfg.eval_steps) and step != self.total_steps:
+                evals.append((step, self.evaluate(step)))  # the last step's comes after the profiler stops
             if cfg.save_steps > 0 and step % cfg.save_steps == 0:
                 self.save_checkpoint(step)
         bar.close()
@@ -330,7 +330,7 @@ class NativeTrainer:
             self.meter.write(self.writer.run_dir, f"fsdp{cfg.fsdp_version}", self.evidence)
         stopped_early = last_step < self.total_steps
         if not stopped_early:
-            eval_losses.append(self.evaluate(self.total_steps))
+            evals.append((self.total_steps, self.evaluate(self.total_steps)))
         train_time = time.perf_counter() - t_train
         final_dir, adapter = self.save_final() if cfg.save_final_model and not stopped_early else (None, None)
         metrics = {
@@ -342,8 +342,7 @@ class NativeTrainer:
             "stopped_early": stopped_early,
             "train_loss_first": train_losses[0] if train_losses else None,
             "train_loss_last": train_losses[-1] if train_losses else None,
-            "eval_loss_first": eval_losses[0],
-            "eval_loss_last": eval_losses[-1],
+            **steps.eval_metrics([(step, loss) for step, loss in evals if loss is not None]),
             "train_runtime_s": round(train_time, 2),
             "tokens": tokens,
             "tokens_per_s": round(tokens / train_time, 1),

@@ -86,21 +86,30 @@ def _log_summary(s: dict[str, Any]) -> None:
         )
     if m.get("eval_loss_first") is None:
         log.info(
-            "%d steps (%.1f s), no evaluation (eval_steps 0 or no eval rows); run folder written",
+            "%d steps (%.1f s), no evaluation (no eval rows, benchmark mode, or stopped early without "
+            "eval_on_start); run folder written",
             m["steps"],
             m["train_runtime_s"],
         )
     else:
         log.info(
-            "eval loss %.3f -> %.3f over %d steps (%.1f s); run folder written",
-            m["eval_loss_first"],
-            m["eval_loss_last"],
+            "%s over %d steps (%.1f s); run folder written",
+            eval_headline(m),
             m["steps"],
             m["train_runtime_s"],
         )
     note = stop_note(s, s["run_dir"]) if "run_dir" in s else None
     if note:
         log.info(note)
+
+
+def eval_headline(m: dict[str, Any]) -> str:
+    """``eval loss 6.946 (step 0) -> 5.370 (step 108)`` from a summary's metrics: the first and last evaluation
+    and the steps they were taken at (one evaluation: ``eval loss 5.370 (step 108)``)."""
+    first = f"{m['eval_loss_first']:.3f} (step {m.get('eval_step_first')})"
+    if m.get("eval_step_first") == m.get("eval_step_last"):
+        return f"eval loss {first}"
+    return f"eval loss {first} -> {m['eval_loss_last']:.3f} (step {m.get('eval_step_last')})"
 
 
 def stop_note(summary: dict[str, Any], run_dir) -> str | None:

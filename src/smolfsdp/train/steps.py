@@ -67,7 +67,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float, fsdp_version: int) -> floa
 
     FSDP1 needs its own ``clip_grad_norm_`` (each rank holds a shard of every FlatParameter's
     gradient); under FSDP2 torch's ``clip_grad_norm_`` works on the DTensor gradients and returns
-    the norm as a DTensor, which ``full_tensor()`` turns into one number.
+    the norm as a DTensor, which ``full_tensor()`` turns into one number. With FSDP1 + LoRA a rank whose
+    shards hold no adapter element has no local gradient: torch warns, yet returns the same global norm
+    (``smolfsdp.quiet`` filters that one warning and says why).
     """
     return float(clip_grad_norm_tensor(model, max_norm, fsdp_version))
 
@@ -78,6 +80,22 @@ def clip_grad_norm_tensor(model: nn.Module, max_norm: float, fsdp_version: int) 
         return model.clip_grad_norm_(max_norm)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
+def is_eval_step(step: int, total_steps: int, eval_steps: int) -> bool:
+    """Whether the run evaluates after optimizer step ``step`` of ``total_steps``: every ``eval_steps`` steps
+    (0: never in between) and after the last step. Before the first step (step 0, or the step a resumed run
+    starts from) it evaluates when ``eval_on_start`` is set. One schedule for every engine: the native loop
+    calls this; the TRL engine gets the same from ``eval_on_start``, ``eval_strategy="steps"`` (the Trainer
+    also evaluates at its last step) and ``trl_callbacks.EvalAtEndCallback`` for ``eval_steps`` 0."""
+    return step == total_steps or (eval_steps > 0 and step % eval_steps == 0)
+
+
+def eval_metrics(evals: list[tuple[int, float]]) -> dict[str, float | int | None]:
+    """The summary's eval fields from the run's ``(step, eval loss)`` pairs in order: the first and last loss
+    and the steps they were taken at (all None without any evaluation). The headline quotes them."""
+    (s0, l0), (s1, l1) = (evals[0], evals[-1]) if evals else ((None, None), (None, None))
+    return {"eval_loss_first": l0, "eval_loss_last": l1, "eval_step_first": s0, "eval_step_last": s1}
 
 
 @torch.no_grad()

@@ -2,7 +2,7 @@
 
 ``RunWriterCallback``: the TRL engine and the native engine then produce the same ``metrics.jsonl``
 (see ``results``). ``OneLineProgressCallback``: one readable line per logging step on rank 0 instead
-of the Trainer's raw log dict.
+of the Trainer's raw log dict. ``EvalAtEndCallback``: the evaluation after the last step with ``eval_steps`` 0.
 """
 
 from __future__ import annotations
@@ -66,6 +66,17 @@ class RunWriterCallback(TrainerCallback):
         self.records.append(rec)
         if state.is_world_process_zero:
             self.writer.log(rec)
+
+
+class EvalAtEndCallback(TrainerCallback):
+    """Evaluate after the last step when ``eval_steps`` is 0 (``eval_strategy="no"``): the Trainer's own
+    end-of-training evaluation needs ``eval_strategy="steps"``, which would also evaluate in between.
+    A run ended early (``stop_at_step``) is not evaluated, as in the native engine."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_evaluate = True
+        return control
 
 
 def log_line(step: int, max_steps: int, logs: dict[str, Any]) -> str | None:

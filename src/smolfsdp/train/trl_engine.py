@@ -32,9 +32,9 @@ from smolfsdp.measure.results import versions
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding import fsdp1, fsdp2
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
-from smolfsdp.train import accelerate_cpu_fsdp
+from smolfsdp.train import accelerate_cpu_fsdp, steps
 from smolfsdp.train.export import save_final_model
-from smolfsdp.train.trl_callbacks import RunWriterCallback, use_one_line_progress
+from smolfsdp.train.trl_callbacks import EvalAtEndCallback, RunWriterCallback, use_one_line_progress
 from smolfsdp.train.trl_trainer import BenchmarkCallback, SmolSFTTrainer, StopAtStepCallback
 
 log = logging.getLogger(__name__)
@@ -127,8 +127,13 @@ def trainer_fsdp_config(cfg: TrainConfig, wrap_class: str, *, on_cpu: bool) -> d
     )
 
 
-def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str):
+def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str, *, has_eval: bool = True):
     """The ``SFTConfig`` for the TRL engine (the seed run's settings; CPU-safe overrides on CPU).
+
+    Evaluation follows ``steps.is_eval_step`` as the native engine does: ``eval_on_start``, every
+    ``eval_steps`` (the Trainer adds the last step itself), and with ``eval_steps`` 0 only the last step
+    (:func:`build_callbacks` adds ``EvalAtEndCallback``); none without eval rows (``has_eval``) or in
+    benchmark mode, which times training steps only.
 
     TRL 1.16's fused LM-head loss: ``SFTTrainer.__init__`` always patches the model with
     ``trl.trainer.utils.add_fused_lm_head`` (no ``SFTConfig`` switch), and its training forward
@@ -141,6 +146,7 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
     """
 
     on_cpu = info.device.type == "cpu"
+    evaluates = has_eval and not cfg.benchmark_steps
     multi = info.world_size > 1
     args = SFTConfig(
         output_dir=output_dir,
@@ -157,9 +163,9 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str)
         num_train_epochs=cfg.num_train_epochs,
         max_steps=cfg.max_steps,
         logging_steps=cfg.logging_steps,
-        # benchmark mode times training steps only: no evaluation in between
-        eval_strategy="steps" if cfg.eval_steps > 0 and not cfg.benchmark_steps else "no",
+        eval_strategy="steps" if evaluates and cfg.eval_steps > 0 else "no",
         eval_steps=cfg.eval_steps if cfg.eval_steps > 0 else None,
+        eval_on_start=evaluates and cfg.eval_on_start,
         save_strategy="steps" if cfg.save_steps > 0 else "no",
         save_steps=cfg.save_steps if cfg.save_steps > 0 else 500,
         report_to="none",
@@ -261,15 +267,14 @@ def export_final_model(trainer, tokenizer, final_dir: Path, info: DistInfo) -> P
 def _run_metrics(trainer, out, callback) -> dict[str, Any]:
     """Headline losses, runtime and this launch's tokens (as the native engine counts: a resumed run's
     earlier tokens are not in its runtime)."""
-    evals = [r["eval_loss"] for r in callback.records if r.get("split") == "eval"]
+    evals = [(r["step"], r["eval_loss"]) for r in callback.records if r.get("split") == "eval"]
     trains = [r["loss"] for r in callback.records if r.get("split") == "train"]
     runtime = out.metrics.get("train_runtime", 0.0)
     tokens = int(trainer.state.num_input_tokens_seen) - callback.tokens_at_start
     return {
         "train_loss_first": trains[0] if trains else None,
         "train_loss_last": trains[-1] if trains else None,
-        "eval_loss_first": evals[0] if evals else None,
-        "eval_loss_last": evals[-1] if evals else None,
+        **steps.eval_metrics(evals),
         "train_runtime_s": round(runtime, 2),
         "tokens": tokens,
         "tokens_per_s": round(tokens / max(runtime, 1e-9), 1),
@@ -282,12 +287,13 @@ FSDP1_NOTE = (
 )
 
 
-def build_callbacks(cfg: TrainConfig, info: DistInfo, writer, model, n_params: int, prof):
+def build_callbacks(cfg: TrainConfig, info: DistInfo, writer, model, n_params: int, prof, has_eval=True):
     """``(writer callback, benchmark callback or None, all callbacks)`` for the run's Trainer.
 
     The writer callback turns the Trainer's logs into ``metrics.jsonl`` records; the benchmark one
     (benchmark mode or ``profile``) meters each step and steps ``prof``; ``stop_at_step`` ends the
-    run early. ``n_params``: the model's parameters, all trainable in the TRL engine.
+    run early; with ``eval_steps`` 0 an evaluation after the last step (:func:`trl_args`). ``n_params``: the
+    model's parameters, all trainable in the TRL engine.
     """
     samples_per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size
     callback = RunWriterCallback(writer, samples_per_step)
@@ -299,6 +305,8 @@ def build_callbacks(cfg: TrainConfig, info: DistInfo, writer, model, n_params: i
         callbacks.append(bench_cb)
     if cfg.stop_at_step:
         callbacks.append(StopAtStepCallback(cfg.stop_at_step))
+    if cfg.eval_steps == 0 and has_eval and not cfg.benchmark_steps:
+        callbacks.append(EvalAtEndCallback())
     return callback, bench_cb, callbacks
 
 
@@ -315,13 +323,14 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     total_params = sum(p.numel() for p in model.parameters())
-    args = trl_args(cfg, info, str(writer.run_dir / "trainer"), wrap_cls.__name__)
+    has_eval = data.eval is not None
+    args = trl_args(cfg, info, str(writer.run_dir / "trainer"), wrap_cls.__name__, has_eval=has_eval)
     prof = benchmark.start_profiler(cfg, info, writer.run_dir)
     if prof is not None:
         log.info(
             benchmark.PROFILING_LINE, cfg.profile_wait, cfg.profile_warmup, cfg.profile_active, writer.run_dir
         )
-    callback, bench_cb, callbacks = build_callbacks(cfg, info, writer, model, total_params, prof)
+    callback, bench_cb, callbacks = build_callbacks(cfg, info, writer, model, total_params, prof, has_eval)
     trainer = SmolSFTTrainer(
         model=model,
         args=args,

@@ -65,6 +65,17 @@ class SmolSFTTrainer(SFTTrainer):
         self.last_batch: list[dict[str, torch.Tensor]] = []  # the step's micro-batches (benchmark)
         self.fetch_s = 0.0  # time the step's get_batch_samples took
 
+    def get_eval_dataloader(self, eval_dataset=None):
+        """Every eval row, as the native engine evaluates them. ``dataloader_drop_last`` (set for training's
+        full batches) would also drop the eval split's last partial batch, and with fewer eval rows than
+        one batch per rank every row: an evaluation without a loss. accelerate's ``even_batches`` keeps the
+        ranks' eval batch counts equal without it."""
+        drop, self.args.dataloader_drop_last = self.args.dataloader_drop_last, False
+        try:
+            return super().get_eval_dataloader(eval_dataset)
+        finally:
+            self.args.dataloader_drop_last = drop
+
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial) -> None:
         """Replaces the Trainer's in-place ``checkpoint-N/`` with an atomic DCP save (all ranks)."""
