@@ -27,7 +27,8 @@ import sys
 from smolfsdp import quiet
 from smolfsdp.cli_args import command_hint, field_parser, option_names, overrides_from, refuse_unknown
 from smolfsdp.cli_dryrun import add_dryrun_parser, cmd_dryrun
-from smolfsdp.cli_output import format_bench, format_data, format_fit_verdict, format_trace, status
+from smolfsdp.cli_memory import add_memory_parser, cmd_memory
+from smolfsdp.cli_output import format_bench, format_data, format_trace, status
 from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.errors import ConfigError
 
@@ -158,39 +159,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     print(format_bench(bench))
     print(f"[smolfsdp] {cfg.run_dir / 'bench.json'}", flush=True)
-    return 0
-
-
-def cmd_memory(args: argparse.Namespace) -> int:
-    """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
-    from smolfsdp.measure.hardware import fits, get_gpu  # deferred: transformers configs
-    from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
-    from smolfsdp.measure.recommend import recommend  # deferred with hardware
-
-    # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
-    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
-    common = {
-        k: getattr(args, k)
-        for k in ("recipe", "seq_len", "micro_batch", "lora", "activation_checkpointing", "fsdp_version")
-    }
-    common["gpus_per_node"] = args.gpus_per_node
-    est = estimate_memory(
-        args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
-    )
-    rec = recommend(args.model, gpu, args.gpus, **common)
-    if args.json:
-        out = {
-            "estimate": est.to_dict(),
-            "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes},
-            "fits": fits(est, gpu),
-            "recommendation": {"decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason},
-        }
-        print(json.dumps(out, indent=2))
-        return 0
-    print(format_table(est))
-    verdict = "fits" if fits(est, gpu) else "does not fit"
-    print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
-    print(format_fit_verdict(est, fits(est, gpu), gpu.name, gpu.memory_bytes, rec))
     return 0
 
 
@@ -347,35 +315,6 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     return parser
-
-
-def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
-    fmt = {**common, "formatter_class": argparse.ArgumentDefaultsHelpFormatter}
-    p = sub.add_parser("memory", help="per-GPU memory estimate, fit verdict and recommendation", **fmt)
-    p.add_argument(
-        "--model", default="smollm3-3b", help="smollm3-3b, tiny, a dir with config.json, or a hub id"
-    )
-    p.add_argument("--gpus", type=int, default=1, help="world size")
-    p.add_argument(
-        "--strategy", default="FULL_SHARD", help="NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD"
-    )
-    p.add_argument(
-        "--recipe", default="hf-fsdp-bf16", help="precision recipe (smolfsdp.measure.memory.RECIPES)"
-    )
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per row")
-    p.add_argument("--micro-batch", type=int, default=1, help="rows per rank per step")
-    p.add_argument("--lora", action="store_true", help="LoRA r=8 on q/k/v/o")
-    p.add_argument("--offload", action="store_true", help="CPU offload of params, grads, optimizer state")
-    p.add_argument(
-        "--activation-checkpointing", action="store_true", help="recompute activations in backward"
-    )
-    p.add_argument(
-        "--fsdp-version", type=int, default=1, help="1 (the README's Trainer run, the default) or 2"
-    )
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (HYBRID_SHARD groups)")
-    p.add_argument("--gpu", default=None, help="a GPU of smolfsdp.measure.hardware.GPUS (default: H100 SXM)")
-    p.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
-    p.add_argument("--json", action="store_true", help="the estimate and verdict as JSON")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,8 +117,7 @@ class TrainConfig:
     weight_decay: float = _field(0.0, OPTIM, "AdamW's decoupled weight decay, >= 0")
     warmup_ratio: float = _field(0.05, OPTIM, "fraction of the steps spent warming up, in [0, 1]")
     lr_scheduler_type: str = _field("cosine", OPTIM, "one of " + ", ".join(SCHEDULERS))
-    # HF's Trainer reads <= 0 as "no clipping" while torch's clip_grad_norm_ (the native engine) would scale
-    # gradients by it (0 freezes, -1 climbs), so <= 0 is refused for both engines
+    # HF's Trainer reads <= 0 as "no clipping", torch's clip_grad_norm_ would scale by it: refused for both
     max_grad_norm: float = _field(1.0, OPTIM, "clip the global grad norm to this (> 0; 1e6: no clipping)")
     logging_steps: int = _field(1, RUN, "log loss, grad norm and lr every N steps")
     eval_steps: int = _field(
