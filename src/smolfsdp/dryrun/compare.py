@@ -12,7 +12,7 @@ import pandas as pd
 from smolfsdp.config import TrainConfig
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.moments import peak_moments
-from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.measure.params import LoraSpec, resolve_model_config
 
 GIB = 2**30
 
@@ -40,14 +40,15 @@ def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
     ``estimate_gib``, ``dry_run_gib``, ``error_pct`` (estimate vs dry run, signed)."""
     world = report.setup["world_size"]
     est = estimate_for(cfg, world)
-    moments = peak_moments(est, resolve_model_config(cfg.model), cfg.gradient_accumulation_steps)
+    spec = LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout) if cfg.lora else None
+    moments = peak_moments(est, resolve_model_config(cfg.model), cfg.gradient_accumulation_steps, spec)
     held = report.held_bytes
     rows = [
         ("parameters", est.params_bytes + est.master_bytes, held["param_bytes"]),
         ("gradients", est.grads_bytes, held["grad_bytes"]),
         ("optimizer state", est.optimizer_bytes, held["optimizer_bytes"]),
         (
-            f"peak ({max(('loss', 'layer', 'optimizer'), key=moments.get)} moment)",
+            f"peak ({max(('loss', 'layer', 'last layer', 'optimizer'), key=moments.get)} moment)",
             moments["peak"],
             report.peak_bytes,
         ),

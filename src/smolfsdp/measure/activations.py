@@ -14,7 +14,9 @@ import pandas as pd
 from smolfsdp.measure.params import LoraSpec
 
 
-def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, lora: LoraSpec | None = None):
+def activation_breakdown(
+    config, tokens: int, seq_len: int, compute_bytes: int, lora: LoraSpec | None = None, base_grads: bool = False
+):
     """Bytes autograd saves for backward in one forward of ``tokens = micro_batch * seq_len`` tokens.
 
     Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", sec. 4)
@@ -29,7 +31,9 @@ def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, 
     (2ch) + q (ch) + k, v (2c*kv) + attention output = o_proj input (ch) + logsumexp (4*heads) +
     SwiGLU gate, silu(gate), up, down input (4cf). With LoRA, frozen weights drop the saves that
     only their weight-gradient needs (norm ``ch``, gate/up and down inputs, lm_head input) and add
-    ``c*r`` per adapter; layer 0's input norm saves nothing (its input needs no gradient). The loss
+    ``c*r`` per adapter (and, with ``lora.dropout`` > 0, ``(c + 1) * in_features`` per adapter: the dropped
+    input lora_A saves and the dropout's bool mask); layer 0's input norm saves nothing. ``base_grads``
+    (FSDP1 with LoRA): the decoder layers save as in full fine-tuning, plus the adapters' tensors (its input needs no gradient). The loss
     saves the fp32 log-softmax (4V per token) and int64 targets (and the embedding its int64 ids). Checked byte for byte against
     ``torch.autograd.graph.saved_tensors_hooks`` in tests/test_memory.py.
     """
@@ -37,6 +41,14 @@ def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, 
     hd = getattr(config, "head_dim", None) or h // heads
     kv, n_layers, V = config.num_key_value_heads * hd, config.num_hidden_layers, config.vocab_size
     attn_core = 2 * c * h + 2 * c * kv + 4 * heads  # q, output (= o_proj input), k, v, logsumexp
+    if lora is not None and base_grads:
+        # FSDP1 + LoRA: a layer's FlatParameter holds adapters, so it (and every frozen weight viewed from it)
+        # requires grad: the layer saves what full fine-tuning saves, plus the adapters' own tensors
+        full = activation_breakdown(config, tokens, seq_len, c)
+        extra = tokens * n_layers * _adapter_bytes(lora, c, h, f, heads * hd)
+        adapters = {"per_layer": full["per_layer"] + extra // n_layers, "layers": full["layers"] + extra}
+        lora_only = activation_breakdown(config, tokens, seq_len, c, lora)  # the root stays frozen
+        return {**full, **adapters, "head": lora_only["head"], "loss": lora_only["loss"]}
     if lora is None:
         norm = 4 * h + 4 + c * h
         layer = 2 * norm + 2 * c * h + attn_core + 4 * c * f
@@ -50,6 +62,7 @@ def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, 
         layer = (
             2 * norm + linear_in + attn_core + 3 * c * f + c * f * ("down_proj" in t) + c * lora.r * len(t)
         )
+        layer += _adapter_bytes(lora, c, h, f, heads * hd) - c * lora.r * len(t)  # dropout only
         first_layer_saving = norm
         head = norm
         ids = 0
@@ -65,6 +78,14 @@ def activation_breakdown(config, tokens: int, seq_len: int, compute_bytes: int, 
         "loss": loss,
         "logits": tokens * V * (c + (4 if c != 4 else 0)),  # logits held by the output + fp32 upcast
     }
+
+
+def _adapter_bytes(lora: LoraSpec, c: int, h: int, f: int, attn_out: int) -> int:
+    """Per token and layer, what the adapters save: lora_A's output (``c*r``, lora_B's input) each, and with
+    ``lora.dropout`` > 0 the dropped input (lora_A's input, ``c * in_features``) and the dropout's bool mask."""
+    fan_in = {"o_proj": attn_out, "down_proj": f}
+    per = sum(c * lora.r + ((c + 1) * fan_in.get(name, h) if lora.dropout > 0 else 0) for name in lora.targets)
+    return per
 
 
 def saved_activation_bytes(config, tokens: int, seq_len: int, compute_bytes: int, lora=None) -> int:

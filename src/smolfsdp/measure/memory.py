@@ -150,7 +150,7 @@ def estimate_memory(
     group = shard_group_size(strategy, world_size, gpus_per_node)
     st = sharded_state(config, rec, group, rank % group, fsdp_version, spec)
     full, c = st["full_units"], rec.compute_bytes
-    act = activation_breakdown(config, micro_batch * seq_len, seq_len, c, spec)
+    act = activation_breakdown(config, micro_batch * seq_len, seq_len, c, spec, base_grads=fsdp_version == 1)
     no_ac = act["layers"] + act["head"] + act["rope"] + act["loss"]
     with_ac = act["layer_inputs"] + act["per_layer"] + act["head"] + act["rope"] + act["loss"]
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}

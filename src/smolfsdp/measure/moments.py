@@ -12,6 +12,8 @@ which moments those are for the book's recipes, traced on fake tensors:
   the root when it trains (kept unsharded until backward ends), the root and two layers gathered, the saved
   tensors, the layer's recomputed activations under checkpointing, its unsharded gradient and reduce-scatter
   input, and the logits still held.
+* ``last layer``: the first decoder layer's backward, the last of backward: every other layer's gradient
+  shard is held now, the saved tensors are gone but this layer's own (recomputed under checkpointing).
 * ``optimizer``: AdamW's step. Parameters, gradients, master copy and m, v, plus one temporary as large as
   v (the multi-tensor ``foreach`` step computes ``sqrt(v)`` for every parameter at once; torch's choice on CUDA).
 
@@ -30,19 +32,20 @@ from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
 
 
-def peak_moments(est, model=None, gradient_accumulation_steps: int = 1) -> dict[str, int]:
+def peak_moments(est, model=None, gradient_accumulation_steps: int = 1, lora: LoraSpec | None = None) -> dict[str, int]:
     """Device bytes alive at the ``loss``, ``layer`` and ``optimizer`` moments of one step, and ``peak`` (their
     largest), for the setup of ``est`` (a :class:`smolfsdp.measure.memory.MemoryEstimate`). ``model``: the
-    model (name or config) ``est`` was made for, when ``est.model`` is not a name ``resolve_model_config`` knows.
+    model (name or config) ``est`` was made for, when ``est.model`` is not a name ``resolve_model_config`` knows;
+    ``lora``: the adapters' ``LoraSpec`` (default ``LoraSpec()`` when ``est.lora``; its dropout adds saved bytes).
     Tensors only: CUDA context and communication buffers are not in any moment."""
     config = resolve_model_config(model if model is not None else est.model)
-    rec, spec = RECIPES[est.recipe], (LoraSpec() if est.lora else None)
+    rec, spec = RECIPES[est.recipe], ((lora or LoraSpec()) if est.lora else None)
     c, tokens = rec.compute_bytes, est.micro_batch * est.seq_len
     st = sharded_state(config, rec, est.shard_group, est.rank % est.shard_group, est.fsdp_version, spec)
     full = st["full_units"]
     root_full, root_trains = full["root"]
     layer_full = max(n for k, (n, _) in full.items() if k != "root")
-    act = activation_breakdown(config, tokens, est.seq_len, c, spec)
+    act = activation_breakdown(config, tokens, est.seq_len, c, spec, base_grads=est.fsdp_version == 1)
     saved_inputs = act["layer_inputs"] if est.activation_checkpointing else act["layers"]
     saved = saved_inputs + act["head"] + act["rope"] + act["loss"]
     logits_held = tokens * config.vocab_size * c
@@ -58,5 +61,11 @@ def peak_moments(est, model=None, gradient_accumulation_steps: int = 1) -> dict[
         state + grads_then + (root_full * c if root_trains else 0) + gathered_root + 2 * layer_full * c
         + saved - act["loss"] + recompute + est.grad_buffer_bytes + logits_held
     )  # fmt: skip
+    # the first layer of the model, last in backward: every other layer's gradient shard is held by now
+    last_layer = (
+        state + est.grads_bytes + (root_full * c if root_trains else 0) + gathered_root + 2 * layer_full * c
+        + act["per_layer"] + est.grad_buffer_bytes + logits_held
+    )  # fmt: skip
     optimizer = state + est.grads_bytes + est.optimizer_bytes // 2
-    return {"loss": loss, "layer": layer, "optimizer": optimizer, "peak": max(loss, layer, optimizer)}
+    moments = {"loss": loss, "layer": layer, "last layer": last_layer, "optimizer": optimizer}
+    return {**moments, "peak": max(moments.values())}

@@ -35,6 +35,7 @@ class LoraSpec:
     r: int = 8
     alpha: int = 16
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    dropout: float = 0.0  # lora_dropout: > 0 saves each adapter's dropped input and its mask for backward
 
 
 @dataclass(frozen=True)
