@@ -114,7 +114,7 @@ def wrap_class_trainer(seed_code: dict | None = None) -> Judgement:
     from accelerate.utils import FullyShardedDataParallelPlugin  # deferred: heavy, only this claim
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy  # deferred with it
 
-    from smolfsdp.book.gotcha_registry import tiny_model  # deferred: builds a model (torch, transformers)
+    from smolfsdp.book.gotcha_builders import tiny_model  # deferred: builds a model (torch, transformers)
 
     model, tried = tiny_model()[0], {}
     for version in (1, 2):

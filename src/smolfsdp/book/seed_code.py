@@ -45,7 +45,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers.models.llama import modeling_llama
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3DecoderLayer
 
-from smolfsdp.book.gotcha_registry import full_tensor, rank_batch, tiny_model
+from smolfsdp.book.gotcha_builders import full_tensor, rank_batch, tiny_model
 from smolfsdp.book.mechanics import collective_kind
 from smolfsdp.book.step_probe import unit_of
 from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes

@@ -40,7 +40,11 @@ def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
     ``estimate_gib``, ``dry_run_gib``, ``error_pct`` (estimate vs dry run, signed)."""
     world = report.setup["world_size"]
     est = estimate_for(cfg, world)
-    spec = LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout) if cfg.lora else None
+    spec = (
+        LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout)
+        if cfg.lora
+        else None
+    )
     moments = peak_moments(est, resolve_model_config(cfg.model), cfg.gradient_accumulation_steps, spec)
     held = report.held_bytes
     rows = [

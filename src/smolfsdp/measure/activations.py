@@ -15,7 +15,12 @@ from smolfsdp.measure.params import LoraSpec
 
 
 def activation_breakdown(
-    config, tokens: int, seq_len: int, compute_bytes: int, lora: LoraSpec | None = None, base_grads: bool = False
+    config,
+    tokens: int,
+    seq_len: int,
+    compute_bytes: int,
+    lora: LoraSpec | None = None,
+    base_grads: bool = False,
 ):
     """Bytes autograd saves for backward in one forward of ``tokens = micro_batch * seq_len`` tokens.
 
@@ -84,7 +89,9 @@ def _adapter_bytes(lora: LoraSpec, c: int, h: int, f: int, attn_out: int) -> int
     """Per token and layer, what the adapters save: lora_A's output (``c*r``, lora_B's input) each, and with
     ``lora.dropout`` > 0 the dropped input (lora_A's input, ``c * in_features``) and the dropout's bool mask."""
     fan_in = {"o_proj": attn_out, "down_proj": f}
-    per = sum(c * lora.r + ((c + 1) * fan_in.get(name, h) if lora.dropout > 0 else 0) for name in lora.targets)
+    per = sum(
+        c * lora.r + ((c + 1) * fan_in.get(name, h) if lora.dropout > 0 else 0) for name in lora.targets
+    )
     return per
 
 

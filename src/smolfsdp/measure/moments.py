@@ -32,7 +32,9 @@ from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
 
 
-def peak_moments(est, model=None, gradient_accumulation_steps: int = 1, lora: LoraSpec | None = None) -> dict[str, int]:
+def peak_moments(
+    est, model=None, gradient_accumulation_steps: int = 1, lora: LoraSpec | None = None
+) -> dict[str, int]:
     """Device bytes alive at the ``loss``, ``layer`` and ``optimizer`` moments of one step, and ``peak`` (their
     largest), for the setup of ``est`` (a :class:`smolfsdp.measure.memory.MemoryEstimate`). ``model``: the
     model (name or config) ``est`` was made for, when ``est.model`` is not a name ``resolve_model_config`` knows;
