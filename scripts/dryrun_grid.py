@@ -65,6 +65,7 @@ def one(item: tuple[str, str, dict]) -> dict:
     out = report.to_dict()
     if not label.startswith("book:"):
         out.pop("series")  # the memory-over-time figure draws the book's recipes only
+    out["what"] = out.pop("label")  # the dry run's own label (traced, not measured); "label" names the setup
     return {
         "label": label,
         "recipe": recipe,

@@ -17,7 +17,7 @@ import torch
 from conftest import ROOT
 
 from smolfsdp.book import dtype_rule, gotcha_cases_local, gotchas, measured, mechanics, step_probe
-from smolfsdp.launch import torchrun
+from smolfsdp.launch import processes, torchrun
 from smolfsdp.sharding.distributed import choose_backend
 
 #: The stand-in, as a sitecustomize for launched ranks (and the same function in this process).
@@ -72,6 +72,8 @@ def gpus_visible(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", _gpus_visible)
     for module in (torchrun, gotchas, gotcha_cases_local):
         monkeypatch.setattr(module.subprocess, "run", _capture)
+    # torchrun launches go through launch.processes (own process group): the child is started by spawn
+    monkeypatch.setattr(processes, "spawn", lambda cmd, env=None, **kw: _capture(cmd, env=env))
 
 
 def test_standin_reproduces_the_gpu_box(gpus_visible):

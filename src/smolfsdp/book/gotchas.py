@@ -114,6 +114,7 @@ def run_gotchas(
         elif g.kind == CRASH:
             raw[n] = {"failing": _crash_form(out / n, True), "fixed": _crash_form(out / n, False)}
     vers = versions()
+    raw = _without_machine_paths(raw, out)
     return {
         n: GotchaResult(
             n, GOTCHAS[n].title, raw[n]["failing"], raw[n]["fixed"], GOTCHAS[n].explanation, vers,
@@ -121,6 +122,20 @@ def run_gotchas(
         )
         for n in names
     }  # fmt: skip
+
+
+def _without_machine_paths(value: Any, out: Path) -> Any:
+    """``value`` with the run folder's absolute path cut from every string (paths read relative to ``out``):
+    a message quoted on the page names ``checkpoint_disk_full/...``, not this machine's temporary folder."""
+    if isinstance(value, str):
+        for folder in {str(out), str(out.resolve())}:
+            value = value.replace(folder.rstrip("/") + "/", "").replace(folder, ".")
+        return value
+    if isinstance(value, dict):
+        return {k: _without_machine_paths(v, out) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_machine_paths(v, out) for v in value]
+    return value
 
 
 def summary_frame(results: dict[str, GotchaResult]):

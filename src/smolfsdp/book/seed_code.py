@@ -232,7 +232,7 @@ def trainer_fsdp2_eval(rank: int, world: int, out: Path) -> dict[str, Any]:
 
     cfg = TrainConfig(name="seed1-fsdp2-eval", output_dir=str(out), engine="trl", fsdp_version=2, max_steps=4,
                       eval_steps=1, save_final_model=False, max_rows=64, per_device_train_batch_size=2,
-                      per_device_eval_batch_size=2, accelerate_fsdp_on_cpu=True)  # fmt: skip
+                      per_device_eval_batch_size=2, eval_on_start=False, accelerate_fsdp_on_cpu=True)  # fmt: skip
     AcceleratorState._reset_state()
     writer = RunWriter(cfg.run_dir, enabled=rank == 0)
     try:
