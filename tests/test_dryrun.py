@@ -149,3 +149,26 @@ def test_dryrun_command(mid):
         and "traced on fake tensors" in text
         and "estimated" not in text.split("\n")[0]
     )
+
+
+def test_book_views_of_the_committed_grid():
+    """What the chapters show of data/results/dryrun/grid.json: tables that fit the page, sentences counted
+    from them, the figure (reads the committed file only: no dry run)."""
+    from smolfsdp.book import dryrun_views, tables
+
+    grid = dryrun_views.load_grid()
+    assert (
+        grid is not None
+        and grid["provenance"]["git_sha"]
+        and "not measured on a GPU" in grid["provenance"]["what"]
+    )
+    grid_table, comm, flops = (f(grid) for f in (dryrun_views.grid_table, dryrun_views.comm_check_table,
+                                                  dryrun_views.flops_table))  # fmt: skip
+    for table in (grid_table, comm, flops):
+        tables.show(table)  # raises when a table is wider than the page allows
+    assert (grid_table["static terms"] == "exact").all()
+    assert f"in {len(grid_table)} of {len(grid_table)} setups" in dryrun_views.grid_reading(grid)
+    assert (comm["equal"] == "yes").all() and set(comm["ranks"]) == {2, 4, 8}
+    assert "FSDP1 with LoRA" in dryrun_views.flops_reading(grid)
+    fig = dryrun_views.plot_step_memory(grid["runs"][0])
+    assert {t.name for t in fig.data} >= {"forward", "backward"}

@@ -135,8 +135,9 @@ def comm_check_table(grid: dict) -> pd.DataFrame:
             m = model[model["kind"] == kind]
             count, nbytes = sum(c["count"] for c in traced), sum(c["bytes"] for c in traced)
             m_count, m_bytes = int(m["count"].sum()), int((m["count"] * m["logical_bytes"]).sum())
-            rows.append({"setup": run["label"], "ranks": s["world_size"], "kind": kind, "traced": count,
-                         "model": m_count, "traced GiB": nbytes / GIB, "model GiB": m_bytes / GIB,
+            rows.append({"setup": run["label"], "ranks": s["world_size"], "kind": kind,
+                         "count (traced / model)": f"{count} / {m_count}",
+                         "GiB (traced / model)": f"{nbytes / GIB:,.3f} / {m_bytes / GIB:,.3f}",
                          "equal": "yes" if (count, nbytes) == (m_count, m_bytes) else "no"})  # fmt: skip
     return pd.DataFrame(rows)
 
