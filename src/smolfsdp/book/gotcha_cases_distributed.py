@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import fully_shard
 from torch.profiler import ProfilerActivity, profile
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.models.llama import modeling_llama
 
 from smolfsdp.book.gotcha_builders import decoder_layer_cls, full_tensor, rank_batch, shard_fsdp2, tiny_model
 from smolfsdp.book.gotcha_registry import (
@@ -94,7 +94,7 @@ def wrap_class(rank: int, world: int) -> dict[str, Any]:
 
     model = tiny_model()[0]
     misspelt = attempt(lambda: {"class": resolve_wrap_class(model, "SmolLM3DecoderLayers").__name__})
-    wrong = wrap_fsdp1(tiny_model()[0], LlamaDecoderLayer)
+    wrong = wrap_fsdp1(tiny_model()[0], modeling_llama.LlamaDecoderLayer)
     units = len(fsdp_units(wrong))
     quiet = {"outcome": "measured", "fsdp_units": units, "decoder_layers": 4}
     if units <= 1:  # nothing raised: say what went wrong instead of "measured"
