@@ -103,14 +103,6 @@ class _MomentMixin:
         snap = self.get_tracker_snapshot("current")
         return sum(dev.get(_TOTAL, 0) for dev in snap.values())
 
-    def current_by_category(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for dev in self.get_tracker_snapshot("current").values():
-            for key, value in dev.items():
-                if key != _TOTAL:
-                    out[str(key.value)] += value
-        return dict(out)
-
     def mark(self, event: str, module: str = "") -> None:
         """One point of the memory series: the total now, after ``event`` of ``module``."""
         self.series.append({"i": len(self.series), "phase": self.phase, "module": module, "event": event,
