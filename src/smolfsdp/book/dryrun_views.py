@@ -87,7 +87,9 @@ def grid_reading(grid: dict) -> str:
 
 def provenance_line(grid: dict) -> str:
     p = grid["provenance"]
-    return (f"Traced by `{p['command']}` on {p['date'][:10]} (commit {p['git_sha'][:7]}, torch {p['torch']}, "
+    shas = sorted({r.get("git_sha", p["git_sha"])[:7] for r in grid["runs"]})
+    commits = f"commit {shas[0]}" if len(shas) == 1 else f"commits {', '.join(shas)}, each row naming its own"
+    return (f"Traced by `{p['command']}` on {p['date'][:10]} ({commits}, torch {p['torch']}, "
             f"transformers {p['transformers']}, {p['machine']}): {grid['runs'][0]['what']}")  # fmt: skip
 
 
