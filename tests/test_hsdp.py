@@ -322,7 +322,8 @@ def test_no_shard_and_shard_grad_op_on_both_versions():
 def test_hsdp_checkpoint_stop_and_resume_equals_uninterrupted(tmp_path):
     """DCP checkpoints of a 2x2 HSDP mesh (DTensors placed (Replicate(), Shard(0))): stopped after step 2
     of 4 and resumed, the final model is bitwise the uninterrupted run's."""
-    from smolfsdp.book.drills import drill_table, resume_drill
+    from smolfsdp.book.drills_view import drill_table
+    from smolfsdp.probes.drills import resume_drill
 
     cfg = TrainConfig(
         name="hsdp_drill", output_dir=str(tmp_path), nproc=4, fsdp_version=2, sharding_strategy="HYBRID_SHARD",
