@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import Trainer, TrainingArguments
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.checkpoint.dcp import check_disk_space, estimate_checkpoint_bytes
 from smolfsdp.config import TrainConfig
@@ -30,7 +31,6 @@ from smolfsdp.gotchas.registry import (
     gotcha,
 )
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
-from smolfsdp.train.batches import PadCollator
 
 
 @gotcha("checkpoint_disk_full")
@@ -114,7 +114,10 @@ def trackio_form(form: str, out: Path) -> None:
         disable_tqdm=True,
     )
     Trainer(
-        model=model, args=args, train_dataset=data.train, data_collator=PadCollator(tok.pad_token_id)
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        data_collator=DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id),
     ).train()
     finish = attempt(trackio.finish) if form == "failing" else {"outcome": "ok"}
     found = {}

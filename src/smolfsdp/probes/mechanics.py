@@ -26,6 +26,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._flat_param import FlatParameter
 from torch.profiler import ProfilerActivity, profile
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.launch.probe import probe_main, read_results, run_probe
 from smolfsdp.models.modeling import (
@@ -40,7 +41,6 @@ from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, describe_sharding
 from smolfsdp.sharding.shards import local_tensors, storage_bytes
 from smolfsdp.traces.classify import collective_kind
-from smolfsdp.train.batches import PadCollator
 from smolfsdp.train.steps import forward_backward
 
 
@@ -104,7 +104,9 @@ def _freeze_one(version: int, world: int, use_orig_params: bool) -> dict[str, An
 
 def _batch(tok):
     ids = list(range(1, 65))
-    return PadCollator(tok.pad_token_id)([{"input_ids": ids, "labels": ids}] * 2)
+    return DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
+        [{"input_ids": ids, "labels": ids}] * 2
+    )
 
 
 def _one_step(model: nn.Module, tok, world: int) -> float:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile, record_function
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.launch.probe import probe_main, read_results, run_probe
 from smolfsdp.measure.comm_trace import trace_collectives
@@ -31,7 +32,6 @@ from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_c
 from smolfsdp.sharding.distributed import init_distributed, teardown
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
 from smolfsdp.traces.classify import collective_kind
-from smolfsdp.train.native import PadCollator
 
 #: name -> (layers reshard after forward, root reshards after forward, explicit prefetch)
 VARIANTS: dict[str, tuple[bool, bool, bool]] = {
@@ -64,7 +64,9 @@ def unit_of(name: str) -> str | None:
 
 def _batch(tok) -> dict[str, torch.Tensor]:
     ids = list(range(1, 65))
-    return PadCollator(tok.pad_token_id)([{"input_ids": ids, "labels": ids}] * 2)
+    return DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
+        [{"input_ids": ids, "labels": ids}] * 2
+    )
 
 
 def _set_explicit_prefetch(layers: list) -> None:
