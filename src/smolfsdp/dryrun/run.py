@@ -35,7 +35,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.dryrun.tracker import FSDP2Tracker, ModuleTracker, mark_modules, untracked_sharding_propagation
+from smolfsdp.dryrun.tracker import (
+    FSDP2Tracker,
+    ModuleTracker,
+    cuda_dropout,
+    mark_modules,
+    untracked_sharding_propagation,
+)
 from smolfsdp.measure.benchmark import flops_per_token, matmul_params, model_geometry
 from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.models.modeling import decoder_layers, resolve_wrap_class
@@ -152,7 +158,7 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
     model = build_meta_model(cfg)
     batches = micro_batches(cfg, model.config.vocab_size)  # real: the step reads their label count
     n_items = sum(count_label_tokens(b) for b in batches) * world  # every rank the same shapes
-    with fake_world(world, fake=fake), untracked_sharding_propagation():
+    with fake_world(world, fake=fake), untracked_sharding_propagation(), cuda_dropout():
         model = materialize(model)
         total = matmul_params(model)
         trainable = matmul_params(model, trainable_only=True)

@@ -20,6 +20,7 @@ from torch._guards import active_fake_mode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.nn import functional as F
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -70,6 +71,30 @@ def untracked_sharding_propagation():
         yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+@contextmanager
+def cuda_dropout():
+    """While active, ``torch.nn.functional.dropout`` in training takes the fused ``native_dropout``, as on CUDA.
+
+    Why (torch 2.13): ``at::dropout`` (aten/src/ATen/native/Dropout.cpp) calls the fused ``native_dropout``
+    only when ``is_fused_kernel_acceptable``: the input on CUDA (or XPU, lazy, PrivateUse1) and ``0 < p < 1``.
+    Elsewhere, CPU included, it multiplies by a noise tensor of the input's dtype, which backward keeps: 2 bytes
+    per element in bf16 where CUDA keeps a 1-byte bool mask. The dry run runs on the CPU and traces what a GPU
+    keeps, so it takes CUDA's path (LoRA's adapter dropout is the one dropout the book's recipes train with).
+    """
+    original = F.dropout
+
+    def fused(input, p=0.5, training=True, inplace=False):
+        if training and 0 < p < 1 and not inplace and input.numel() > 0:
+            return torch.native_dropout(input, p, True)[0]
+        return original(input, p, training, inplace)
+
+    F.dropout = fused
+    try:
+        yield
+    finally:
+        F.dropout = original
 
 
 def count_flops(func, args, kwargs, out) -> int:
