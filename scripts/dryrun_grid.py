@@ -6,6 +6,7 @@ machine, command). Chapter "Where the memory goes" reads it; ``tests/test_dryrun
 Traced on fake tensors, not measured on a GPU (``smolfsdp.dryrun.run.LABEL``).
 
     python scripts/dryrun_grid.py --workers 2          # the grid below (48 setups), about 1 h on 2 cores
+    python scripts/dryrun_grid.py --workers 2 --resume # keep the setups already in the file, trace the rest
     python scripts/dryrun_grid.py --reestimate         # the committed rows against the current estimator
     python scripts/dryrun_grid.py --only book          # the book's two recipes only
 """
@@ -102,18 +103,11 @@ def reestimate(path: Path) -> None:
     """Recompute every row's ``estimate_vs_dry_run`` from its committed traced bytes (seconds, no dry run):
     after a change to the estimator, the traced half stays as it was traced (its provenance unchanged) and
     ``provenance["estimated"]`` records the commit the estimates come from."""
-    from types import SimpleNamespace
-
-    from smolfsdp.config import load_config
-    from smolfsdp.dryrun.compare import compare_with_estimate
+    from smolfsdp.dryrun.compare import compare_committed
 
     grid = json.loads(path.read_text())
     for row in grid["runs"]:
-        cfg = load_config(ROOT / row["recipe"], **row["overrides"])
-        traced = SimpleNamespace(
-            setup=row["setup"], held_bytes=row["held_bytes"], peak_bytes=row["peak_bytes"]
-        )
-        row["estimate_vs_dry_run"] = compare_with_estimate(traced, cfg).to_dict("records")
+        row["estimate_vs_dry_run"] = compare_committed(row, ROOT).to_dict("records")
     grid["provenance"]["estimated"] = {k: provenance("")[k] for k in ("date", "git_sha")}
     path.write_text(json.dumps(grid, indent=1) + "\n")
     print(f"{len(grid['runs'])} setups re-estimated -> {path}")
@@ -126,22 +120,34 @@ def main() -> None:
     parser.add_argument("--only", choices=["book", "all"], default="all")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--resume", action="store_true", help="keep the setups the --out file already holds")
     parser.add_argument("--reestimate", action="store_true",
                         help="recompute the estimates of the committed traced rows only (no dry run)")  # fmt: skip
     args = parser.parse_args()
     if args.reestimate:
         return reestimate(args.out)
     grid = [g for g in GRID if args.only == "all" or g[0].startswith("book:")]
-    rows, t0 = [], time.perf_counter()
+    done = {}
+    if (
+        args.resume and args.out.is_file()
+    ):  # keep what an earlier, interrupted run traced (each row has its commit)
+        before = json.loads(args.out.read_text())
+        done = {r["label"]: {"git_sha": before["provenance"]["git_sha"], **r} for r in before["runs"]}
+    rows, t0 = [done[g[0]] for g in grid if g[0] in done], time.perf_counter()
+    todo = [g for g in grid if g[0] not in done]
+    print(f"{len(rows)} setups kept from {args.out}, {len(todo)} to trace", flush=True)
     cmd = ("python scripts/dryrun_grid.py " + " ".join(sys.argv[1:])).strip()
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    sha = provenance(cmd)["git_sha"]
     with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:
-        for i, row in enumerate(pool.imap(one, grid), 1):
+        for i, row in enumerate(pool.imap(one, todo), len(rows) + 1):
+            row["git_sha"] = sha
             peak = next(r for r in row["estimate_vs_dry_run"] if r["component"].startswith("peak"))
             print(f"[{i}/{len(grid)}] {row['label']}: peak {row['peak_bytes'] / 2**30:.2f} GiB traced, "
                   f"{peak['estimate_gib']:.2f} estimated ({peak['error_pct']:+.1f} %), {row['seconds']:.0f} s",
                   flush=True)  # fmt: skip
             rows.append(row)
+            rows.sort(key=lambda r: [g[0] for g in grid].index(r["label"]))  # the grid's order
             # written after every setup: an interrupted grid keeps what it traced (``complete`` says so)
             out = {"provenance": {**provenance(cmd), "complete": i == len(grid)}, "runs": rows}
             args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -7,9 +7,12 @@ setup. Used by ``smolfsdp dryrun``, ``scripts/dryrun_grid.py`` and chapter "Wher
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pandas as pd
 
-from smolfsdp.config import TrainConfig
+from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
@@ -61,3 +64,11 @@ def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
         [{"component": name, "estimate_gib": e / GIB, "dry_run_gib": d / GIB,
           "error_pct": 100 * (e - d) / d if d else (0.0 if e == 0 else float("inf"))} for name, e, d in rows]
     )  # fmt: skip
+
+
+def compare_committed(row: dict, root) -> pd.DataFrame:
+    """:func:`compare_with_estimate` for one committed row of ``data/results/dryrun/grid.json`` (its recipe
+    under ``root``, its overrides, its traced bytes): the current estimator against what was traced then."""
+    cfg = load_config(Path(root) / row["recipe"], **row["overrides"])
+    traced = SimpleNamespace(setup=row["setup"], held_bytes=row["held_bytes"], peak_bytes=row["peak_bytes"])
+    return compare_with_estimate(traced, cfg)

@@ -58,7 +58,7 @@ COMPONENT_LABELS = {
     "activations": "activations", "logits": "logits", "cuda_context": "CUDA context",
     "comm_buffers": "NCCL buffers",
 }  # fmt: skip
-PEAK_LABEL = "= peak"
+PEAK_LABEL = "peak (fullest moment)"
 MODELS = {"llama-3-70b-like": llama3_70b_config}
 
 
