@@ -88,6 +88,25 @@ def test_estimator_is_held_to_the_dry_run(mid):
         assert abs(_row(result, "peak")["error_pct"]) <= tol, (v, lora, ac, _row(result, "peak"))
 
 
+def test_offload_and_accumulation(mid):
+    """CPU offload: the host holds parameter shards, gradients and AdamW state to the byte as estimated, and the
+    device's own peak (without them) is the estimate's; gradient accumulation: the last micro-batch's backward
+    starts with every gradient shard held, as the estimate's loss moment says."""
+    base = {"model": mid, "max_length": 512, "lora": False}
+    offload, accumulate = _run_all([(LORA, {**base, "cpu_offload": True, "gradient_accumulation_steps": 1}),
+                                    (LORA, {**base, "activation_checkpointing": False,
+                                            "gradient_accumulation_steps": 2})])  # fmt: skip
+    host, device = offload["table"]
+    assert host["component"].startswith("host") and host["error_pct"] == 0
+    assert offload["offload"]["host_bytes"] == sum(offload["held_bytes"].values())
+    assert (
+        offload["offload"]["device_peak_bytes"] < offload["peak_bytes"] - offload["offload"]["host_bytes"] / 2
+    )
+    assert abs(device["error_pct"]) <= 1.0, device
+    assert accumulate["peak_moment"]["phase"] == "backward"
+    assert abs(_row(accumulate, "peak")["error_pct"]) <= 1.0, _row(accumulate, "peak")
+
+
 def _committed_grid() -> dict:
     from smolfsdp.book.dryrun_views import load_grid
 
@@ -213,5 +232,10 @@ def test_book_views_of_the_committed_grid():
     assert (comm["equal"] == "yes").all() and set(comm["ranks"]) == {2, 4, 8}
     assert (dryrun_views.comm_check_table(grid, None)["equal"] == "yes").all()  # every full fine-tune setup
     assert "FSDP1 with LoRA" in dryrun_views.flops_reading(grid)
+    from smolfsdp.book import seed_claims as sc
+
+    judged = dryrun_views.add_dry_run_evidence([sc.full_model_memory(), sc.per_gpu_memory()], grid)
+    assert "16.0 bytes per parameter" in judged[0].evidence[-1]  # the seed's 36 GB is 12 bytes per parameter
+    assert "traced on fake tensors" in judged[1].evidence[-1] and judged[1].values["dry_run_peak_bytes"] > 0
     fig = dryrun_views.plot_step_memory(grid["runs"][0])
     assert {t.name for t in fig.data} >= {"forward", "backward"}

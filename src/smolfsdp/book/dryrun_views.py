@@ -87,7 +87,9 @@ def grid_reading(grid: dict) -> str:
 
 def provenance_line(grid: dict) -> str:
     p = grid["provenance"]
-    return (f"Traced by `{p['command']}` on {p['date'][:10]} (commit {p['git_sha'][:7]}, torch {p['torch']}, "
+    shas = sorted({r.get("git_sha", p["git_sha"])[:7] for r in grid["runs"]})
+    commits = f"commit {shas[0]}" if len(shas) == 1 else f"commits {', '.join(shas)}, each row naming its own"
+    return (f"Traced by `{p['command']}` on {p['date'][:10]} ({commits}, torch {p['torch']}, "
             f"transformers {p['transformers']}, {p['machine']}): {grid['runs'][0]['what']}")  # fmt: skip
 
 
@@ -125,7 +127,8 @@ def flops_table(grid: dict) -> pd.DataFrame:
 
 def add_dry_run_evidence(judged: list, grid: dict | None) -> list:
     """Append the dry run's sentence to the seed claims about per-GPU memory on 2 GPUs (``per_gpu_memory``,
-    ``fit_table``): what one step of the book's full fine-tune recipe traced on rank 0. Returns ``judged``."""
+    ``fit_table``: what one step of the book's full fine-tune recipe traced on rank 0) and about the whole
+    model's 36-42 GB (``full_model_memory``: the state both ranks hold after it). Returns ``judged``."""
     if not grid:
         return judged
     run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
@@ -136,10 +139,20 @@ def add_dry_run_evidence(judged: list, grid: dict | None) -> list:
         f"on rank 0, during {run['peak_moment'].get('phase', '?')}, and holds {held / GIB:.1f} GiB of parameter, "
         "gradient and AdamW shards after it; a GPU adds its CUDA context and NCCL buffers."
     )
+    params = run["setup"]["parameters"]
+    whole = (
+        f"The full-size dry run (traced on fake tensors, not a GPU measurement) holds {held / GIB:.1f} GiB of "
+        f"parameter, gradient and AdamW shards per rank after one step on 2 ranks: "
+        f"{held * run['setup']['world_size'] / GIB:.1f} GiB for the whole model, "
+        f"{held * run['setup']['world_size'] / params:.1f} bytes per parameter, before any activation."
+    )
     for claim in judged:
         if claim.key in ("per_gpu_memory", "fit_table"):
             claim.evidence.append(sentence)
             claim.values["dry_run_peak_bytes"] = run["peak_bytes"]
+        elif claim.key == "full_model_memory":
+            claim.evidence.append(whole)
+            claim.values["dry_run_static_bytes"] = held * run["setup"]["world_size"]
     return judged
 
 

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch._guards import active_fake_mode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.fsdp import _runtime_utils as fsdp_runtime
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.nn import functional as F
 from torch.utils._pytree import tree_leaves
@@ -74,6 +75,37 @@ def untracked_sharding_propagation():
 
 
 @contextmanager
+def fsdp1_reshard_by_storage():
+    """While active, FSDP1's end-of-backward catch-all reshard tells a resharded ``FlatParameter`` by its storage.
+
+    Why (torch 2.13): ``_runtime_utils._catch_all_reshard`` skips a handle whose ``flat_param.data_ptr()`` equals
+    its ``_local_shard.data_ptr()`` ("already resharded"). Every fake tensor's ``data_ptr()`` is 0, so in the dry run
+    it skipped every handle, and a frozen unit that no post-backward hook reshards (the root under LoRA) stayed
+    gathered after the step, which a GPU run never does. The check here compares the storages themselves;
+    the rest is torch's own code.
+    """
+    original = fsdp_runtime._catch_all_reshard
+
+    def by_storage(state) -> None:
+        handle = state._handle
+        if handle is None:
+            return
+        resharded = (
+            handle.flat_param.untyped_storage()._cdata
+            == handle.flat_param._local_shard.untyped_storage()._cdata
+        )
+        if resharded and not handle._skipped_use_sharded_views:
+            return
+        fsdp_runtime._reshard(state, handle, fsdp_runtime._should_free_in_backward(state, handle))
+
+    fsdp_runtime._catch_all_reshard = by_storage
+    try:
+        yield
+    finally:
+        fsdp_runtime._catch_all_reshard = original
+
+
+@contextmanager
 def cuda_dropout():
     """While active, ``torch.nn.functional.dropout`` in training takes the fused ``native_dropout``, as on CUDA.
 
@@ -123,6 +155,9 @@ class _MomentMixin:
         self.peak_moment: dict[str, Any] = {}
         self.collectives: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         self.series: list[dict[str, Any]] = []
+        # with offload, the categories the host holds; the device peak is the total without them
+        self.host_categories: frozenset = frozenset()
+        self.device_peak, self.device_peak_moment = 0, {}
 
     def current_bytes(self) -> int:
         snap = self.get_tracker_snapshot("current")
@@ -142,8 +177,19 @@ class _MomentMixin:
             if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL]:
                 self._peak_mem[dev] = dev_snap[_TOTAL]
                 self._peak_mem_snap[dev] = dict(dev_snap)
-                parents = [p for p in self._mod_tracker.parents if p != "Global"]
-                self.peak_moment = {"phase": self.phase, "module": max(parents, key=len, default="(none)")}
+                self.peak_moment = self._moment()
+            device = dev_snap[_TOTAL] - sum(dev_snap.get(c, 0) for c in self.host_categories)
+            if self.host_categories and device > self.device_peak:
+                self.device_peak, self.device_peak_moment = device, self._moment()
+
+    def _moment(self) -> dict[str, str]:
+        parents = [p for p in self._mod_tracker.parents if p != "Global"]
+        return {"phase": self.phase, "module": max(parents, key=len, default="(none)")}
+
+    def offload(self) -> None:
+        """The run offloads: parameter shards, their gradients and the optimizer state live on the host (FSDP2
+        ``CPUOffloadPolicy``, FSDP1 ``CPUOffload(offload_params=True)``), so the device peak leaves them out."""
+        self.host_categories = self.HOST_CATEGORIES
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _PROPAGATING[0]:  # shape propagation of a DTensor op: no memory, no FLOPs, no collective
@@ -168,6 +214,8 @@ class _MomentMixin:
 class FSDP2Tracker(_MomentMixin, FSDPMemTracker):
     """``FSDPMemTracker`` plus the peak's moment, collectives and a memory series."""
 
+    HOST_CATEGORIES = frozenset({_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT})
+
     def __init__(self, mod: nn.Module, optm=None):
         super().__init__(mod, optm)
         self._moment_init()
@@ -180,6 +228,8 @@ class ModuleTracker(_MomentMixin, MemTracker):
     backward. With FSDP1 and activation checkpointing its module tracker does not always see the recompute
     as backward (FSDP1's own hooks run first), so we treat a repeated forward as the recompute it is.
     """
+
+    HOST_CATEGORIES = frozenset({_MemRefType.PARAM, _MemRefType.GRAD, _MemRefType.OPT})
 
     def __init__(self, mod: nn.Module, optm=None):
         super().__init__()

@@ -78,9 +78,10 @@ def peak_moments(
         state + grads_then + no_sync + root_grad + layer_units + saved - act["loss"] + recompute
         + est.grad_buffer_bytes + logits_held
     )  # fmt: skip
-    # the first layer of the model, last in backward: every other layer's gradient shard is held by now
+    # the first layer of the model, last in backward: every other layer's gradient shard is held by now, and
+    # no layer is left to prefetch
     last_layer = (
-        state + est.grads_bytes + no_sync + root_grad + gathered_root + 2 * unit + act["per_layer"]
+        state + est.grads_bytes + no_sync + root_grad + gathered_root + unit + act["per_layer"]
         + est.grad_buffer_bytes + logits_held
     )  # fmt: skip
     optimizer = state + est.grads_bytes + est.optimizer_bytes // 2
