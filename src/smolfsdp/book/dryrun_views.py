@@ -213,9 +213,9 @@ def flops_reading(grid: dict) -> str:
         "how busy the GPU is by that ratio."
     )
     if fsdp1_lora:
-        ratios = ", ".join(f"{r['flops_counted'] / r['flops_formula']:.2f}" for r in fsdp1_lora)
+        ratios = [r["flops_counted"] / r["flops_formula"] for r in fsdp1_lora]
         text += (
-            f" FSDP1 with LoRA ({ratios}) is apart: a layer's FlatParameter holds adapters, so it needs a gradient "
+            f" FSDP1 with LoRA ({min(ratios):.2f} to {max(ratios):.2f}) is apart: a layer's FlatParameter holds adapters, so it needs a gradient "
             "and the frozen weights viewed from it get theirs computed too (6 FLOPs per parameter and token, where "
             "the formula counts 4 for a frozen weight), and the gradient is thrown away."
         )

@@ -64,8 +64,7 @@ def activation_breakdown(
     else:
         t = set(lora.targets)
         norm = 4 * h + 4
-        # the inputs of targeted projections, saved for lora_A's gradient; with dropout lora_A takes the
-        # dropped copy instead (in _adapter_bytes) and nothing keeps the undropped input
+        # targeted projections' inputs, saved for lora_A; with dropout it keeps the dropped copy (_adapter_bytes)
         kept = lora.dropout == 0
         linear_in = (
             kept * c * h * (bool(t & {"q_proj", "k_proj", "v_proj"}) + bool(t & {"gate_proj", "up_proj"}))

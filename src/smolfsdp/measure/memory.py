@@ -31,6 +31,12 @@ CUDA_CONTEXT_BYTES = 512 * 2**20
 #: communicator in the hundreds of MiB. A stated assumption, not measured here.
 COMM_BUFFER_BYTES = 256 * 2**20
 
+#: How the model is loaded, for the load-time peaks:
+#: ``every-rank`` (the default, what both smolfsdp engines do: ``modeling.build_model`` / ``from_pretrained`` in
+#: every process, then wrap): the host of a node holds one full model per process, ``min(world_size,
+#: gpus_per_node)`` of them at once. ``rank0``: only local rank 0 loads, the others build on meta
+#: (``cpu_ram_efficient_loading`` with ``sync_module_states``, a Trainer option smolfsdp does not turn on): one
+#: full model per node. ``meta``: build on meta, load each shard where it lives: nothing full on the host.
 LOADINGS = ("every-rank", "rank0", "meta")
 
 
@@ -139,15 +145,8 @@ def estimate_memory(
     terms to ``host_bytes`` (FSDP1 ``CPUOffload(offload_params=True)`` / FSDP2 ``CPUOffloadPolicy``
     keep shards, gradients and optimizer state on the host).
 
-    ``loading`` sets the load-time peaks (model bytes at the recipe's ``param_bytes``: fp32 for the
-    recipes smolfsdp runs, whose engines build fp32 parameters):
-
-    * ``every-rank`` (the default, what both smolfsdp engines do: ``modeling.build_model`` /
-      ``from_pretrained`` in every process, then wrap): the host of a node holds one full model per
-      process, ``min(world_size, gpus_per_node)`` of them at once.
-    * ``rank0``: only local rank 0 loads, the others build on meta (``cpu_ram_efficient_loading`` with
-      ``sync_module_states``, a Trainer option smolfsdp does not turn on): one full model per node.
-    * ``meta``: build on meta, load each shard where it lives: nothing full on the host.
+    ``loading`` sets the load-time peaks (one of :data:`LOADINGS`, each explained there; model bytes at the
+    recipe's ``param_bytes``: fp32 for the recipes smolfsdp runs, whose engines build fp32 parameters).
 
     ``no_sync``: gradient accumulation runs its micro-batches under FSDP1 ``no_sync()`` (the
     Trainer does so with CPU offload, where FSDP1 accepts nothing else; see
@@ -155,12 +154,8 @@ def estimate_memory(
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
 
-    ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard
-    held (``moments``; one micro-batch per step starts with none).
-
-    The device peak (``peak_bytes``) is the fullest moment of a step (``smolfsdp.measure.moments``), checked
-    against the full-size dry run, plus the CUDA context and NCCL buffers; ``upper_bound_bytes`` adds every
-    component as if all were alive at once.
+    ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
+    ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants.
 
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
