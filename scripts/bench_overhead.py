@@ -25,6 +25,7 @@ def bare_worker(out: Path, steps: int, warmup: int) -> None:
     import torch
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from smolfsdp.config import load_config
     from smolfsdp.data.prepare import prepare_data
@@ -32,7 +33,6 @@ def bare_worker(out: Path, steps: int, warmup: int) -> None:
     from smolfsdp.paths import recipe
     from smolfsdp.sharding.distributed import init_distributed, teardown
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.train.batches import PadCollator
 
     info = init_distributed()
     cfg = load_config(recipe("smoke"), fsdp_version=2)
@@ -49,7 +49,7 @@ def bare_worker(out: Path, steps: int, warmup: int) -> None:
         data.train,
         batch_size=cfg.per_device_train_batch_size,
         sampler=sampler,
-        collate_fn=PadCollator(tok.pad_token_id),
+        collate_fn=DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id),
         drop_last=True,
     )
     it, times = iter(loader), []

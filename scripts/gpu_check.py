@@ -1,7 +1,7 @@
 """GPU check (issue 13): the SmolLM3-3B geometry on one GPU, measured beside smolfsdp's estimates.
 
 Started by ``scripts/gpu_check.sh`` (which sets PYTHONPATH=src and HF_HUB_OFFLINE=1, keeps a log and
-nvidia-smi readings); the measuring code is ``smolfsdp.book.gpu_check``. Writes flat files into --out:
+nvidia-smi readings); the measuring code is ``smolfsdp.gpu_check.run``. Writes flat files into --out:
 bench.json, trace_summary.json, provenance.json and one trace_<shape>.json.gz.
 
     OUT=/tmp/h200 bash scripts/gpu_check.sh                  # on the lent GPU machine
@@ -39,8 +39,8 @@ REQUIRED = {
     "tqdm": "smolfsdp.traces.load (progress bar)",
     "yaml": "smolfsdp.config",
     "psutil": "smolfsdp.measure.benchmark",
-    "smolfsdp.book.gpu_check": "the measurement (src/ on PYTHONPATH)",
-    "smolfsdp.book.gpu_check_trace": "the trace checks and analyze-trace",
+    "smolfsdp.gpu_check.run": "the measurement (src/ on PYTHONPATH)",
+    "smolfsdp.gpu_check.trace": "the trace checks and analyze-trace",
 }
 #: Imported where present, read without otherwise (not on the GPU machine's image).
 OPTIONAL = {"ijson": "smolfsdp.traces.load: faster trace parsing; the standard library reads without it"}
@@ -128,8 +128,8 @@ def _measure(args, work: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from smolfsdp.book.gpu_check import BENCH, PROVENANCE, RECIPE, TRACE_SUMMARY, make_plan, run_shape
-    from smolfsdp.book.gpu_check_trace import check_trace, keep_trace, run_analyze_trace
+    from smolfsdp.gpu_check.run import BENCH, PROVENANCE, RECIPE, TRACE_SUMMARY, make_plan, run_shape
+    from smolfsdp.gpu_check.trace import check_trace, keep_trace, run_analyze_trace
     from smolfsdp.measure import benchmark
     from smolfsdp.measure.params import resolve_model_config
     from smolfsdp.measure.results import provenance

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.sharding.distributed import DistInfo
-from smolfsdp.train.batches import BatchStream, PadCollator, build_loader, count_label_tokens, count_steps
+from smolfsdp.train.batches import BatchStream, build_loader, count_label_tokens, count_steps
 
 RANK0_OF_2 = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo")
 
@@ -33,7 +34,9 @@ def test_stream_resumed_at_a_position_continues_the_same_order():
     rows = _rows(10)  # rank 0 of 2: 5 rows, 2 micro-batches of 2 per epoch (the last row dropped)
 
     def stream(**position):
-        return BatchStream(*build_loader(rows, PadCollator(pad_id=0), cfg, RANK0_OF_2), **position)
+        return BatchStream(
+            *build_loader(rows, DataCollatorForLanguageModeling(pad_token_id=0), cfg, RANK0_OF_2), **position
+        )
 
     first = stream()
     seen = [next(first)["input_ids"][:, 0].tolist() for _ in range(5)]  # crosses two epoch ends
@@ -43,7 +46,7 @@ def test_stream_resumed_at_a_position_continues_the_same_order():
 
 
 def test_pad_collator_masks_padding_out_of_the_loss():
-    batch = PadCollator(pad_id=0)(
+    batch = DataCollatorForLanguageModeling(pad_token_id=0)(
         [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [5], "labels": [5]}]
     )
     assert batch["input_ids"].tolist() == [[5, 6, 7], [5, 0, 0]]

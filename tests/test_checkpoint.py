@@ -14,13 +14,13 @@ import torch
 from _dist import run_distributed
 from safetensors.torch import load_file
 
-from smolfsdp.book import drills
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.checkpoint import disk as checkpoint_disk
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch import failures, runner
 from smolfsdp.models.modeling import build_meta_model, load_tokenizer
+from smolfsdp.probes import drills
 
 BASE = TrainConfig(
     max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate"

@@ -12,9 +12,9 @@ from conftest import ROOT, SHARED
 from test_trace_analysis import _fsdp2_gpu_trace, _write
 
 from smolfsdp import cli, cli_output
-from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND
 from smolfsdp.checkpoint.dcp import MARKER
 from smolfsdp.config import GROUPS, TrainConfig
+from smolfsdp.gotchas.runner import GOTCHAS, KIND_LEGEND
 from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
 from smolfsdp.paths import umask_modes

@@ -46,10 +46,10 @@ def _shard_with_offload(rank, world, offload):
     """The native FSDP2 sharding with a spy on the whole model's ``.to``; one forward/backward after."""
     from torch.distributed.fsdp import CPUOffloadPolicy
     from torch.distributed.tensor import DTensor
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from smolfsdp.models.modeling import build_model, load_tokenizer
     from smolfsdp.sharding.distributed import DistInfo
-    from smolfsdp.train.batches import PadCollator
     from smolfsdp.train.native import shard_model
     from smolfsdp.train.steps import forward_backward
 
@@ -66,7 +66,11 @@ def _shard_with_offload(rank, world, offload):
     ids = torch.arange(3, 40).reshape(1, -1) + rank
     loss, _ = forward_backward(
         model,
-        [PadCollator(tok.pad_token_id)([{"input_ids": ids[0].tolist(), "labels": ids[0].tolist()}])],
+        [
+            DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
+                [{"input_ids": ids[0].tolist(), "labels": ids[0].tolist()}]
+            )
+        ],
         world,
         info.device,
     )

@@ -232,7 +232,7 @@ def test_book_views_of_the_committed_grid():
     assert (comm["equal"] == "yes").all() and set(comm["ranks"]) == {2, 4, 8}
     assert (dryrun_views.comm_check_table(grid, None)["equal"] == "yes").all()  # every full fine-tune setup
     assert "FSDP1 with LoRA" in dryrun_views.flops_reading(grid)
-    from smolfsdp.book import seed_claims as sc
+    from smolfsdp.seeds import claims as sc
 
     judged = dryrun_views.add_dry_run_evidence([sc.full_model_memory(), sc.per_gpu_memory()], grid)
     assert "16.0 bytes per parameter" in judged[0].evidence[-1]  # the seed's 36 GB is 12 bytes per parameter

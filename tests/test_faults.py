@@ -21,15 +21,16 @@ import torch
 from _dist import free_port
 from safetensors.torch import load_file
 
-from smolfsdp.book import drills, tables
+from smolfsdp.book import drills_view, tables
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.cli import main as cli_main
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch import failures as launch_failures
-from smolfsdp.launch import runner
+from smolfsdp.launch import probe, runner
 from smolfsdp.launch import torchrun as launch
 from smolfsdp.launch.validate import validate
+from smolfsdp.probes import drills
 
 # 4 rows x 256 tokens per rank: steps long enough (~0.3 s on 2 cores) for the killer to act between them
 BASE = TrainConfig(max_steps=6, eval_steps=0, per_device_train_batch_size=4, max_length=256)
@@ -359,7 +360,7 @@ def test_drill_table_labels_runs_and_says_the_difference_exactly(tmp_path):
     }
     elastic = {**row, "run": "rank 1 killed, torchrun restarts (max_restarts=1)", "max_restarts": 1}
     elastic.update(first_launch_exit_code=0, max_abs_diff=0.0041729, resumed_from="/elsewhere/step-000004")
-    frame = drills.drill_table([row, elastic], root=tmp_path)
+    frame = drills_view.drill_table([row, elastic], root=tmp_path)
     assert list(frame.index) == [row["run"], elastic["run"]] and frame.index.name == "run"
     assert list(frame.columns) == [
         "killed",
@@ -375,11 +376,11 @@ def test_drill_table_labels_runs_and_says_the_difference_exactly(tmp_path):
     ]
     diffs = frame["largest weight difference from the run left alone"].tolist()
     assert diffs == ["0 (bitwise identical)", "4.17 × 10⁻³"]
-    assert drills.difference_text(2.5e-7) == "2.50 × 10⁻⁷"
+    assert tables.difference_text(2.5e-7) == "2.50 × 10⁻⁷"
     html = tables.show(frame).to_html()
     assert "fault_killed/checkpoints/step-000003" in html and "max_abs_diff" not in html and "nan" not in html
     with pytest.raises(KeyError, match="no 'run' label"):
-        drills.drill_table([{"max_abs_diff": 0.0}])
+        drills_view.drill_table([{"max_abs_diff": 0.0}])
 
 
 # ------------------------------------------------------------------ launcher: causes named, one run per name, SIGTERM
@@ -571,20 +572,20 @@ def test_sigterm_to_the_launcher_stops_every_rank_and_removes_the_temp_config(tm
 
 
 def test_a_failed_probe_names_itself_and_quotes_the_ranks(tmp_path):
-    """``torchrun.run_probe``, the launch of the book's measuring scripts: a failure is an error naming the
+    """``launch.probe.run_probe``, the launch of the book's measuring scripts: a failure is an error naming the
     probe with the ranks' output, before any caller reads a result file."""
     script = tmp_path / "probe.py"
     script.write_text("import sys\nprint('probe started')\nsys.exit('no result for you')\n")
     with pytest.raises(RuntimeError, match=r"(?s)my probe failed \(1\):.*no result for you"):
-        launch.run_probe("my probe", script, [], 1, timeout=120)
-    ok = launch.run_probe("module probe", "smolfsdp.errors", [], 1, timeout=120)  # -m form
+        probe.run_probe("my probe", script, [], 1, timeout=120)
+    ok = probe.run_probe("module probe", "smolfsdp.errors", [], 1, timeout=120)  # -m form
     assert ok.returncode == 0
 
 
 def test_drill_output_as_a_page_prints_it_has_no_machine_path(tmp_path):
     """What the scaling chapter shows of a drill (the launcher's verdict, torchrun's report) names run folders
     relative to the chapter's and the interpreter by its name, never this machine's paths."""
-    from smolfsdp.book.drills import page_text
+    from smolfsdp.probes.drills import page_text
 
     said = (
         f"the last complete checkpoint is {tmp_path}/fault_killed/checkpoints/step-000003; resume with: ...\n"

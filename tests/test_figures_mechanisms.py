@@ -3,9 +3,9 @@ sentence counts, and the communication volumes in model sizes."""
 
 import pytest
 
-from smolfsdp.book import figures_mechanisms as fm
 from smolfsdp.book import probe_views
-from smolfsdp.book.step_probe import measure_step_variants, unit_of
+from smolfsdp.book.figures import mechanisms as fm
+from smolfsdp.probes.step import measure_step_variants, unit_of
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_comm_volumes_in_model_sizes():
 
 
 def test_tables_are_shaped_for_readers():
-    from smolfsdp.book.mechanics import fsdp_unit_table
+    from smolfsdp.probes.mechanics import fsdp_unit_table
 
     units = fm.unit_table(fsdp_unit_table("tiny"))
     assert units.columns.tolist() == [

@@ -5,8 +5,15 @@ import shutil
 
 import pytest
 
-from smolfsdp.book import fit_explorer as fx
-from smolfsdp.book.fit_explorer import BASE, PEAK_LABEL, fit_states, plot_fit_explorer, state_key, verdict
+from smolfsdp.book.figures import fit_explorer as fx
+from smolfsdp.book.figures.fit_explorer import (
+    BASE,
+    PEAK_LABEL,
+    fit_states,
+    plot_fit_explorer,
+    state_key,
+    verdict,
+)
 from smolfsdp.measure.hardware import GPUS
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.recipes import GIB
@@ -31,7 +38,8 @@ def expected_bars(fig, **setting):
     comps = est.components()
     labels = list(fig.data[0].x)
     keys = {
-        v: k for k, v in __import__("smolfsdp.book.fit_explorer", fromlist=["x"]).COMPONENT_LABELS.items()
+        v: k
+        for k, v in __import__("smolfsdp.book.figures.fit_explorer", fromlist=["x"]).COMPONENT_LABELS.items()
     }
     return [round((est.peak_bytes if x == PEAK_LABEL else comps[keys[x]]) / GIB, 3) for x in labels], est
 

@@ -9,9 +9,11 @@ import re
 
 import pytest
 
-from smolfsdp.book import gotcha_cases_distributed, gotchas, gotchas_view, tables
-from smolfsdp.book.gotcha_registry import WRONG
+from smolfsdp.book import gotchas_view, tables
 from smolfsdp.errors import ConfigError
+from smolfsdp.gotchas import cases_distributed
+from smolfsdp.gotchas import runner as gotchas
+from smolfsdp.gotchas.registry import WRONG
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +96,8 @@ def test_check_wrapping_accepts_a_model_without_layers():
     import torch
 
     with pytest.raises(ConfigError, match="wrapped none of the 1"):
-        gotcha_cases_distributed.check_wrapping(torch.nn.Sequential(torch.nn.Linear(2, 2)), "Linear")
-    assert gotcha_cases_distributed.check_wrapping(torch.nn.Linear(2, 2), "Conv1d") == 0
+        cases_distributed.check_wrapping(torch.nn.Sequential(torch.nn.Linear(2, 2)), "Linear")
+    assert cases_distributed.check_wrapping(torch.nn.Linear(2, 2), "Conv1d") == 0
 
 
 def test_trainer_fsdp_runs_as_ddp_on_cpu(results):

@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT, SHARED
 from packaging.requirements import Requirement
 
-from smolfsdp.book.gpu_check import SIM_SHAPES, make_plan
-from smolfsdp.book.gpu_check_trace import check_trace
+from smolfsdp.gpu_check.run import SIM_SHAPES, make_plan
+from smolfsdp.gpu_check.trace import check_trace
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.traces import analysis as ta
@@ -265,7 +265,7 @@ def test_provenance_names_code_versions_and_command(sim):
     ).stdout.strip()
     assert prov["git_sha"] == head and prov["git_sha_source"] == "git rev-parse HEAD"
     assert re.fullmatch(r"[0-9a-f]{64}", prov["source_sha256"])
-    assert "src/smolfsdp/book/gpu_check.py" in prov["source_files"]
+    assert "src/smolfsdp/gpu_check/run.py" in prov["source_files"]
     import torch
     import transformers
 

@@ -1,18 +1,18 @@
 """One step on 2 FSDP ranks gives the gradients of one process on the full batch (fp32).
 
 Rows keep their own lengths (``max_length`` above every row), so every micro-batch is right-padded
-as ``batches.PadCollator`` pads it: padding is what broke activation checkpointing while the model's
+as the native engine pads it (TRL's ``DataCollatorForLanguageModeling``): padding is what broke activation checkpointing while the model's
 config kept ``use_cache=True`` (the recompute appended keys and values a second time).
 """
 
 import pytest
 import torch
 from _dist import run_distributed
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
-from smolfsdp.train.batches import PadCollator
 from smolfsdp.train.steps import forward_backward
 
 N_ROWS = 4
@@ -77,7 +77,7 @@ def _sharded_grads(rank, world, version, lora=False, ac=False, accum=False):
         apply_fsdp2(model, init_device_mesh("cpu", (world,)), wrap)
     per_rank = N_ROWS // world
     local = rows[rank * per_rank : (rank + 1) * per_rank]
-    collate = PadCollator(tok.pad_token_id)
+    collate = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)
     micro = [collate([row]) for row in local] if accum else [collate(local)]  # accumulation: 1 row per micro
     loss, n_items = forward_backward(model, micro, world, info.device)
     grads = {}
@@ -98,7 +98,7 @@ def _reference(lora: bool):
     tok = load_tokenizer("tiny")
     rows = _rows(tok)
     model = _model(tok, lora)
-    out = model(**PadCollator(tok.pad_token_id)(rows))
+    out = model(**DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(rows))
     out.loss.backward()
     return {
         "loss": out.loss.item(),

@@ -56,6 +56,8 @@ class _Recorder:
 
 
 def _hsdp_rank(rank, world, version):
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
     from smolfsdp.models.modeling import (
         build_model,
         count_parameters,
@@ -65,7 +67,6 @@ def _hsdp_rank(rank, world, version):
     )
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.sharding.fsdp2 import build_mesh
-    from smolfsdp.train.batches import PadCollator
     from smolfsdp.train.native import shard_model
     from smolfsdp.train.steps import forward_backward
 
@@ -97,7 +98,7 @@ def _hsdp_rank(rank, world, version):
         # unit order: the root (embedding, final norm, tied lm_head) first, then one unit per layer
         out["unit_numels"] = [total - sum(layer_numels), *layer_numels]
         out["flat_numels"] = [u._flat_param.numel() for u in units]
-    batch = PadCollator(tok.pad_token_id)([rows[rank]])
+    batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)([rows[rank]])
     with _Recorder() as rec:
         out["loss"], out["n_items"] = forward_backward(model, [batch], world, info.device)
     out["calls"] = rec.calls
@@ -286,14 +287,15 @@ def test_torchrun_hsdp_run_reports_its_mesh(tmp_path):
 
 
 def _other_strategies(rank, world):
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
     from smolfsdp.models.modeling import build_model, load_tokenizer
     from smolfsdp.sharding.distributed import DistInfo
-    from smolfsdp.train.batches import PadCollator
     from smolfsdp.train.native import shard_model
     from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
-    batch = PadCollator(tok.pad_token_id)([_rows(tok)[rank]])
+    batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)([_rows(tok)[rank]])
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     out = {}
     for version in (1, 2):
@@ -322,7 +324,8 @@ def test_no_shard_and_shard_grad_op_on_both_versions():
 def test_hsdp_checkpoint_stop_and_resume_equals_uninterrupted(tmp_path):
     """DCP checkpoints of a 2x2 HSDP mesh (DTensors placed (Replicate(), Shard(0))): stopped after step 2
     of 4 and resumed, the final model is bitwise the uninterrupted run's."""
-    from smolfsdp.book.drills import drill_table, resume_drill
+    from smolfsdp.book.drills_view import drill_table
+    from smolfsdp.probes.drills import resume_drill
 
     cfg = TrainConfig(
         name="hsdp_drill", output_dir=str(tmp_path), nproc=4, fsdp_version=2, sharding_strategy="HYBRID_SHARD",

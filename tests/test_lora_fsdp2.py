@@ -83,9 +83,9 @@ def _sharding_facts(rank, world, vocab_size):
     """FSDP2 on the tiny model (odd vocabulary) after one LoRA-free step: placements, halves, ties."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, describe_sharding, fsdp_units
-    from smolfsdp.train.batches import PadCollator
     from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
@@ -97,7 +97,9 @@ def _sharding_facts(rank, world, vocab_size):
     emb = model.model.embed_tokens.weight
     before = emb.to_local().detach().clone()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batch = PadCollator(tok.pad_token_id)([{"input_ids": [1, 5, 9, 7, 2], "labels": [-100, 5, 9, 7, 2]}])
+    batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
+        [{"input_ids": [1, 5, 9, 7, 2], "labels": [-100, 5, 9, 7, 2]}]
+    )
     forward_backward(model, [batch], world, torch.device("cpu"))
     opt.step()
     after = model.model.embed_tokens.weight.to_local()
@@ -133,19 +135,19 @@ def _adapter_roundtrip(rank, world, out_dir):
 
     from safetensors.torch import load_file
     from torch.distributed.tensor import DTensor
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from smolfsdp.sharding import lora as lora_module
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
     from smolfsdp.sharding.lora import save_adapter
-    from smolfsdp.train.batches import PadCollator
     from smolfsdp.train.steps import forward_backward
 
     tok = load_tokenizer("tiny")
     model = apply_lora(build_model("tiny", tok, seed=0), LORA.replace(lora_dropout=0.0))
     apply_fsdp2(model, build_mesh("cpu", world), resolve_wrap_class(model))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    collate = PadCollator(tok.pad_token_id)
+    collate = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)
     for _ in range(2):
         forward_backward(
             model,
@@ -256,11 +258,11 @@ def test_resume_without_checkpoint_is_refused(tmp_path):
 def _eval_then_train(rank, world):
     """After an evaluation the FSDP2 model is sharded again (DTensor everywhere) and trains on."""
     from torch.distributed.tensor import DTensor
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     from smolfsdp.data.prepare import prepare_data
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
-    from smolfsdp.train.batches import PadCollator
     from smolfsdp.train.steps import evaluate, forward_backward
 
     tok = load_tokenizer("tiny")
@@ -268,7 +270,7 @@ def _eval_then_train(rank, world):
     apply_fsdp2(model, build_mesh("cpu", world), resolve_wrap_class(model))
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
     data = prepare_data(TrainConfig(max_rows=24), tok)
-    collate = PadCollator(tok.pad_token_id)
+    collate = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     first = evaluate(model, data.eval, collate, 4, info)
     sharded = all(isinstance(p, DTensor) for p in model.parameters()) and model.training

@@ -5,7 +5,8 @@ import re
 import pytest
 
 from smolfsdp.book import fsdp_versions
-from smolfsdp.book.mechanics import collective_kind, measure_mechanics
+from smolfsdp.probes.mechanics import measure_mechanics
+from smolfsdp.traces.classify import collective_kind
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from smolfsdp.book.plotting import MODEBAR_PX, TITLE_CHARS, TITLE_CLIMB_PX, TITLE_LINE_PX, fit_layout
+from smolfsdp.book.figures.plotting import MODEBAR_PX, TITLE_CHARS, TITLE_CLIMB_PX, TITLE_LINE_PX, fit_layout
 
 
 def test_fit_layout_drops_fixed_width_and_makes_room_for_the_title():

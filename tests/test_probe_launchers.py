@@ -16,8 +16,9 @@ import pytest
 import torch
 from conftest import ROOT
 
-from smolfsdp.book import dtype_rule, gotcha_cases_local, gotchas, measured, mechanics, step_probe
-from smolfsdp.launch import processes, torchrun
+from smolfsdp.gotchas import cases_local, runner
+from smolfsdp.launch import probe, processes, torchrun
+from smolfsdp.probes import dtype_rule, measured, mechanics, step
 from smolfsdp.sharding.distributed import choose_backend
 
 #: The stand-in, as a sitecustomize for launched ranks (and the same function in this process).
@@ -59,10 +60,10 @@ def _capture(*args, env=None, **kwargs):
 LAUNCHERS = {
     "dtype_rule.check_dtype_rule": lambda tmp: dtype_rule.check_dtype_rule(tmp),
     "mechanics.measure_mechanics": lambda tmp: mechanics.measure_mechanics(1, tmp),
-    "step_probe.measure_step_variants": lambda tmp: step_probe.measure_step_variants(tmp),
+    "step.measure_step_variants": lambda tmp: step.measure_step_variants(tmp),
     "measured.measure_tiny_memory": lambda tmp: measured.measure_tiny_memory(),
-    "gotchas._launch": lambda tmp: gotchas._launch(["any"], tmp, 2),
-    "gotcha_cases_local.tracker_wrong_project": lambda tmp: gotcha_cases_local.tracker_wrong_project(tmp),
+    "runner._launch": lambda tmp: runner._launch(["any"], tmp, 2),
+    "cases_local.tracker_wrong_project": lambda tmp: cases_local.tracker_wrong_project(tmp),
 }
 
 
@@ -70,8 +71,7 @@ LAUNCHERS = {
 def gpus_visible(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", _gpus_visible)
-    for module in (torchrun, gotchas, gotcha_cases_local):
-        monkeypatch.setattr(module.subprocess, "run", _capture)
+    monkeypatch.setattr(cases_local.subprocess, "run", _capture)  # the trackio gotcha's plain subprocess
     # torchrun launches go through launch.processes (own process group): the child is started by spawn
     monkeypatch.setattr(processes, "spawn", lambda cmd, env=None, **kw: _capture(cmd, env=env))
 
@@ -79,7 +79,7 @@ def gpus_visible(monkeypatch):
 def test_standin_reproduces_the_gpu_box(gpus_visible):
     """Without hiding, a rank on the stand-in picks NCCL: the failure the launchers must avoid."""
     assert _backend_under(torchrun.launch_env(2)) == "nccl"
-    assert _backend_under(torchrun.cpu_probe_env(2)) == "gloo"
+    assert _backend_under(probe.cpu_probe_env(2)) == "gloo"
 
 
 @pytest.mark.parametrize("name", list(LAUNCHERS))
@@ -88,13 +88,13 @@ def test_every_probe_launcher_hides_the_gpus(gpus_visible, tmp_path, name):
         LAUNCHERS[name](tmp_path)
     env = got.value.env
     assert env["CUDA_VISIBLE_DEVICES"] == "" and _backend_under(env) == "gloo"
-    if name != "gotcha_cases_local.tracker_wrong_project":  # a plain process; the others torchrun
+    if name != "cases_local.tracker_wrong_project":  # a plain process; the others torchrun
         assert "torch.distributed.run" in got.value.cmd
 
 
 def test_run_probe_hides_the_gpus_even_when_env_names_them(gpus_visible):
     with pytest.raises(_Captured) as got:
-        torchrun.run_probe("x", "smolfsdp.book.step_probe", [], 2, 10, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+        probe.run_probe("x", "smolfsdp.probes.step", [], 2, 10, env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert got.value.env["CUDA_VISIBLE_DEVICES"] == ""
 
 
@@ -116,5 +116,5 @@ def test_one_real_launch_under_the_standin_picks_gloo(tmp_path):
     script, out = tmp_path / "rank.py", tmp_path / "backend.txt"
     script.write_text(RANK)
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
-    torchrun.run_probe("backend probe", script, [str(out)], 1, 300, env=env)
+    probe.run_probe("backend probe", script, [str(out)], 1, 300, env=env)
     assert out.read_text() == "gloo cpu True"

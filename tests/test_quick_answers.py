@@ -1,5 +1,5 @@
 """Commands answer at once and say what they do: ``gotchas --list`` without torch (the catalogue in
-``smolfsdp.book.gotcha_registry``), and ``bench`` printing its first line before any work and each stage
+``smolfsdp.gotchas.registry``), and ``bench`` printing its first line before any work and each stage
 (the checks with their row counts, the launch) before the ranks start."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from smolfsdp import cli
-from smolfsdp.book import gotchas
+from smolfsdp.gotchas import runner as gotchas
 from smolfsdp.launch import runner, torchrun
 
 LIST_PROBE = """

@@ -87,7 +87,7 @@ def test_ddp_rows_sync_once_per_step_and_show_the_cost_of_not():
 
 
 def test_log_axes_are_labelled_at_decades():
-    from smolfsdp.book import plotting_scale
+    from smolfsdp.book.figures import scale as plotting_scale
     from smolfsdp.measure.params import llama3_70b_config
 
     a = sv.book_assumptions()

@@ -6,12 +6,12 @@ import pytest
 import transformers
 
 from smolfsdp.book import fsdp_versions
-from smolfsdp.book import seed_claims as sc
-from smolfsdp.book.dtype_rule import check_dtype_rule
-from smolfsdp.book.seed_claims_runs import PACKAGE
-from smolfsdp.book.seed_code import run_seed_code
 from smolfsdp.measure.hardware import GPUS
 from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.probes.dtype_rule import check_dtype_rule
+from smolfsdp.seeds import claims as sc
+from smolfsdp.seeds.claims_runs import PACKAGE
+from smolfsdp.seeds.code import run_seed_code
 
 GIB = 2**30
 

@@ -16,8 +16,9 @@ from smolfsdp.models.modeling import load_tokenizer
 def _eval_loss_of_saved_model(path, cfg) -> float:
     """Mean token loss of the saved model on the run's eval split, in one plain process."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from smolfsdp.train.batches import PadCollator, count_label_tokens
+    from smolfsdp.train.batches import count_label_tokens
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -25,7 +26,7 @@ def _eval_loss_of_saved_model(path, cfg) -> float:
     total, n = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(data.eval), 4):
-            batch = PadCollator(tok.pad_token_id)(
+            batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
                 [data.eval[j] for j in range(i, min(i + 4, len(data.eval)))]
             )
             total += model(**batch, num_items_in_batch=1).loss.item()

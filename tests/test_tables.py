@@ -13,8 +13,8 @@ import pytest
 from conftest import SHARED
 
 from smolfsdp.book import profiling, tables
-from smolfsdp.book.measured import memory_check_view, model_vs_trace_sentence
 from smolfsdp.measure.benchmark import peak_tflops
+from smolfsdp.probes.measured import memory_check_view, model_vs_trace_sentence
 from smolfsdp.traces import analysis as ta
 from smolfsdp.traces import checks
 
@@ -297,7 +297,7 @@ def test_gpu_timeline_draws_every_kernel_and_each_streams_busy_share(gpu):
     """fig-gpu-timeline: every event counted (none cut), each row's drawn area is its busy time, so a stream's
     share of the picture within each step is the busy share the chapter quotes; ranges in their own lanes,
     never over kernels; a marker for every NCCL kernel, drawn last."""
-    from smolfsdp.book import plotting_trace
+    from smolfsdp.book.figures import trace as plotting_trace
     from smolfsdp.traces.intervals import union_length
 
     df, report = gpu
@@ -368,9 +368,9 @@ def test_book_workflow_fetches_the_trace_the_chapters_read():
                         fetch["env"]["HTA"])  # fmt: skip
     assert f"-o ../shared/traces/{DDP.name}" in fetch["run"] and "LICENSE" in fetch["run"]
     assert "sha256sum -c" in fetch["run"]
-    read = f'"shared" / "traces" / "{DDP.name}"'  # as chapter 05 and smolfsdp.book.seed_claims spell it
+    read = f'"shared" / "traces" / "{DDP.name}"'  # as chapter 05 and smolfsdp.seeds.claims spell it
     chapter = json.loads((ROOT / "notebooks" / "05_profiling.ipynb").read_text())
     assert any(read in "".join(c["source"]) for c in chapter["cells"])
-    assert read in (ROOT / "src" / "smolfsdp" / "book" / "seed_claims_seed1.py").read_text()
+    assert read in (ROOT / "src" / "smolfsdp" / "seeds" / "claims_seed1.py").read_text()
     if DDP.is_file():
         assert hashlib.sha256(DDP.read_bytes()).hexdigest() == fetch["env"]["SHA256"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from smolfsdp.book import drills
+from smolfsdp.book import drills_view
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
@@ -16,6 +16,7 @@ from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
 from smolfsdp.measure.results import load_run
 from smolfsdp.paths import recipe
+from smolfsdp.probes import drills
 from smolfsdp.traces.analysis import analyze, load_trace
 
 KW = dict(max_steps=6, eval_steps=0, per_device_train_batch_size=2, max_length=128, too_long="truncate")
@@ -140,7 +141,7 @@ def test_trl_benchmark_mode_and_trace(tmp_path):
 def test_trl_elastic_restart_after_a_killed_rank(tmp_path):
     """torchrun --max-restarts 1 on the TRL engine: rank 1 SIGKILLed after step 3's checkpoint, the
     restarted Trainer resumes from it through its own resume path and ends on the uninterrupted weights."""
-    from smolfsdp.book.drills import kill_rank_drill
+    from smolfsdp.probes.drills import kill_rank_drill
 
     cfg = load_config(
         recipe("smoke_trl"), name="el", output_dir=str(tmp_path), max_restarts=1,
@@ -151,7 +152,7 @@ def test_trl_elastic_restart_after_a_killed_rank(tmp_path):
     assert "failed (exitcode: -9) local_rank: 1" in out["launcher_said"]
     assert int(out["resumed_from"].split("-")[-1]) >= 3 and out["optimizer_steps"] == 6
     assert out["max_abs_diff"] == 0.0
-    table = drills.drill_table([out], root=tmp_path)  # the chapter's table of it
+    table = drills_view.drill_table([out], root=tmp_path)  # the chapter's table of it
     assert list(table.index) == ["rank 1 killed, torchrun restarts (max_restarts=1)"]
     assert table.iloc[0]["resumed from (checkpoint)"] == str(Path(out["resumed_from"]).relative_to(tmp_path))
     assert table.iloc[0]["largest weight difference from the run left alone"] == "0 (bitwise identical)"

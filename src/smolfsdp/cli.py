@@ -164,12 +164,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_gotchas(args: argparse.Namespace) -> int:
     if args.list or args.run is None:  # the catalogue alone: answers in a second, without torch
-        from smolfsdp.book.gotcha_registry import format_list  # deferred: only gotchas needs the book
+        from smolfsdp.gotchas.registry import format_list  # deferred: only gotchas needs the catalogue
 
         print(format_list(as_json=args.json))
         return 0
     print(f"[smolfsdp] gotchas {args.run}: loading torch and the cases", file=sys.stderr, flush=True)
-    from smolfsdp.book.gotchas import main as gotchas_main  # deferred: torch, peft
+    from smolfsdp.gotchas.runner import main as gotchas_main  # deferred: torch, peft
 
     flags = ["--list"] * args.list + ["--json"] * args.json
     flags += ["--run", args.run] * bool(args.run) + ["--out", args.out] * bool(args.out)

@@ -1,12 +1,13 @@
-"""The book's helpers: chapter execution, figures, the FSDP gotchas, the drills, the mechanics recorder
-and the GPU check and report.
+"""What the chapters show: chapter execution, tables, figures and the views of what the package measured.
 
-``chapters`` (run a chapter notebook), ``plotting*`` (figures), ``gotchas`` (each FSDP pitfall, failing and
-fixed), ``drills`` (kill-a-rank and resume drills), ``mechanics`` (what FSDP does in one step, recorded on
-2 ranks), ``fsdp_versions`` / ``dtype_rule`` / ``scaling_views`` (chapter tables and checks), ``seed_claims``
-(the seeds' claims judged; ``seed_code`` runs their code as written), ``gpu_check`` / ``gpu_report`` (the
-measurements made on real GPUs).
+``chapters`` (execute a chapter notebook, render the book), ``profiles`` (the smoke and full profiles),
+``tables`` (tables shaped for a reader), ``figures/`` (every ``plot_*`` and ``save_figure``), and the views:
+``gotchas_view`` (the gotchas' results), ``probe_views`` (the step probe in sentences), ``drills_view``
+(the drills' rows), ``fsdp_versions``, ``profiling``, ``scaling_views``, ``dryrun_views``, ``full_budget``
+(the full profile's time). What the views read is made elsewhere: the gotchas in ``smolfsdp.gotchas``, the
+chapters' probes in ``smolfsdp.probes``, the seeds' claims in ``smolfsdp.seeds``, the GPU check in
+``smolfsdp.gpu_check``.
 
-Layer: below ``smolfsdp.cli`` only; may import every other subpackage (launch, train, checkpoint,
-measure, sharding, traces, models, data) and the bottom modules. Nothing but the CLI imports it.
+Layer: below ``smolfsdp.cli`` only; may import every other subpackage and the bottom modules. Nothing in
+the package imports it: the chapters, scripts and tests do.
 """

@@ -1,7 +1,7 @@
 """FSDP1 vs FSDP2 for a reader: sharding tables with units, the dtype rule of each, LoRA state per GPU.
 
 Used by the chapters "FSDP1 vs FSDP2" and "LoRA + FSDP2". The measurements come from
-``smolfsdp.book.mechanics`` (two ranks, each version) and ``smolfsdp.book.dtype_rule`` (one rank); the
+``smolfsdp.probes.mechanics`` (two ranks, each version) and ``smolfsdp.probes.dtype_rule`` (one rank); the
 SmolLM3-3B numbers from ``smolfsdp.measure.memory`` (an estimate, stated as one).
 
     python -c "from smolfsdp.book.fsdp_versions import lora_state_table; print(lora_state_table())"

@@ -1,11 +1,12 @@
 """The gotchas' results as tables for the chapter "Debugging the seams": failing and fixed side by side.
 
-``smolfsdp.book.gotchas`` runs each gotcha and returns what happened in each form as a dict (the
+``smolfsdp.gotchas.runner`` runs each gotcha and returns what happened in each form as a dict (the
 outcome, the exception, the measured values). This module only presents those dicts: one row per
 measured quantity, the failing form in one column and the fixed form in the next, every cell as a
 reader reads it (no dict or list reprs, no NaN), long messages wrapped. Nothing is computed here.
 
-    from smolfsdp.book import gotchas, gotchas_view
+    from smolfsdp.book import gotchas_view
+    from smolfsdp.gotchas import runner as gotchas
     results = gotchas.run_gotchas(["tied_embeddings"])
     gotchas_view.section(results["tied_embeddings"])   # table + explanation, as HTML in a notebook
 """
@@ -20,15 +21,14 @@ from typing import Any
 import pandas as pd
 
 from smolfsdp.book import tables
-from smolfsdp.book.gotcha_registry import WRONG
-from smolfsdp.book.gotchas import GOTCHAS, KIND_LEGEND, GotchaResult
+from smolfsdp.gotchas.registry import GOTCHAS, KIND_LEGEND, WRONG, GotchaResult
 
 FORMS = ("failing", "fixed")
 SEED_FIX = "the seed's fix"  # the column of GotchaResult.seed_fix, between the failing and the fixed form
 DECIMALS = 4  # a loss of 6.9995 or a change of 0.0101 must not read 7.00 / 0.01
 SAID = ("outcome", "error", "message", "symptom", "why")  # folded into the outcome row, not rows of their own
 PERCENT = ("held_per_rank",)  # shares of the model (1.0 = all of it): read as "100%", not 1.0000
-# the gradient-checkpointing grid's settings (gotcha_cases_distributed.gradient_checkpointing), in words and order
+# the gradient-checkpointing grid's settings (smolfsdp.gotchas.cases_distributed.gradient_checkpointing), in words and order
 SETTING_WORDS = {
     "none": "none (activations stored)",
     "fsdp_ac": "FSDP activation checkpointing",

@@ -1,15 +1,15 @@
-"""Sentences of the chapter "FSDP mechanics" that read the step probe (``smolfsdp.book.step_probe``):
+"""Sentences of the chapter "FSDP mechanics" that read the step probe (``smolfsdp.probes.step``):
 what resharding the root costs and saves, and how high each variant's memory hill is, each compared
 with the spread of the same peak over the probe's steady steps, so no CPU noise is read as a saving.
 
-    python -c "from smolfsdp.book.step_probe import measure_step_variants as m; from smolfsdp.book import \\
+    python -c "from smolfsdp.probes.step import measure_step_variants as m; from smolfsdp.book import \\
         probe_views as v; r = {x['variant']: x for x in m('/tmp/probe')[0]}; print(v.memory_sentence(r))"
 """
 
 from __future__ import annotations
 
-from smolfsdp.book.step_probe import MEMORY_STEPS
 from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.probes.step import MEMORY_STEPS
 
 KIB = 1024
 

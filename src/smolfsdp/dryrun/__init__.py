@@ -9,7 +9,8 @@ computes (``FlopCounterMode``). Traced on fake tensors: what PyTorch allocates f
 code, **not** a GPU measurement (see :data:`run.LABEL` for what a GPU changes).
 
 ``tracker`` (counting), ``run`` (the dry run of a ``TrainConfig``), ``compare`` (the estimator held to
-it). Layer: beside ``launch`` (it uses ``train``'s sharding and step functions; ``book`` and the CLI use it).
+it). Layer: beside ``launch`` (it uses ``train``'s sharding and step functions, so it cannot sit in ``measure``,
+below ``train``; ``book`` and the CLI use it).
 
     smolfsdp dryrun --config configs/runs/smollm3_3b_medical.yaml [--gpus N] [--json]
 """

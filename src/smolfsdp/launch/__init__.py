@@ -4,8 +4,9 @@
 ``runner`` (``run``, ``preflight``, ``run_benchmark``: what chapters, tests and the CLI call), ``torchrun``
 (the command, the subprocess, signals, elastic restart), ``checks`` (output folder, run lock, cores, memory,
 GPUs, model against data), ``failures`` (torchrun's failure report in one line), ``processes`` (launched
-processes in a process group of their own, stopped as a group).
+processes in a process group of their own, stopped as a group), ``probe`` (the one way to launch a probe or the
+gotchas on CPU ranks and read their results back).
 
-Layer: below ``book``; may import ``train``, ``checkpoint``, ``measure``, ``sharding``, ``traces``,
+Layer: below ``gotchas``, ``probes`` and ``gpu_check``; may import ``train``, ``checkpoint``, ``measure``, ``sharding``, ``traces``,
 ``models``, ``data``, ``config`` and the bottom modules (errors, paths, secrets, quiet).
 """

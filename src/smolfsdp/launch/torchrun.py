@@ -43,7 +43,7 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.checks import check_resources, run_lock
 from smolfsdp.launch.failures import explain_failure
-from smolfsdp.launch.processes import run_group, spawn, stop_group
+from smolfsdp.launch.processes import spawn, stop_group
 
 #: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
 #: names the collective in a timeout error (smolfsdp.sharding.distributed.name_collective_errors).
@@ -201,48 +201,6 @@ def launch_env(nproc: int, max_restarts: int = 0) -> dict[str, str]:
     # torch's flight recorder: the last collectives of each rank, so a timeout can name its collective
     env.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
     return env
-
-
-def cpu_probe_env(nproc: int) -> dict[str, str]:
-    """:func:`launch_env` with every GPU hidden (``CUDA_VISIBLE_DEVICES=""``), for ranks that shard on
-    CPU on purpose: the book's probes and gotchas.
-
-    Why: on a machine with GPUs, ``init_distributed()`` picks NCCL, while these probes build a CPU
-    mesh, FSDP1 with ``device_id=cpu`` or a CPU DDP: torch then stops with "No backend type associated
-    with device type cpu". Hidden GPUs give gloo, the backend those probes are written for, so a
-    chapter measures on a GPU box what it measures on CPU (tests/test_probe_launchers.py).
-    """
-    return {**launch_env(nproc), "CUDA_VISIBLE_DEVICES": ""}
-
-
-def run_probe(
-    what: str,
-    target: str | Path,
-    args: list[str],
-    nproc: int,
-    timeout: float,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess:
-    """Run a measuring script on ``nproc`` CPU processes and wait: ``target`` is a module (``smolfsdp.book.x``,
-    run with ``-m``) or a script path; the book's probes write their results to files named in ``args``.
-    GPUs are hidden from the ranks (:func:`cpu_probe_env`), also where ``env`` names some.
-
-    Returns the finished process (output captured). Raises RuntimeError naming ``what``, the exit code and
-    the last 3,000 characters of stdout and stderr when it fails, so a chapter never reads half-written files.
-    """
-    cmd = torchrun_command(nproc, args, module=str(target))
-    if not str(target).startswith("smolfsdp."):  # a script path: torchrun takes it without its -m
-        del cmd[cmd.index(str(target)) - 1]
-    # torchrun and its ranks in a process group of their own: a timeout or Ctrl-C stops all of them;
-    # GPUs hidden: the probes shard on CPU on purpose, also on a GPU box
-    proc = run_group(
-        cmd, env={**cpu_probe_env(nproc), **(env or {}), "CUDA_VISIBLE_DEVICES": ""}, timeout=timeout
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    return proc
 
 
 # ------------------------------------------------------------------------------ running

@@ -2,7 +2,7 @@
 
 Written by rank 0 of a run (:class:`RunWriter`), read by the chapters (:func:`load_run`). Also the
 committed one-GPU measurement of ``scripts/gpu_check.sh`` (:func:`load_gpu_results`, shown by
-``smolfsdp.book.gpu_report``) and the provenance it records (:func:`provenance`).
+``smolfsdp.gpu_check.report``) and the provenance it records (:func:`provenance`).
 
     python -c "from smolfsdp.measure.results import load_run; print(load_run('runs/smoke').summary)"
 """

@@ -56,7 +56,7 @@ def apply_fsdp2(
             Default False, as PyTorch's ``fully_shard`` docstring advises ("we usually set False for the
             root module, because the root module is typically required immediately when the backward
             pass begins") and as its ``None`` default does for the root. Measured on the tiny SmolLM3
-            (chapter "FSDP mechanics", ``smolfsdp.book.reshard_probe``): resharding the root adds one
+            (chapter "FSDP mechanics", ``smolfsdp.probes.step``): resharding the root adds one
             all-gather of the whole root group per step (10 all-gathers for 4 layers + root instead of
             9), the same loss, and a peak one root group higher, not lower: the root is needed again
             as soon as backward starts (``lm_head`` first), so nothing is freed while memory peaks.

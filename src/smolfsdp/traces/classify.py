@@ -3,6 +3,8 @@
 Used by ``smolfsdp.traces.load`` (every loaded trace is classified) and re-exported by
 ``smolfsdp.traces.analysis``. Each distinct (name, category) pair is classified once, then spread to
 the events by code: traces repeat a few thousand names over hundreds of thousands of events.
+:func:`collective_kind` names the collective of one c10d op (the probes, gotchas and seeds' code count them
+from ``torch.profiler`` events).
 
 GPU events: categories ``kernel``, ``gpu_memcpy``, ``gpu_memset``, ``gpu_user_annotation`` (CUDA and
 ROCm Kineto alike). Communication kernels are NCCL's and RCCL's (``nccl`` in the name, as HTA's
@@ -43,6 +45,26 @@ CATEGORIES = (
 TRAILING_INT = re.compile(r"(0x[0-9a-fA-F]+|\d+)\s*\)?\s*$")
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver")
+
+
+# profiler op names of torch.distributed's c10d ops -> collective kind (CPU side, any backend)
+COLLECTIVES = {
+    "allgather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "allreduce": "all-reduce",
+    "broadcast": "broadcast",
+}
+
+
+def collective_kind(name: str) -> str | None:
+    """Map a profiler op name (``c10d::_allgather_base_``, ``c10d::_reduce_scatter_base_``, ...) to a kind."""
+    if not name.startswith("c10d::"):
+        return None
+    flat = name.replace("_", "").lower()
+    for key, kind in COLLECTIVES.items():
+        if key.replace("_", "") in flat:
+            return kind
+    return "other"
 
 
 def parse_id(value: Any) -> int:

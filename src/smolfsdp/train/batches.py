@@ -1,7 +1,9 @@
 """Batches for the native engine: padding, the per-rank data order, and how many steps a run makes.
 
-``PadCollator`` right-pads tokenised rows; ``build_loader`` gives each rank its share of the training
-split (``DistributedSampler``, shuffled by the run's seed, incomplete batches dropped);
+Padding is TRL's: ``trl.trainer.sft_trainer.DataCollatorForLanguageModeling(pad_token_id=...)``, the collator
+``SFTTrainer`` builds for itself, right-pads ``input_ids`` with the pad id and ``labels`` with -100 and builds
+the attention mask (1 on tokens, 0 on padding), so both engines pad alike. ``build_loader`` gives each rank
+its share of the training split (``DistributedSampler``, shuffled by the run's seed, incomplete batches dropped);
 ``BatchStream`` hands out micro-batches across epochs and replays the order to resume a checkpoint;
 ``count_steps`` turns epochs or ``max_steps`` into optimizer steps. Used by
 ``smolfsdp.train.native`` and by the tests and chapters that run one step by hand.
@@ -10,7 +12,6 @@ split (``DistributedSampler``, shuffled by the run's seed, incomplete batches dr
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -18,25 +19,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.chat import IGNORE_INDEX
 from smolfsdp.sharding.distributed import DistInfo
-
-
-class PadCollator:
-    """Right-pad ``input_ids`` with ``pad_id`` and ``labels`` with -100; build the attention mask."""
-
-    def __init__(self, pad_id: int):
-        self.pad_id = pad_id
-
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        n = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(rows), n), IGNORE_INDEX, dtype=torch.long)
-        mask = torch.zeros((len(rows), n), dtype=torch.long)
-        for i, r in enumerate(rows):
-            k = len(r["input_ids"])
-            ids[i, :k] = torch.tensor(r["input_ids"])
-            labels[i, :k] = torch.tensor(r["labels"])
-            mask[i, :k] = 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
 def count_label_tokens(batch: dict[str, torch.Tensor]) -> int:

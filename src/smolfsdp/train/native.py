@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import TrainConfig
@@ -43,7 +44,7 @@ from smolfsdp.sharding.distributed import DistInfo, all_gather_object
 from smolfsdp.sharding.lora import apply_lora, save_adapter
 from smolfsdp.sharding.shards import apply_activation_checkpointing, local_tensors, storage_bytes
 from smolfsdp.train import steps
-from smolfsdp.train.batches import BatchStream, PadCollator, build_loader, count_steps
+from smolfsdp.train.batches import BatchStream, build_loader, count_steps
 from smolfsdp.train.export import save_final_model
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,8 @@ class NativeTrainer:
         self.local_numel = all_gather_object(self.evidence.pop("local_numel"))
         # The optimizer sees the sharded parameters: created only now, after wrapping.
         self.optimizer = make_optimizer(self.model, cfg)
-        self.collator = PadCollator(self.tokenizer.pad_token_id)
+        # TRL's collator, the one SFTTrainer uses: right padding, labels padded with -100, attention mask
+        self.collator = DataCollatorForLanguageModeling(pad_token_id=self.tokenizer.pad_token_id)
         loader, sampler = build_loader(self.data.train, self.collator, cfg, info)
         self.steps_per_epoch, self.total_steps = count_steps(len(loader), len(self.data.train), cfg, info)
         self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps)

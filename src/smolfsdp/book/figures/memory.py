@@ -1,16 +1,16 @@
 """Figures of the chapter "Where the memory goes": pure ``plot_*`` functions returning plotly Figures.
 
 Every bar is a ``smolfsdp.measure.memory`` estimate or a measured byte count; save with
-``smolfsdp.book.plotting.save_figure``.
+``smolfsdp.book.figures.plotting.save_figure``.
 
-    python -c "from smolfsdp.book.plotting_memory import *; from smolfsdp.measure.memory import estimate_memory as e; plot_memory_breakdown({'1 GPU': e()}).show()"
+    python -c "from smolfsdp.book.figures.memory import *; from smolfsdp.measure.memory import estimate_memory as e; plot_memory_breakdown({'1 GPU': e()}).show()"
 """
 
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
+from smolfsdp.book.figures import plotting  # noqa: F401  (sets the notebook renderer)
 
 GIB = 2**30
 COMPONENT_COLORS = {

@@ -1,9 +1,9 @@
 """What the installed libraries do, read from them: the file and line of their source that decides a
 behaviour, and what transformers' ``TrainingArguments`` makes of an ``fsdp_config``. The evidence of
-the chapter "What the seeds say, and what we measured" (``smolfsdp.book.seed_claims``): when a pinned
+the chapter "What the seeds say, and what we measured" (``smolfsdp.seeds.claims``): when a pinned
 version moves, these fail or change, and so does the page.
 
-    python -c "from smolfsdp.book.installed_stack import source_line as s; print(s('transformers.training_args', 'cpu_offload'))"
+    python -c "from smolfsdp.seeds.installed_stack import source_line as s; print(s('transformers.training_args', 'cpu_offload'))"
 """
 
 from __future__ import annotations

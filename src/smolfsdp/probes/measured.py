@@ -4,12 +4,11 @@ disagree, so a chapter never shows a check that failed.
 
 Used by "Where the memory goes" (``measure_tiny_memory``) and "Scaling out" (``model_vs_trace``).
 
-    python -c "from smolfsdp.book.measured import measure_tiny_memory; print(measure_tiny_memory())"
+    python -c "from smolfsdp.probes.measured import measure_tiny_memory; print(measure_tiny_memory())"
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pandas as pd
 
 from smolfsdp.config import load_config
 from smolfsdp.launch import runner
-from smolfsdp.launch.torchrun import run_probe
+from smolfsdp.launch.probe import read_results, run_probe
 from smolfsdp.measure import comm, comm_trace
 from smolfsdp.measure.memory_measure import compare_with_estimate
 from smolfsdp.paths import recipe, repo_root
@@ -30,9 +29,8 @@ def measure_tiny_memory(nproc: int = 2, timeout: float = 600) -> pd.DataFrame:
     when the launch fails."""
     script = repo_root() / "scripts" / "measure_memory.py"
     with tempfile.TemporaryDirectory(prefix="smolfsdp-measured-") as tmp:  # removed once read
-        out = Path(tmp) / "measured.json"
-        run_probe("measure_memory.py", script, ["--out", str(out)], nproc, timeout)
-        measured = json.loads(out.read_text())
+        run_probe("measure_memory.py", script, ["--out", str(Path(tmp) / "measured.json")], nproc, timeout)
+        measured = read_results(tmp, "measured.json")
     return compare_with_estimate(measured)
 
 

@@ -1,10 +1,10 @@
 """What the GPU check's profiled window shows: NCCL kernels, compute busy fraction, per-layer FSDP
 ranges; the ``analyze-trace`` command run on it; and which trace is kept.
 
-Used by ``scripts/gpu_check.py`` (``smolfsdp.book.gpu_check`` runs the shapes); chapters "Where the
+Used by ``scripts/gpu_check.py`` (``smolfsdp.gpu_check.run`` runs the shapes); chapters "Where the
 memory goes" and "Reading the profiler" show what it wrote.
 
-    python -c "from smolfsdp.book.gpu_check_trace import check_trace; print(check_trace(PATH, 36))"
+    python -c "from smolfsdp.gpu_check.trace import check_trace; print(check_trace(PATH, 36))"
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The gotchas that run in one process, or in a launch of their own because the failing form crashes it.
 
-Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.book.gotchas``; each
-case registers itself in ``smolfsdp.book.gotcha_registry.GOTCHAS``.
+Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.gotchas.runner``; each
+case registers itself in ``smolfsdp.gotchas.registry.GOTCHAS``.
 
     smolfsdp gotchas --run checkpoint_disk_full,tracker_wrong_project
 """
@@ -19,18 +19,18 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import Trainer, TrainingArguments
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from smolfsdp.book.gotcha_builders import decoder_layer_cls, rank_batch, tiny_model
-from smolfsdp.book.gotcha_registry import (
+from smolfsdp.checkpoint.dcp import check_disk_space, estimate_checkpoint_bytes
+from smolfsdp.config import TrainConfig
+from smolfsdp.data.prepare import prepare_data
+from smolfsdp.gotchas.builders import decoder_layer_cls, rank_batch, tiny_model
+from smolfsdp.gotchas.registry import (
     WRONG,
     attempt,
     gotcha,
 )
-from smolfsdp.checkpoint.dcp import check_disk_space, estimate_checkpoint_bytes
-from smolfsdp.config import TrainConfig
-from smolfsdp.data.prepare import prepare_data
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
-from smolfsdp.train.batches import PadCollator
 
 
 @gotcha("checkpoint_disk_full")
@@ -81,7 +81,7 @@ def tracker_wrong_project(out: Path) -> dict[str, Any]:
     for form in ("failing", "fixed"):
         env = {**os.environ, "TRACKIO_DIR": str(out / f"trackio_{form}"), "HF_HUB_OFFLINE": "1"}
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU Trainer run on purpose, also on a GPU box
-        cmd = [sys.executable, "-m", "smolfsdp.book.gotchas", "--trackio-form", form, "--out", str(out)]
+        cmd = [sys.executable, "-m", "smolfsdp.gotchas.runner", "--trackio-form", form, "--out", str(out)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"trackio {form} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -114,7 +114,10 @@ def trackio_form(form: str, out: Path) -> None:
         disable_tqdm=True,
     )
     Trainer(
-        model=model, args=args, train_dataset=data.train, data_collator=PadCollator(tok.pad_token_id)
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        data_collator=DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id),
     ).train()
     finish = attempt(trackio.finish) if form == "failing" else {"outcome": "ok"}
     found = {}

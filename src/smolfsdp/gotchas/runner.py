@@ -7,12 +7,12 @@ group in the caller); the others run in a plain subprocess.
 
     smolfsdp gotchas --list
     smolfsdp gotchas --run optimizer_before_sharding [--json]
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.book.gotchas \\
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.gotchas.runner \\
         --ranks tied_embeddings --out runs/gotchas
 
 This module runs them and formats what they did; the catalogue (and ``format_list``, which needs no torch) is
-``smolfsdp.book.gotcha_registry``,
-the cases ``smolfsdp.book.gotcha_cases_distributed`` (2 ranks) and ``smolfsdp.book.gotcha_cases_local``.
+``smolfsdp.gotchas.registry``,
+the cases ``smolfsdp.gotchas.cases_distributed`` (2 ranks) and ``smolfsdp.gotchas.cases_local``.
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ from typing import Any
 import pandas as pd
 import torch
 
+from smolfsdp.errors import ConfigError
+
 # importing the case modules attaches their functions to the catalogue's entries (GOTCHAS)
-from smolfsdp.book import gotcha_cases_distributed, gotcha_cases_local  # noqa: F401
-from smolfsdp.book.gotcha_cases_local import trackio_form
-from smolfsdp.book.gotcha_registry import (
+from smolfsdp.gotchas import cases_distributed, cases_local  # noqa: F401
+from smolfsdp.gotchas.cases_local import trackio_form
+from smolfsdp.gotchas.registry import (
     CRASH,
     DIST,
     GOTCHAS,
@@ -44,20 +46,20 @@ from smolfsdp.book.gotcha_registry import (
     GotchaResult,
     format_list,
 )
-from smolfsdp.errors import ConfigError
-from smolfsdp.launch.processes import run_group
-from smolfsdp.launch.torchrun import cpu_probe_env, torchrun_command
+from smolfsdp.launch.probe import read_results, run_probe
 from smolfsdp.measure.results import versions
 from smolfsdp.sharding.distributed import init_distributed, teardown
 
 
-def _launch(names: list[str], out: Path, nproc: int, extra: list[str] = ()) -> subprocess.CompletedProcess:
-
+def _launch(
+    names: list[str], out: Path, nproc: int, extra: list[str] = (), check: bool = False
+) -> subprocess.CompletedProcess:
+    """The distributed gotchas ``names`` on ``nproc`` ranks (this module's ``--ranks``), through the probes'
+    launcher (GPUs hidden: they shard on CPU on purpose); results in ``out``. A failed launch is returned
+    unless ``check`` (the crash form reads its ranks' exit codes)."""
     args = ["--ranks", ",".join(names), "--out", str(out), *extra]
-    cmd = torchrun_command(nproc, args, module="smolfsdp.book.gotchas")
-    # the gotchas shard on CPU on purpose (gloo, FSDP1 device_id=cpu): GPUs hidden, also on a GPU box
-    env = {**cpu_probe_env(nproc), "SMOLFSDP_GOTCHA_OUT": str(out)}
-    return run_group(cmd, env=env, timeout=900)  # torchrun and its ranks stopped as a group on a timeout
+    env = {"SMOLFSDP_GOTCHA_OUT": str(out)}
+    return run_probe(f"gotchas {names}", "smolfsdp.gotchas.runner", args, nproc, 900, env=env, check=check)
 
 
 def _crash_form(out: Path, offload: bool) -> dict[str, Any]:
@@ -70,9 +72,7 @@ def _crash_form(out: Path, offload: bool) -> dict[str, Any]:
     if found:  # torchrun's failure summary: the first failure (root cause) is listed last
         res["rank_exit_codes"] = {f"rank{r}": int(c) for r, c in found}
     if proc.returncode == 0:
-        res.update(
-            json.loads((out / ("no_offload" if not offload else "offload") / f"{name}.json").read_text())
-        )
+        res.update(read_results(out / ("no_offload" if not offload else "offload"), f"{name}.json"))
     return res
 
 
@@ -101,10 +101,8 @@ def run_gotchas(
     dist_names = [n for n in names if GOTCHAS[n].kind == DIST]
     if dist_names:
         say(f"running {', '.join(dist_names)} on 2 ranks (one torchrun launch, both forms each)")
-        proc = _launch(dist_names, out, 2)
-        if proc.returncode != 0:
-            raise RuntimeError(f"gotchas {dist_names} failed:\n{(proc.stdout + proc.stderr)[-6000:]}")
-        raw.update({n: json.loads((out / f"{n}.json").read_text()) for n in dist_names})
+        _launch(dist_names, out, 2, check=True)
+        raw.update({n: read_results(out, f"{n}.json") for n in dist_names})
     for n in names:
         g = GOTCHAS[n]
         if g.kind != DIST:

@@ -1,10 +1,10 @@
 """Seed 1's claims that the estimator and the installed libraries' source settle (no launch needed).
 
 Seed 1 is a blog post fine-tuning SmolLM3-3B on medical questions with TRL's ``SFTTrainer`` and FSDP1 on two
-GPUs. Used by ``smolfsdp.book.seed_claims`` (chapter "What the seeds say, and what we measured"); the claims
-that need a run on 2 ranks are in ``seed_claims_runs``. Every claim is in the book's words.
+GPUs. Used by ``smolfsdp.seeds.claims`` (chapter "What the seeds say, and what we measured"); the claims
+that need a run on 2 ranks are in ``claims_runs``. Every claim is in the book's words.
 
-    python -c "from smolfsdp.book.seed_claims_seed1 import batch_size_lever as f; print(f().evidence_text)"
+    python -c "from smolfsdp.seeds.claims_seed1 import batch_size_lever as f; print(f().evidence_text)"
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from smolfsdp.book.installed_stack import source_line, trainer_fsdp_view
-from smolfsdp.book.seed_claims_core import SEED1, Judgement, book_recipe_kwargs, gb, gib
 from smolfsdp.measure.hardware import GPUS, fits
 from smolfsdp.measure.memory import RECIPES, estimate_memory
 from smolfsdp.measure.params import count_parameters, resolve_model_config
 from smolfsdp.paths import repo_root
+from smolfsdp.seeds.claims_core import SEED1, Judgement, book_recipe_kwargs, gb, gib
+from smolfsdp.seeds.installed_stack import source_line, trainer_fsdp_view
 from smolfsdp.traces import analysis as trace_analysis
 from smolfsdp.traces.checks import exposed_share
 

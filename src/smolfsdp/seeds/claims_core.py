@@ -1,9 +1,9 @@
 """What a judged seed claim is, and the helpers every claim module shares (units, the book's recipe).
 
-Used by ``smolfsdp.book.seed_claims`` (the chapter "What the seeds say, and what we measured") and the
-claim modules ``seed_claims_seed1``, ``seed_claims_seed2`` and ``seed_claims_runs``.
+Used by ``smolfsdp.seeds.claims`` (the chapter "What the seeds say, and what we measured") and the
+claim modules ``claims_seed1``, ``claims_seed2`` and ``claims_runs``.
 
-    python -c "from smolfsdp.book.seed_claims_core import book_recipe_table; print(book_recipe_table())"
+    python -c "from smolfsdp.seeds.claims_core import book_recipe_table; print(book_recipe_table())"
 """
 
 from __future__ import annotations

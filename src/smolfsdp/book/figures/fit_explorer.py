@@ -8,7 +8,7 @@ states ride in the figure (``layout.meta``); a small script (:data:`COMPOSE_SCRI
 the dropdowns' choices into one state. Without the script (JupyterLab's plotly mimetype) each dropdown
 still shows its own setting changed from :data:`BASE`.
 
-    python -c "from smolfsdp.book.fit_explorer import *; save_explorer(plot_fit_explorer(fit_states()), 'fit')"
+    python -c "from smolfsdp.book.figures.fit_explorer import *; save_explorer(plot_fit_explorer(fit_states()), 'fit')"
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from smolfsdp.book.plotting import fit_layout, save_figure
-from smolfsdp.book.plotting_memory import COMPONENT_COLORS
+from smolfsdp.book.figures.memory import COMPONENT_COLORS
+from smolfsdp.book.figures.plotting import fit_layout, save_figure
 from smolfsdp.measure.hardware import GPUS
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import llama3_70b_config, resolve_model_config

@@ -8,12 +8,12 @@ trace); seed 2, a blog post on FSDP, FSDP1 vs FSDP2 and LoRA with FSDP2 in a pla
 starts with holds / partly / wrong / open, the evidence (numbers from ``smolfsdp.measure.memory``, runs on
 gloo ranks, the ``file:line`` of the installed source that decides it) and the correction.
 
-The claims live in ``seed_claims_seed1`` and ``seed_claims_seed2`` (estimator and library source),
-``seed_claims_runs`` (the 2-rank run of ``smolfsdp.book.seed_code``); :data:`INVENTORY` is their order.
+The claims live in ``claims_seed1`` and ``claims_seed2`` (estimator and library source),
+``claims_runs`` (the 2-rank run of ``smolfsdp.seeds.code``); :data:`INVENTORY` is their order.
 Claims whose evidence is a per-GPU memory number have ``memory=True``: their ``evidence`` list is where a
 full-size measurement (a dry run, a GPU run) is appended.
 
-    python -c "from smolfsdp.book.seed_claims import judge_all, summary_table; print(summary_table(judge_all()))"
+    python -c "from smolfsdp.seeds.claims import judge_all, summary_table; print(summary_table(judge_all()))"
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from smolfsdp.book.installed_stack import source_line
-from smolfsdp.book.seed_claims_core import (
+from smolfsdp.seeds.claims_core import (
     GB,
     GIB,
     SEED1,
@@ -35,7 +34,7 @@ from smolfsdp.book.seed_claims_core import (
     gb,
     gib,
 )
-from smolfsdp.book.seed_claims_runs import (
+from smolfsdp.seeds.claims_runs import (
     bf16_reduce,
     checkpoint_size,
     fsdp_config_table,
@@ -51,7 +50,7 @@ from smolfsdp.book.seed_claims_runs import (
     state_dict_table,
     wrap_class_trainer,
 )
-from smolfsdp.book.seed_claims_seed1 import (
+from smolfsdp.seeds.claims_seed1 import (
     GPU_TRACE,
     batch_size_lever,
     bf16_weights,
@@ -68,7 +67,7 @@ from smolfsdp.book.seed_claims_seed1 import (
     static_divides,
     tracker_env,
 )
-from smolfsdp.book.seed_claims_seed2 import (
+from smolfsdp.seeds.claims_seed2 import (
     checkpointing_saves,
     comm_volume,
     deterministic_memory,
@@ -79,6 +78,7 @@ from smolfsdp.book.seed_claims_seed2 import (
     offload_policy,
     sixteen_gb_on_four,
 )
+from smolfsdp.seeds.installed_stack import source_line
 
 __all__ = [
     "GB", "GIB", "GPU_TRACE", "SEED1", "SEED2", "VERDICTS", "INVENTORY", "Judgement", "book_recipe_kwargs",

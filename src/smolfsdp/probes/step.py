@@ -10,12 +10,11 @@ running total (the memory of the step over time); four more steady steps give th
 peak, the yardstick for any memory difference between variants. The loss of every variant is recorded too: they
 must be equal, since resharding and prefetching change when bytes move, never what is computed.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.book.step_probe --out DIR
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.probes.step --out DIR
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -25,14 +24,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile, record_function
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from smolfsdp.book.mechanics import collective_kind
-from smolfsdp.launch.torchrun import run_probe
+from smolfsdp.launch.probe import probe_main, read_results, run_probe
 from smolfsdp.measure.comm_trace import trace_collectives
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.distributed import init_distributed, teardown
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
-from smolfsdp.train.native import PadCollator
+from smolfsdp.traces.classify import collective_kind
 
 #: name -> (layers reshard after forward, root reshards after forward, explicit prefetch)
 VARIANTS: dict[str, tuple[bool, bool, bool]] = {
@@ -65,7 +64,9 @@ def unit_of(name: str) -> str | None:
 
 def _batch(tok) -> dict[str, torch.Tensor]:
     ids = list(range(1, 65))
-    return PadCollator(tok.pad_token_id)([{"input_ids": ids, "labels": ids}] * 2)
+    return DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
+        [{"input_ids": ids, "labels": ids}] * 2
+    )
 
 
 def _set_explicit_prefetch(layers: list) -> None:
@@ -186,15 +187,12 @@ def measure_step_variants(out_dir: str | Path, nproc: int = 2, timeout: float = 
 
     Raises RuntimeError with the ranks' output tails when the run fails.
     """
-    out_dir = Path(out_dir)
-    run_probe("step probe", "smolfsdp.book.step_probe", ["--out", str(out_dir)], nproc, timeout)
-    return [json.loads((out_dir / f"step_probe_rank{r}.json").read_text()) for r in range(nproc)]
+    run_probe("step probe", "smolfsdp.probes.step", ["--out", str(out_dir)], nproc, timeout)
+    return read_results(out_dir, "step_probe_rank{rank}.json", nproc)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", required=True)
-    record(Path(parser.parse_args().out))
+    probe_main(record, __doc__)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 
 Every point is a row of ``smolfsdp.measure.scaling.scaling_table`` (the communication model and
 ``smolfsdp.measure.memory``); the table's assumptions go into the title. Save with
-``smolfsdp.book.plotting.save_figure``.
+``smolfsdp.book.figures.plotting.save_figure``.
 
-    python -c "from smolfsdp.measure import scaling; from smolfsdp.book import plotting_scale as p; p.plot_scaling(scaling.scaling_table()).show()"
+    python -c "from smolfsdp.measure import scaling; from smolfsdp.book.figures import scale as p; p.plot_scaling(scaling.scaling_table()).show()"
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import textwrap
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
+from smolfsdp.book.figures import plotting  # noqa: F401  (sets the notebook renderer)
 
 STRATEGY_COLORS = {
     "NO_SHARD": "#7f7f7f",

@@ -1,10 +1,10 @@
 """What the gotcha cases share: a tiny SmolLM3, a batch per rank, FSDP2 sharding on a CPU mesh.
 
-Used by ``smolfsdp.book.gotcha_cases_distributed`` and ``smolfsdp.book.gotcha_cases_local`` (chapter
-"Debugging the seams"); kept apart from ``smolfsdp.book.gotcha_registry`` so that the catalogue (and
+Used by ``smolfsdp.gotchas.cases_distributed`` and ``smolfsdp.gotchas.cases_local`` (chapter
+"Debugging the seams"); kept apart from ``smolfsdp.gotchas.registry`` so that the catalogue (and
 ``smolfsdp gotchas --list``) loads without torch.
 
-    python -c "from smolfsdp.book.gotcha_builders import tiny_model; print(tiny_model()[0])"
+    python -c "from smolfsdp.gotchas.builders import tiny_model; print(tiny_model()[0])"
 """
 
 from __future__ import annotations

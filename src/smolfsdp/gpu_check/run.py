@@ -13,7 +13,7 @@ FSDP2 ``fully_shard`` per decoder layer then the root with bf16 compute and fp32
 token ids at full length. For each shape in :data:`GPU_SHAPES`: warm-up steps, timed steps (CUDA
 events, profiler off), then a separate profiled window (``torch.profiler``, benchmark's schedule).
 A bf16 matmul timed in the same run gives the measured ceiling for MFU
-(``smolfsdp.measure.timing``); ``smolfsdp.book.gpu_check_trace`` reads the profiled window.
+(``smolfsdp.measure.timing``); ``smolfsdp.gpu_check.trace`` reads the profiled window.
 
 Device budget (one H200, estimated): imports 15 s; calibration 5 s; per shape a build of 3.1 B
 fp32 parameters on the GPU (~10 s), 3 + 10 + 4 steps of ~0.15-0.5 s (~10 s), trace export and

@@ -4,7 +4,7 @@ Chapters "Where the memory goes" (``kind="memory"``) and "Reading the profiler" 
 call :func:`gpu_results_section` in their last cell; with nothing committed under
 ``data/results/h200/`` it says so plainly and shows no number.
 
-    python -c "from smolfsdp.book.gpu_report import gpu_results_section as s; print(s('memory')[0])"
+    python -c "from smolfsdp.gpu_check.report import gpu_results_section as s; print(s('memory')[0])"
 """
 
 from __future__ import annotations

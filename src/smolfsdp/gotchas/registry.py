@@ -1,11 +1,11 @@
 """The gotcha catalogue: what a gotcha is, how its two forms are recorded, and every gotcha's name, title,
 how it runs and explanation, in the chapter's order. Loads without torch (``smolfsdp gotchas --list``
-reads only this); the cases' code attaches itself from ``smolfsdp.book.gotcha_cases_distributed`` and
-``smolfsdp.book.gotcha_cases_local``, their shared builders are in ``smolfsdp.book.gotcha_builders``.
+reads only this); the cases' code attaches itself from ``smolfsdp.gotchas.cases_distributed`` and
+``smolfsdp.gotchas.cases_local``, their shared builders are in ``smolfsdp.gotchas.builders``.
 
-Used by the chapter "Debugging the seams" through ``smolfsdp.book.gotchas`` (which runs them).
+Used by the chapter "Debugging the seams" through ``smolfsdp.gotchas.runner`` (which runs them).
 
-    python -c "from smolfsdp.book import gotcha_registry as r; print(r.format_list())"
+    python -c "from smolfsdp.gotchas import registry as r; print(r.format_list())"
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def gotcha(name: str):
 
     def register(fn):
         if name not in GOTCHAS:
-            raise KeyError(f"gotcha {name!r} has no catalogue entry in smolfsdp.book.gotcha_registry")
+            raise KeyError(f"gotcha {name!r} has no catalogue entry in smolfsdp.gotchas.registry")
         GOTCHAS[name].fn = fn
         return fn
 
@@ -95,8 +95,8 @@ def format_list(as_json: bool = False) -> str:
 
 
 # ---------------------------------------------------------------------------------- the catalogue
-# name, title, how it runs, what goes wrong and the fix; the cases are in gotcha_cases_distributed (DIST,
-# first in the chapter) and gotcha_cases_local (LOCAL and CRASH), which need torch: this list does not.
+# name, title, how it runs, what goes wrong and the fix; the cases are in cases_distributed (DIST,
+# first in the chapter) and cases_local (LOCAL and CRASH), which need torch: this list does not.
 _entry(
     "fsdp2_mixed_dtensor",
     "FSDP2: 'mixed torch.Tensor and DTensor' around evaluation",
@@ -124,7 +124,7 @@ _entry(
     closest class. The quiet failure is a policy whose class is real but not in this model (here
     LlamaDecoderLayer): FSDP1's transformer_auto_wrap_policy matches nothing, the root becomes the
     only unit, the model is one FlatParameter gathered at once, and no error is raised.
-    smolfsdp.book.gotcha_cases_distributed.check_wrapping counts the units and refuses that.""",
+    smolfsdp.gotchas.cases_distributed.check_wrapping counts the units and refuses that.""",
 )
 
 _entry(

@@ -6,13 +6,12 @@ wraps the tiny SmolLM3 with FSDP1 or FSDP2, profiles one training step with torc
 (the ``FSDP::*`` ranges FSDP2 annotates and the c10d collectives both versions issue), times a few
 steps, inspects a sharded state dict, and tries freezing a single parameter.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.book.mechanics \\
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.probes.mechanics \\
         --fsdp-version 2 --out runs/mechanics
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -27,8 +26,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp._flat_param import FlatParameter
 from torch.profiler import ProfilerActivity, profile
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from smolfsdp.launch.torchrun import run_probe
+from smolfsdp.launch.probe import probe_main, read_results, run_probe
 from smolfsdp.models.modeling import (
     build_meta_model,
     build_model,
@@ -40,26 +40,8 @@ from smolfsdp.sharding.distributed import init_distributed, teardown
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh, describe_sharding
 from smolfsdp.sharding.shards import local_tensors, storage_bytes
-from smolfsdp.train.batches import PadCollator
+from smolfsdp.traces.classify import collective_kind
 from smolfsdp.train.steps import forward_backward
-
-COLLECTIVES = {
-    "allgather": "all-gather",
-    "reduce_scatter": "reduce-scatter",
-    "allreduce": "all-reduce",
-    "broadcast": "broadcast",
-}
-
-
-def collective_kind(name: str) -> str | None:
-    """Map a profiler op name (``c10d::_allgather_base_``, ``c10d::_reduce_scatter_base_``, ...) to a kind."""
-    if not name.startswith("c10d::"):
-        return None
-    flat = name.replace("_", "").lower()
-    for key, kind in COLLECTIVES.items():
-        if key.replace("_", "") in flat:
-            return kind
-    return "other"
 
 
 def _wrap(model: nn.Module, version: int, world: int, use_orig_params: bool = True) -> nn.Module:
@@ -122,7 +104,9 @@ def _freeze_one(version: int, world: int, use_orig_params: bool) -> dict[str, An
 
 def _batch(tok):
     ids = list(range(1, 65))
-    return PadCollator(tok.pad_token_id)([{"input_ids": ids, "labels": ids}] * 2)
+    return DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)(
+        [{"input_ids": ids, "labels": ids}] * 2
+    )
 
 
 def _one_step(model: nn.Module, tok, world: int) -> float:
@@ -221,18 +205,14 @@ def measure_mechanics(
     fsdp_version: int, out_dir: str | Path, nproc: int = 2, timeout: float = 600
 ) -> list[dict]:
     """Launch :func:`record` on ``nproc`` CPU processes and return each rank's result (by rank)."""
-    out_dir = Path(out_dir)
     args = ["--fsdp-version", str(fsdp_version), "--out", str(out_dir)]
-    run_probe("mechanics run", "smolfsdp.book.mechanics", args, nproc, timeout)
-    return [json.loads((out_dir / f"fsdp{fsdp_version}_rank{r}.json").read_text()) for r in range(nproc)]
+    run_probe("mechanics run", "smolfsdp.probes.mechanics", args, nproc, timeout)
+    return read_results(out_dir, f"fsdp{fsdp_version}_rank{{rank}}.json", nproc)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--fsdp-version", type=int, choices=[1, 2], required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    record(args.fsdp_version, Path(args.out))
+    version = {"type": int, "choices": [1, 2], "required": True}
+    probe_main(lambda out, fsdp_version: record(fsdp_version, out), __doc__, fsdp_version=version)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,11 @@ and caches the JSON it writes, so a test and the chapter in one session launch i
 * counts the all-gathers per FSDP unit in one full fine-tune step (seed 1: twice per layer per step) and
   saves that step's model and AdamW state as a DCP checkpoint, whose bytes on disk it measures.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.book.seed_code --out OUT
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.seeds.code --out OUT
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import Counter
@@ -45,17 +44,17 @@ from torch.profiler import ProfilerActivity, profile
 from transformers.models.llama import modeling_llama
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3DecoderLayer
 
-from smolfsdp.book.gotcha_builders import full_tensor, rank_batch, tiny_model
-from smolfsdp.book.mechanics import collective_kind
-from smolfsdp.book.step_probe import unit_of
 from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
 from smolfsdp.config import TrainConfig
-from smolfsdp.launch.torchrun import run_probe
+from smolfsdp.gotchas.builders import full_tensor, rank_batch, tiny_model
+from smolfsdp.launch.probe import probe_main, read_results, run_probe
 from smolfsdp.measure.results import RunWriter
+from smolfsdp.probes.step import unit_of
 from smolfsdp.sharding import fsdp2
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.sharding.lora import apply_lora
+from smolfsdp.traces.classify import collective_kind
 
 RESULT = "seed_code.json"
 WRAP = {"LlamaDecoderLayer": modeling_llama.LlamaDecoderLayer, "SmolLM3DecoderLayer": SmolLM3DecoderLayer}
@@ -284,17 +283,13 @@ def run_seed_code(out_dir: str | Path, timeout: float = 600) -> dict[str, Any]:
     if key not in _CACHE:
         out_dir.mkdir(parents=True, exist_ok=True)
         if not (out_dir / RESULT).is_file():
-            run_probe("seed-code run", "smolfsdp.book.seed_code", ["--out", str(out_dir)], 2, timeout)
-        _CACHE[key] = json.loads((out_dir / RESULT).read_text())
+            run_probe("seed-code run", "smolfsdp.seeds.code", ["--out", str(out_dir)], 2, timeout)
+        _CACHE[key] = read_results(out_dir, RESULT)
     return _CACHE[key]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", required=True)
-    out = Path(parser.parse_args().out)
-    out.mkdir(parents=True, exist_ok=True)
-    record(out)
+    probe_main(record, __doc__)
 
 
 if __name__ == "__main__":

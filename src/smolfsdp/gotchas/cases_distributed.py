@@ -1,7 +1,7 @@
 """The gotchas that run on 2 gloo ranks (one ``torchrun`` launch for all of them), failing and fixed.
 
-Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.book.gotchas``, which
-launches them; each case registers itself in ``smolfsdp.book.gotcha_registry.GOTCHAS``.
+Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.gotchas.runner``, which
+launches them; each case registers itself in ``smolfsdp.gotchas.registry.GOTCHAS``.
 
     smolfsdp gotchas --run tied_embeddings,optimizer_before_sharding
 """
@@ -22,14 +22,13 @@ from torch.distributed.fsdp import fully_shard
 from torch.profiler import ProfilerActivity, profile
 from transformers.models.llama import modeling_llama
 
-from smolfsdp.book.gotcha_builders import decoder_layer_cls, full_tensor, rank_batch, shard_fsdp2, tiny_model
-from smolfsdp.book.gotcha_registry import (
+from smolfsdp.config import ConfigError, TrainConfig
+from smolfsdp.gotchas.builders import decoder_layer_cls, full_tensor, rank_batch, shard_fsdp2, tiny_model
+from smolfsdp.gotchas.registry import (
     WRONG,
     attempt,
     gotcha,
 )
-from smolfsdp.book.mechanics import collective_kind
-from smolfsdp.config import ConfigError, TrainConfig
 from smolfsdp.measure.results import RunWriter
 from smolfsdp.models.modeling import resolve_wrap_class
 from smolfsdp.sharding import fsdp1, fsdp2
@@ -37,6 +36,7 @@ from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.sharding.fsdp1 import fsdp_units, wrap_fsdp1
 from smolfsdp.sharding.fsdp2 import build_mesh
 from smolfsdp.sharding.shards import apply_activation_checkpointing
+from smolfsdp.traces.classify import collective_kind
 
 
 def check_wrapping(model: nn.Module, wrap_cls: type[nn.Module] | str) -> int:
@@ -117,7 +117,7 @@ def trainer_fsdp_is_ddp(rank: int, world: int) -> dict[str, Any]:
     )
 
     info = DistInfo(rank, world, rank, torch.device("cpu"), "gloo")
-    out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT") or tempfile.mkdtemp())  # gotchas._launch sets it
+    out = Path(os.environ.get("SMOLFSDP_GOTCHA_OUT") or tempfile.mkdtemp())  # runner._launch sets it
     results = {}
     for label, lifted in (("failing", False), ("fixed", True)):
         cfg = TrainConfig(

@@ -1,11 +1,11 @@
 """Figures and tables of FSDP's mechanisms, from the step probe and the package's models.
 
 Chapter "FSDP mechanics" (``notebooks/02_fsdp_mechanics.ipynb``). Inputs: the one-step recordings of
-``smolfsdp.book.step_probe`` (measured on 2 CPU ranks) and the pure models ``smolfsdp.measure.comm`` and
+``smolfsdp.probes.step`` (measured on 2 CPU ranks) and the pure models ``smolfsdp.measure.comm`` and
 ``smolfsdp.measure.benchmark``. ``plot_*`` return plotly Figures; ``*_table`` return DataFrames shaped for a
 reader (units in the column names, numbers as text with thousands separators).
 
-    python -c "from smolfsdp.book.figures_mechanisms import comm_volume_table as t; print(t())"
+    python -c "from smolfsdp.book.figures.mechanisms import comm_volume_table as t; print(t())"
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from smolfsdp.book import plotting  # noqa: F401  (sets the notebook renderer)
-from smolfsdp.book.step_probe import MEMORY_STEPS, PHASES, unit_of
+from smolfsdp.book.figures import plotting  # noqa: F401  (sets the notebook renderer)
 from smolfsdp.book.tables import placement_text
 from smolfsdp.measure.benchmark import flops_per_token
 from smolfsdp.measure.comm import estimate_collectives
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import count_parameters, resolve_model_config
 from smolfsdp.measure.recipes import GIB
+from smolfsdp.probes.step import MEMORY_STEPS, PHASES, unit_of
 
 MIB = 2**20
 KIND_COLORS = {"all-gather": "#2ca02c", "reduce-scatter": "#ff7f0e", "all-reduce": "#9467bd"}
@@ -39,7 +39,7 @@ def attribute_collectives(events: list[dict]) -> pd.DataFrame:
     ``start_ms``, ``dur_ms``. Raises ValueError when the events hold no step phases."""
     phases = [e for e in events if e["kind"] == "phase"]
     if not phases:
-        raise ValueError("no step phases in the events: record them with smolfsdp.book.step_probe.")
+        raise ValueError("no step phases in the events: record them with smolfsdp.probes.step.")
     units = [
         {**e, "unit": unit_of(e["name"])} for e in events if e["kind"] == "annotation" and unit_of(e["name"])
     ]
@@ -88,7 +88,7 @@ def plot_step_timeline(events: list[dict], title: str = "One FSDP2 step on rank 
     """A lane for the step's phases and one per FSDP unit; each collective a labelled block (AG, RS) in its
     unit's lane, at least 3% of the step wide so that short ones stay visible (hover: the real duration);
     grey blocks where a unit computes; the phases shaded across every lane. ``events`` from
-    ``smolfsdp.book.step_probe``."""
+    ``smolfsdp.probes.step``."""
     df = attribute_collectives(events)
     phases = [e for e in events if e["kind"] == "phase"]
     span = max(p["start_us"] + p["dur_us"] for p in phases) / 1e3

@@ -5,7 +5,7 @@ typed in. Save with ``plotting.save_figure``. Step times of separate CPU runs ar
 side by side (they would read as a ranking that the noise does not support): see
 ``smolfsdp.book.profiling.bench_table`` and ``timing_sentence``.
 
-    python -c "from smolfsdp.traces import analysis as ta; from smolfsdp.book import plotting_trace as pt; \\
+    python -c "from smolfsdp.traces import analysis as ta; from smolfsdp.book.figures import trace as pt; \\
         pt.plot_timeline(ta.load_trace('runs/bench/traces/rank0.json.gz')).show()"
 """
 

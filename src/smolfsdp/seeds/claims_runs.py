@@ -1,10 +1,10 @@
-"""The seeds' claims that a run on 2 gloo ranks settles, judged from :func:`smolfsdp.book.seed_code.run_seed_code`,
+"""The seeds' claims that a run on 2 gloo ranks settles, judged from :func:`smolfsdp.seeds.code.run_seed_code`,
 and the tables of the chapter's section "The seeds' code as written".
 
-Used by ``smolfsdp.book.seed_claims`` (chapter "What the seeds say, and what we measured"). Each function takes
+Used by ``smolfsdp.seeds.claims`` (chapter "What the seeds say, and what we measured"). Each function takes
 the probe's result (``seed_code``: a dict, rank 0's view) and computes nothing by hand.
 
-    python -c "from smolfsdp.book.seed_code import run_seed_code as r; from smolfsdp.book.seed_claims_runs \\
+    python -c "from smolfsdp.seeds.code import run_seed_code as r; from smolfsdp.seeds.claims_runs \\
         import seed2_table as t; print(t(r('/tmp/seed-code')))"
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from smolfsdp.book.installed_stack import source_line
-from smolfsdp.book.seed_claims_core import SEED1, SEED2, Judgement, gb, gib
-from smolfsdp.book.seed_claims_seed1 import CONFIG, GOTCHA2, SEED_FSDP_ARG, SEED_FSDP_CONFIG
 from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
 from smolfsdp.config import load_config
 from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.paths import recipe
+from smolfsdp.seeds.claims_core import SEED1, SEED2, Judgement, gb, gib
+from smolfsdp.seeds.claims_seed1 import CONFIG, GOTCHA2, SEED_FSDP_ARG, SEED_FSDP_CONFIG
+from smolfsdp.seeds.installed_stack import source_line
 
 SEED_FORM, OWN_CLASS, FP32_REDUCE, REFERENCE, PACKAGE = (
     "seed, LlamaDecoderLayer", "seed, SmolLM3DecoderLayer", "seed, SmolLM3DecoderLayer, fp32 reduce",
@@ -114,7 +114,7 @@ def wrap_class_trainer(seed_code: dict | None = None) -> Judgement:
     from accelerate.utils import FullyShardedDataParallelPlugin  # deferred: heavy, only this claim
     from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy  # deferred with it
 
-    from smolfsdp.book.gotcha_builders import tiny_model  # deferred: builds a model (torch, transformers)
+    from smolfsdp.gotchas.builders import tiny_model  # deferred: builds a model (torch, transformers)
 
     model, tried = tiny_model()[0], {}
     for version in (1, 2):
@@ -151,7 +151,7 @@ def wrap_class_trainer(seed_code: dict | None = None) -> Judgement:
         "Through the Trainer (this seed's path) the pinned accelerate refuses a class name the model does not "
         "have, before training, so it is not silent. It is silent where the wrapping is hand-written, with "
         "torch's `transformer_auto_wrap_policy` or a `fully_shard` loop (seed 2): then the whole model is one "
-        "unit. `smolfsdp.book.gotcha_cases_distributed.check_wrapping` counts the units and refuses that.",
+        "unit. `smolfsdp.gotchas.cases_distributed.check_wrapping` counts the units and refuses that.",
         {"accelerate": tried, "lines": lines},
     )  # fmt: skip
 
@@ -259,7 +259,7 @@ def state_dict_table(seed_code: dict) -> pd.DataFrame:
 
 def fsdp_config_table() -> pd.DataFrame:
     """Seed 1's ``fsdp_config`` keys as written, and what the installed TrainingArguments hands accelerate."""
-    from smolfsdp.book.installed_stack import trainer_fsdp_view  # deferred: imports transformers
+    from smolfsdp.seeds.installed_stack import trainer_fsdp_view  # deferred: imports transformers
 
     args, _ = trainer_fsdp_view(SEED_FSDP_CONFIG, SEED_FSDP_ARG)
     on, _ = trainer_fsdp_view({**SEED_FSDP_CONFIG, "fsdp_offload_params": True}, SEED_FSDP_ARG)
@@ -279,7 +279,7 @@ def fsdp_config_table() -> pd.DataFrame:
 def plugin_args_side_by_side(name: str = "smollm3_3b_medical") -> pd.DataFrame:
     """accelerate's FSDP plugin arguments as the installed TrainingArguments builds them from seed 1's
     ``fsdp_config`` (as written) and from the package's (``trainer_fsdp_config`` for the book's recipe)."""
-    from smolfsdp.book.installed_stack import trainer_fsdp_view  # deferred: imports transformers
+    from smolfsdp.seeds.installed_stack import trainer_fsdp_view  # deferred: imports transformers
     from smolfsdp.train.trl_engine import trainer_fsdp_config  # deferred: imports trl, the heaviest
 
     seed, seed_warn = trainer_fsdp_view(SEED_FSDP_CONFIG, SEED_FSDP_ARG)

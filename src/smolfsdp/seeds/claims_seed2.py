@@ -1,10 +1,10 @@
 """Seed 2's claims that the estimator and the installed libraries settle, and the dtype rule (a 1-process run).
 
 Seed 2 is a blog post on FSDP, FSDP1 vs FSDP2, and LoRA with FSDP2's ``fully_shard`` in a plain PyTorch loop.
-Used by ``smolfsdp.book.seed_claims`` (chapter "What the seeds say, and what we measured"); its claims that
-need 2 ranks are in ``seed_claims_runs``. Every claim is in the book's words.
+Used by ``smolfsdp.seeds.claims`` (chapter "What the seeds say, and what we measured"); its claims that
+need 2 ranks are in ``claims_runs``. Every claim is in the book's words.
 
-    python -c "from smolfsdp.book.seed_claims_seed2 import eight_b_full as f; print(f().evidence_text)"
+    python -c "from smolfsdp.seeds.claims_seed2 import eight_b_full as f; print(f().evidence_text)"
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from smolfsdp.book.installed_stack import source_line
-from smolfsdp.book.seed_claims_core import GB, SEED2, Judgement, gb, gib
 from smolfsdp.measure.hardware import GPUS, fits
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import LoraSpec, count_parameters, llama3_8b_config, resolve_model_config
+from smolfsdp.seeds.claims_core import GB, SEED2, Judgement, gb, gib
+from smolfsdp.seeds.installed_stack import source_line
 
 VS, SETUP, SUMMARY = "FSDP1 vs FSDP2", "setting up LoRA + FSDP2", "summary"
 
@@ -41,7 +41,7 @@ def offload_policy() -> Judgement:
 
 
 def dtype_rule(results: list[dict]) -> Judgement:
-    """``results``: :func:`smolfsdp.book.dtype_rule.check_dtype_rule`'s list (a launched run)."""
+    """``results``: :func:`smolfsdp.probes.dtype_rule.check_dtype_rule`'s list (a launched run)."""
     ok = {r["case"]: r for r in results if r.get("fsdp", "FSDP2") == "FSDP2"}
     where = source_line(
         "torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDP expects uniform original"

@@ -194,7 +194,7 @@ LANE_COLORS = {
 def plot_fsdp_timeline(events: list[dict], title: str = "One training step on rank 0") -> go.Figure:
     """A Perfetto-like timeline of one step: a lane per kind (FSDP annotations, each collective).
 
-    ``events``: dicts with ``name``, ``kind``, ``start_us``, ``dur_us`` (from ``smolfsdp.book.mechanics``).
+    ``events``: dicts with ``name``, ``kind``, ``start_us``, ``dur_us`` (from ``smolfsdp.probes.mechanics``).
     x is milliseconds since the first event; hover shows the name and duration.
     """
     fig = go.Figure()

@@ -13,12 +13,11 @@ _fsdp_param_group.py): the *trainable* parameters of one group must share their 
 every parameter of a unit, frozen or not, into one FlatParameter, which has one dtype
 (torch/distributed/fsdp/_flat_param.py, ``_validate_tensors_to_flatten``).
 
-    python -m torch.distributed.run --standalone --nproc-per-node 1 -m smolfsdp.book.dtype_rule --out OUT
+    python -m torch.distributed.run --standalone --nproc-per-node 1 -m smolfsdp.probes.dtype_rule --out OUT
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
 
-from smolfsdp.launch.torchrun import run_probe
+from smolfsdp.launch.probe import probe_main, read_results, run_probe
 
 CASES = (
     "frozen_bf16_beside_trainable_fp32",
@@ -88,15 +87,12 @@ def record(out: Path) -> None:
 def check_dtype_rule(out_dir: str | Path, timeout: float = 300) -> list[dict]:
     """Run the three cases with FSDP2, then FSDP1 (``use_orig_params=True``), on one gloo process; each result
     is ``{"fsdp", "case", "ok", "error"}`` (error: the first line of FSDP's message, or None). Raises RuntimeError with the output if the launch fails."""
-    out_dir = Path(out_dir)
-    run_probe("dtype-rule run", "smolfsdp.book.dtype_rule", ["--out", str(out_dir)], 1, timeout)
-    return json.loads((out_dir / "dtype_rule.json").read_text())
+    run_probe("dtype-rule run", "smolfsdp.probes.dtype_rule", ["--out", str(out_dir)], 1, timeout)
+    return read_results(out_dir, "dtype_rule.json")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", required=True)
-    record(Path(parser.parse_args().out))
+    probe_main(record, __doc__)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,13 @@
+"""The one-GPU check and its report: SmolLM3-3B's geometry measured on one real GPU, beside the estimates.
+
+``run`` (the measurement: memory by component, step time, a profiled window, with provenance), ``trace``
+(what the profiled window shows: NCCL kernels, busy fraction, per-layer FSDP ranges; ``analyze-trace``
+run on it), ``report`` (the committed results in ``data/results/`` as the chapters show them).
+``scripts/gpu_check.py`` runs the check; chapters "Where the memory goes" and "Reading the profiler"
+read the report.
+
+    PYTHONPATH=src python3 scripts/gpu_check.py --simulate-cpu --out /tmp/sim
+
+Layer: beside ``gotchas`` and ``probes`` (none imports another), below ``seeds``, ``book`` and the CLI;
+may import ``launch`` and every layer below it (in practice ``measure``, ``sharding``, ``models``, ``traces``).
+"""
