@@ -5,7 +5,7 @@ Each setup runs ``smolfsdp.dryrun.run.dry_run`` in a fresh process (a fake proce
 machine, command). Chapter "Where the memory goes" reads it; ``tests/test_dryrun.py`` re-runs a subset.
 Traced on fake tensors, not measured on a GPU (``smolfsdp.dryrun.run.LABEL``).
 
-    python scripts/dryrun_grid.py --workers 2          # the grid below (48 setups), about 1 h on 2 cores
+    python scripts/dryrun_grid.py --workers 2          # the grid below (48 setups), about 20 min on 2 cores
     python scripts/dryrun_grid.py --workers 2 --resume # keep the setups already in the file, trace the rest
     python scripts/dryrun_grid.py --reestimate         # the committed rows against the current estimator
     python scripts/dryrun_grid.py --only book          # the book's two recipes only
@@ -31,7 +31,7 @@ FULL, LORA = "configs/runs/smollm3_3b_medical.yaml", "configs/runs/lora_smollm3_
 #: its kind (full: configs/runs/smollm3_3b_medical.yaml, LoRA: configs/runs/lora_smollm3_3b.yaml) with one
 #: micro-batch per optimizer step (accumulation adds no moment but the loss moment's gradients of the last
 #: micro-batch, which the estimate models). The book's two recipes come first (their memory series is kept for
-#: the chapter's figure), then the FSDP2 setups (about 30 s each on 2 cores), then FSDP1 (2-7 min each).
+#: the chapter's figure), then the FSDP2 setups, then FSDP1 (10-60 s each on 2 cores).
 BOOK = {(1, False, True, 2048, 2): "book: full fine-tune (FSDP1) recipe, 1 micro-batch",
         (2, True, True, 2048, 2): "book: LoRA + FSDP2 recipe, 1 micro-batch"}  # fmt: skip
 
