@@ -1,9 +1,9 @@
 """Figures for the book: pure ``plot_*`` functions that return plotly Figures, and ``save_figure``.
 
 Every value drawn comes from a run folder (``smolfsdp.measure.results``) or a package formula; nothing is
-typed in. In a notebook kernel the ``smolfsdp`` renderer (below) shows each figure the way Quarto
-handles plotly natively: plotly.js inline once per notebook (Quarto hoists it into the page head: once
-per page, offline, no CDN), each figure as HTML sized to the text column.
+typed in. In a notebook kernel the ``smolfsdp`` renderer (below) shows each figure as HTML sized to the
+text column, without plotly.js: the page loads plotly.js once, from the site (:func:`write_plotlyjs`; Quarto:
+``scripts/quarto_plotly.lua``, nbconvert: ``book.chapters.execute_chapter``), offline, no CDN.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ from smolfsdp.paths import repo_root
 log = logging.getLogger(__name__)
 
 # The one place where the book changes how plotly displays figures, and why. Plotly's `notebook`
-# renderer puts plotly.js inline in the first figure's cell (its "global init" output, which Quarto
-# recognises by plotly.js's licence header and moves into the page head) and every figure after it as
-# a div sized `width: 100%`, measured once, at 525 px high. In a rendered book the column settles
-# after that measurement, so figures came out wider than the column; a long title sat under the
-# modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung below the
-# modebar with a top margin that fits its lines and any subplot titles, and (3) re-measures its output block
-# whenever that block's width changes (a ResizeObserver, not only window resizes).
+# renderer puts plotly.js (4.8 MB) inline in the first figure's cell of every notebook, so every chapter
+# page carried its own copy (~5 MB a page), and each figure loaded MathJax from a CDN (HtmlRenderer's
+# `include_mathjax="cdn"`). The book's renderer writes no plotly.js and no MathJax (unless a figure has
+# TeX, :func:`needs_tex`): each page loads plotly.js once from the site, where the HTML is made
+# (PLOTLYJS). Each figure is a div sized `width: 100%`, measured once, at 525 px high; in a rendered book
+# the column settles after that measurement, so figures came out wider than the column, and a long title
+# sat under the modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung
+# below the modebar with a top margin that fits its lines and any subplot titles, and (3) re-measures its
+# output block whenever that block's width changes (a ResizeObserver, not only window resizes).
 MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
 TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
 TITLE_CLIMB_PX = 16  # measured in Chromium: a 5-line title's block starts 15 px above its pad
@@ -95,19 +97,47 @@ def _wrap_title(text: str) -> str:
     return "<br>".join(lines)
 
 
-class _ColumnMixin:
-    """Applies :func:`fit_layout` to the figure before plotly's own renderer draws it."""
+def needs_tex(fig_dict: dict) -> bool:
+    """Whether any string in the figure is TeX as plotly.js reads it (starts and ends with ``$``): only such
+    a figure needs MathJax. Walks dicts and lists; numeric arrays are skipped."""
+    stack = [fig_dict]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if len(item) > 1 and item[0] == "$" and item[-1] == "$":
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+class BookNotebookRenderer(pio.base_renderers.HtmlRenderer):
+    """``text/html``: the figure fitted to the column (:func:`fit_layout`) as a div and a script that calls
+    ``Plotly.newPlot``; no plotly.js (the page loads it once, PLOTLYJS), no output of its own on activation
+    (plotly's notebook renderer displays plotly.js then), MathJax only for a figure with TeX."""
+
+    def __init__(self, config=None, post_script=None):
+        super().__init__(full_html=False, global_init=False, config=config, post_script=post_script)
+
+    def to_mimebundle(self, fig_dict):
+        fig_dict = {**fig_dict, "layout": fit_layout(fig_dict.get("layout", {}))}
+        scripts = self.post_script if isinstance(self.post_script, list) else [self.post_script]
+        html = pio.to_html(
+            fig_dict, config=self.config, auto_play=self.auto_play, include_plotlyjs=False,
+            include_mathjax="cdn" if needs_tex(fig_dict) else False, post_script=[s for s in scripts if s],
+            full_html=False, animation_opts=self.animation_opts, default_width="100%", default_height=525,
+            validate=False,
+        )  # fmt: skip
+        return {"text/html": html}
+
+
+class BookMimetypeRenderer(pio.base_renderers.PlotlyRenderer):
+    """The plotly mimetype (JupyterLab, VS Code draw it with their own plotly.js), fitted to the column."""
 
     def to_mimebundle(self, fig_dict):
         return super().to_mimebundle({**fig_dict, "layout": fit_layout(fig_dict.get("layout", {}))})
-
-
-class BookNotebookRenderer(_ColumnMixin, pio.base_renderers.NotebookRenderer):
-    pass
-
-
-class BookMimetypeRenderer(_ColumnMixin, pio.base_renderers.PlotlyRenderer):
-    pass
 
 
 _CONFIG = {"responsive": True, "displaylogo": False}
@@ -115,6 +145,22 @@ pio.renderers["smolfsdp"] = BookNotebookRenderer(config=_CONFIG, post_script=_FI
 pio.renderers["smolfsdp_mimetype"] = BookMimetypeRenderer(config=_CONFIG)
 # JupyterLab and VS Code show the plotly mimetype; HTML (Quarto, nbconvert) takes the text/html one.
 pio.renderers.default = "smolfsdp_mimetype+smolfsdp"
+PLOTLYJS = "plotly.min.js"  # the name plotly itself gives the file (write_html(include_plotlyjs="directory"))
+
+
+def write_plotlyjs(folder: str | Path) -> Path:
+    """Write the installed plotly's ``plotly.min.js`` into ``folder`` (unless the same bytes are there);
+    return its path. The book's pages load it from there once: the nbconvert pages beside it, the Quarto site
+    as an HTML dependency (``scripts/quarto_plotly.lua``), so it matches the figures' plotly.py."""
+    from plotly.offline import get_plotlyjs  # deferred: reads the 4.8 MB bundle
+
+    path = Path(folder) / PLOTLYJS
+    js = get_plotlyjs().encode()
+    if not path.is_file() or path.read_bytes() != js:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(js)
+    return path
+
 
 COLORS = {"train": "#1f77b4", "eval": "#d62728"}
 
