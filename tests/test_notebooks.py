@@ -435,7 +435,7 @@ def test_html_in_chromium(executed):
             page = browser.new_page(viewport={"width": WIDTHS[0], "height": 900})
             errors, outside, local = [], [], []
             page.on("pageerror", lambda e, errs=errors: errs.append(str(e)))
-            page.route("**/*", lambda route, o=outside, f=local: _offline(route, o, f))
+            page.route("**/*", _offline(outside, local))
             page.goto(html.as_uri(), wait_until="load")
             nb = notebooks[html.stem]
             # figure cells that drew something (a section may be skipped, e.g. without ../shared/traces)
@@ -493,15 +493,20 @@ def _nbconvert_outside() -> set[str]:
     return {exporter.require_js_url, exporter.mathjax_url}
 
 
-def _offline(route, outside: list, local: list):
-    """Serve the page's own files; refuse and record every request to another host."""
-    url = route.request.url
-    if url.startswith(("file:", "data:", "blob:")):
-        local.append(url)
-        route.continue_()
-    else:
-        outside.append(url)
-        route.abort()
+def _offline(outside: list, local: list):
+    """A route handler that serves the page's own files and refuses every request to another host, recording
+    each URL in ``local`` or ``outside``."""
+
+    def handle(route):
+        url = route.request.url
+        if url.startswith(("file:", "data:", "blob:")):
+            local.append(url)
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    return handle
 
 
 # What Quarto writes into the head of a page with any text/html output (src/core/jupyter/widgets.ts,

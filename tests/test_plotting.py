@@ -4,12 +4,17 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from smolfsdp.book.plotting import (
+    DEFAULT_HEIGHT_PX,
+    LEGEND_ROW_PX,
     MODEBAR_PX,
     PLOTLYJS,
     TITLE_CHARS,
     TITLE_CLIMB_PX,
     TITLE_LINE_PX,
+    fit_figure,
     fit_layout,
+    legend_names,
+    legend_rows,
     needs_tex,
     write_plotlyjs,
 )
@@ -77,3 +82,40 @@ def test_write_plotlyjs_writes_the_installed_bundle_once(tmp_path):
     assert write_plotlyjs(tmp_path / "site") == path and path.stat().st_mtime_ns == before  # same bytes: kept
     path.write_text("old plotly")
     assert write_plotlyjs(tmp_path / "site").read_text() == get_plotlyjs()
+
+
+def test_a_horizontal_legend_gets_a_band_under_the_title():
+    """Below the plot, a legend covered axis labels turned on their side in a narrow column (Figure 3.4)."""
+    names = ["all-reduce", "reduce-scatter", "all-gather"]
+    out = fit_layout({"title": "t", "legend": {"orientation": "h", "y": -0.2}, "margin": {"b": 90}}, names)
+    assert legend_rows(names) == 1 and out["height"] == DEFAULT_HEIGHT_PX
+    top = MODEBAR_PX + TITLE_LINE_PX  # the title's line ends there (its block climbs TITLE_CLIMB_PX)
+    assert out["legend"] == {
+        "orientation": "h", "yref": "container", "y": 1 - (top + 4) / DEFAULT_HEIGHT_PX, "yanchor": "top",
+        "x": 0, "xanchor": "left",
+    }  # fmt: skip
+    plot_top = out["margin"]["t"]
+    assert plot_top >= top + 4 + LEGEND_ROW_PX + 8 and out["margin"]["b"] == 90
+    # 11 entries of 117 px: 4 a row in 520 px; a vertical legend or none is left alone
+    many = [f"component {i}" for i in range(11)]
+    assert legend_rows(many) == 3 and legend_rows(many, width=2000) == 1 and legend_rows([]) == 0
+    assert fit_layout({"title": "t", "legend": {"orientation": "h"}, "height": 400}, many)["margin"]["t"] == (
+        MODEBAR_PX + TITLE_CLIMB_PX + TITLE_LINE_PX + 8 + 3 * LEGEND_ROW_PX + 4
+    )
+    assert "legend" not in fit_layout({"title": "t"}, names)
+    assert fit_layout({"showlegend": False, "legend": {"orientation": "h"}}, names) == {
+        "showlegend": False, "legend": {"orientation": "h"}, "autosize": True,
+    }  # fmt: skip
+
+
+def test_legend_names_are_what_plotly_lists():
+    data = [{"name": "a"}, {"name": "b", "showlegend": False}, {"type": "bar"}]
+    assert legend_names(data) == ["a", "trace 2"]
+    assert legend_names([{"name": "only"}]) == [] and legend_names([{"name": "x", "showlegend": True}]) == [
+        "x"
+    ]
+    fig = go.Figure(
+        [go.Bar(name="a", y=[1]), go.Bar(name="b", y=[2])], layout={"legend": {"orientation": "h"}}
+    )
+    layout = fit_figure(fig.to_dict())["layout"]
+    assert layout["legend"]["yref"] == "container" and layout["legend"]["yanchor"] == "top"

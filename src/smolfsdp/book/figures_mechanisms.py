@@ -264,12 +264,9 @@ def plot_comm_volumes(df: pd.DataFrame, title: str = "") -> go.Figure:
         go.Scatter(x=df.index, y=df["total"], mode="text", text=[f"{v:.3f}" for v in df["total"]],
                    textposition="top center", showlegend=False, hoverinfo="skip")
     )  # fmt: skip
-    # The legend stands above the plot, under the title: below it, it covered the strategy names, which plotly
-    # turns on their side when the column is narrow (Figure 3.4 at 820 px); the top margin holds both.
     fig.update_layout(
         barmode="stack", title=title, template="plotly_white", yaxis_title="sent per rank and step (x model size)",
-        legend={"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"},
-        margin={"l": 60, "r": 20, "t": 120, "b": 90},
+        legend={"orientation": "h", "y": -0.2}, margin={"l": 60, "r": 20, "b": 90},
     )  # fmt: skip
     return fig
 

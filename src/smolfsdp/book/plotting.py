@@ -28,13 +28,20 @@ log = logging.getLogger(__name__)
 # (PLOTLYJS). Each figure is a div sized `width: 100%`, measured once, at 525 px high; in a rendered book
 # the column settles after that measurement, so figures came out wider than the column, and a long title
 # sat under the modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung
-# below the modebar with a top margin that fits its lines and any subplot titles, and (3) re-measures its
+# below the modebar with a top margin that fits its lines and any subplot titles, (3) gets a horizontal
+# legend in a band of its own under the title (below the plot it covered axis labels that plotly turns
+# on their side in a narrow column, and axis titles: Figure 3.4 and five more), and (4) re-measures its
 # output block whenever that block's width changes (a ResizeObserver, not only window resizes).
 MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
 TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
 TITLE_CLIMB_PX = 16  # measured in Chromium: a 5-line title's block starts 15 px above its pad
 SUBPLOT_TITLE_PX = 24  # a subplot title's line (plotly's 16 px annotation font)
 TITLE_CHARS = 80  # a plain title line wraps beyond this: ~8.5 px a character fits a ~700 px column
+DEFAULT_HEIGHT_PX = 525  # a figure's height when its layout sets none (the renderer's default_height)
+# A horizontal legend's rows, measured in Chromium at plotly's 12 px font: 19 px a row; an entry is its
+# symbol (40 px) and about 7 px a character; entries that do not fit one row are set in columns as wide as
+# the widest entry. Rows are counted for a plot 520 px wide (the book's column at an 820 px window).
+LEGEND_ROW_PX, LEGEND_ITEM_PX, LEGEND_CHAR_PX, LEGEND_WIDTH_PX = 20, 40, 7, 520
 
 _FIT_SCRIPT = """
 var gd = document.getElementById('{plot_id}');
@@ -52,35 +59,60 @@ if (window.ResizeObserver) { new ResizeObserver(fit).observe(box); }
 """
 
 
-def fit_layout(layout: dict) -> dict:
+def fit_layout(layout: dict, legend: list[str] | None = None) -> dict:
     """Return ``layout`` (a figure's layout as a dict) made to fit a text column; the input is not changed.
 
     Drops ``width`` and sets ``autosize``. A title is wrapped (:func:`_wrap_title`) and hung from the
     top edge below the modebar (plotly anchors a multi-line title on its first line, so its block sits
-    up to ``TITLE_CLIMB_PX`` higher than the pad says), and the top margin is raised to hold the
-    modebar, every line and any subplot titles. Pure: no plotly.js, no I/O.
+    up to ``TITLE_CLIMB_PX`` higher than the pad says). ``legend``: the entries the figure's legend lists
+    (:func:`legend_names`); a horizontal one is set in a band under the title (:func:`legend_rows` rows),
+    at a fixed height (``DEFAULT_HEIGHT_PX`` unless the layout sets one). The top margin is raised to hold
+    the modebar, every title line, the legend and any subplot titles. Pure: no plotly.js, no I/O.
     """
     out = {k: v for k, v in layout.items() if k != "width"}
     out["autosize"] = True
     title = out.get("title")
     title = {"text": title} if isinstance(title, str) else dict(title or {})
     text = _wrap_title(title.get("text") or "")
-    if text:
-        lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text"))
-        # make_subplots puts subplot titles as annotations standing on the plot area (paper y = 1)
-        above = any(
-            a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in out.get("annotations") or []
-        )
-        pad_b = 8 + SUBPLOT_TITLE_PX * above
-        pad_t = MODEBAR_PX + TITLE_CLIMB_PX
-        title.update(
-            text=text, y=1, yref="container", yanchor="top", pad={**title.get("pad", {}), "t": pad_t}
-        )
-        out["title"] = title
-        margin = dict(out.get("margin") or {})
-        margin["t"] = max(margin.get("t", 100), pad_t + TITLE_LINE_PX * lines + pad_b)
-        out["margin"] = margin
+    lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text")) if text else 0
+    h_legend = (out.get("legend") or {}).get("orientation") == "h" and out.get("showlegend") is not False
+    rows = legend_rows(legend or []) if h_legend else 0
+    if not (lines or rows):
+        return out
+    # make_subplots puts subplot titles as annotations standing on the plot area (paper y = 1)
+    above = any(
+        a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in out.get("annotations") or []
+    )
+    pad_b = 8 + SUBPLOT_TITLE_PX * above
+    pad_t = MODEBAR_PX + TITLE_CLIMB_PX
+    if lines:
+        pad = {**title.get("pad", {}), "t": pad_t}
+        out["title"] = {**title, "text": text, "y": 1, "yref": "container", "yanchor": "top", "pad": pad}
+    top = pad_t + TITLE_LINE_PX * lines - TITLE_CLIMB_PX * bool(lines) + 4  # the legend's top edge, px
+    if rows:
+        out["height"] = out.get("height") or DEFAULT_HEIGHT_PX
+        out["legend"] = {**out["legend"], "yref": "container", "y": 1 - top / out["height"], "yanchor": "top",
+                         "x": 0, "xanchor": "left"}  # fmt: skip
+    margin = dict(out.get("margin") or {})
+    need = pad_t + TITLE_LINE_PX * lines + pad_b + (LEGEND_ROW_PX * rows + 4 if rows else 0)
+    margin["t"] = max(margin.get("t", 100), need)
+    out["margin"] = margin
     return out
+
+
+def legend_names(data: list[dict]) -> list[str]:
+    """The entries a figure's legend lists, one per trace whose ``showlegend`` is not False (an unnamed
+    trace is listed as plotly names it, ``trace N``); none when plotly shows no legend (one entry)."""
+    names = [t.get("name") or f"trace {i}" for i, t in enumerate(data) if t.get("showlegend", True)]
+    return names if len(names) > 1 or any(t.get("showlegend") for t in data) else []
+
+
+def legend_rows(names: list[str], width: int = LEGEND_WIDTH_PX) -> int:
+    """Rows a horizontal legend of ``names`` takes in a plot ``width`` px wide (0 for no entry)."""
+    widths = [LEGEND_ITEM_PX + LEGEND_CHAR_PX * len(re.sub(r"<[^>]+>", "", n)) for n in names]
+    if sum(widths) <= width:
+        return min(1, len(widths))
+    return -(-len(widths) // max(1, width // max(widths)))
 
 
 def _wrap_title(text: str) -> str:
@@ -95,6 +127,12 @@ def _wrap_title(text: str) -> str:
         lines += textwrap.wrap(line, TITLE_CHARS) if plain else [line]
         depth += len(re.findall(r"<su[bp]>", line)) - len(re.findall(r"</su[bp]>", line))
     return "<br>".join(lines)
+
+
+def fit_figure(fig_dict: dict) -> dict:
+    """``fig_dict`` (a figure as a dict) with :func:`fit_layout` applied, its legend's entries counted."""
+    layout = fit_layout(fig_dict.get("layout", {}), legend_names(fig_dict.get("data", [])))
+    return {**fig_dict, "layout": layout}
 
 
 def needs_tex(fig_dict: dict) -> bool:
@@ -122,7 +160,7 @@ class BookNotebookRenderer(pio.base_renderers.HtmlRenderer):
         super().__init__(full_html=False, global_init=False, config=config, post_script=post_script)
 
     def to_mimebundle(self, fig_dict):
-        fig_dict = {**fig_dict, "layout": fit_layout(fig_dict.get("layout", {}))}
+        fig_dict = fit_figure(fig_dict)
         scripts = self.post_script if isinstance(self.post_script, list) else [self.post_script]
         html = pio.to_html(
             fig_dict, config=self.config, auto_play=self.auto_play, include_plotlyjs=False,
@@ -137,7 +175,7 @@ class BookMimetypeRenderer(pio.base_renderers.PlotlyRenderer):
     """The plotly mimetype (JupyterLab, VS Code draw it with their own plotly.js), fitted to the column."""
 
     def to_mimebundle(self, fig_dict):
-        return super().to_mimebundle({**fig_dict, "layout": fit_layout(fig_dict.get("layout", {}))})
+        return super().to_mimebundle(fit_figure(fig_dict))
 
 
 _CONFIG = {"responsive": True, "displaylogo": False}
