@@ -5,6 +5,7 @@ import plotly.io as pio
 
 from smolfsdp.book.plotting import (
     DEFAULT_HEIGHT_PX,
+    LEGEND_GAP_PX,
     LEGEND_ROW_PX,
     MODEBAR_PX,
     PLOTLYJS,
@@ -89,19 +90,20 @@ def test_a_horizontal_legend_gets_a_band_under_the_title():
     names = ["all-reduce", "reduce-scatter", "all-gather"]
     out = fit_layout({"title": "t", "legend": {"orientation": "h", "y": -0.2}, "margin": {"b": 90}}, names)
     assert legend_rows(names) == 1 and out["height"] == DEFAULT_HEIGHT_PX
-    top = MODEBAR_PX + TITLE_LINE_PX  # the title's line ends there (its block climbs TITLE_CLIMB_PX)
+    top = MODEBAR_PX + TITLE_CLIMB_PX + TITLE_LINE_PX + LEGEND_GAP_PX  # under the title's line
     assert out["legend"] == {
-        "orientation": "h", "yref": "container", "y": 1 - (top + 4) / DEFAULT_HEIGHT_PX, "yanchor": "top",
+        "orientation": "h", "yref": "container", "y": 1 - top / DEFAULT_HEIGHT_PX, "yanchor": "top",
         "x": 0, "xanchor": "left",
     }  # fmt: skip
-    plot_top = out["margin"]["t"]
-    assert plot_top >= top + 4 + LEGEND_ROW_PX + 8 and out["margin"]["b"] == 90
+    assert out["margin"] == {"b": 90, "t": top + LEGEND_ROW_PX + 8 + 8}  # the legend, then the plot
     # 11 entries of 117 px: 4 a row in 520 px; a vertical legend or none is left alone
     many = [f"component {i}" for i in range(11)]
     assert legend_rows(many) == 3 and legend_rows(many, width=2000) == 1 and legend_rows([]) == 0
     assert fit_layout({"title": "t", "legend": {"orientation": "h"}, "height": 400}, many)["margin"]["t"] == (
-        MODEBAR_PX + TITLE_CLIMB_PX + TITLE_LINE_PX + 8 + 3 * LEGEND_ROW_PX + 4
+        top + 3 * LEGEND_ROW_PX + 16
     )
+    untitled = fit_layout({"legend": {"orientation": "h"}}, names)
+    assert untitled["legend"]["y"] == 1 - (MODEBAR_PX + LEGEND_GAP_PX) / DEFAULT_HEIGHT_PX
     assert "legend" not in fit_layout({"title": "t"}, names)
     assert fit_layout({"showlegend": False, "legend": {"orientation": "h"}}, names) == {
         "showlegend": False, "legend": {"orientation": "h"}, "autosize": True,

@@ -42,6 +42,8 @@ DEFAULT_HEIGHT_PX = 525  # a figure's height when its layout sets none (the rend
 # symbol (40 px) and about 7 px a character; entries that do not fit one row are set in columns as wide as
 # the widest entry. Rows are counted for a plot 520 px wide (the book's column at an 820 px window).
 LEGEND_ROW_PX, LEGEND_ITEM_PX, LEGEND_CHAR_PX, LEGEND_WIDTH_PX = 20, 40, 7, 520
+LEGEND_GAP_PX = 4  # under the title's lines counted at TITLE_LINE_PX from its pad (the text ends above: a
+# one-line title's box ends 16 px above that, measured in Chromium), and 8 px more under the legend
 
 _FIT_SCRIPT = """
 var gd = document.getElementById('{plot_id}');
@@ -88,13 +90,13 @@ def fit_layout(layout: dict, legend: list[str] | None = None) -> dict:
     if lines:
         pad = {**title.get("pad", {}), "t": pad_t}
         out["title"] = {**title, "text": text, "y": 1, "yref": "container", "yanchor": "top", "pad": pad}
-    top = pad_t + TITLE_LINE_PX * lines - TITLE_CLIMB_PX * bool(lines) + 4  # the legend's top edge, px
+    top = (pad_t + TITLE_LINE_PX * lines if lines else MODEBAR_PX) + LEGEND_GAP_PX  # the legend's top, px
     if rows:
         out["height"] = out.get("height") or DEFAULT_HEIGHT_PX
         out["legend"] = {**out["legend"], "yref": "container", "y": 1 - top / out["height"], "yanchor": "top",
                          "x": 0, "xanchor": "left"}  # fmt: skip
     margin = dict(out.get("margin") or {})
-    need = pad_t + TITLE_LINE_PX * lines + pad_b + (LEGEND_ROW_PX * rows + 4 if rows else 0)
+    need = top + LEGEND_ROW_PX * rows + 8 + pad_b if rows else pad_t + TITLE_LINE_PX * lines + pad_b
     margin["t"] = max(margin.get("t", 100), need)
     out["margin"] = margin
     return out
