@@ -5,7 +5,9 @@ Each setup runs ``smolfsdp.dryrun.run.dry_run`` in a fresh process (a fake proce
 machine, command). Chapter "Where the memory goes" reads it; ``tests/test_dryrun.py`` re-runs a subset.
 Traced on fake tensors, not measured on a GPU (``smolfsdp.dryrun.run.LABEL``).
 
-    python scripts/dryrun_grid.py                      # the grid below (12 setups), about 15 min on 2 cores
+    python scripts/dryrun_grid.py --workers 2          # the grid below (48 setups), about 1 h on 2 cores
+    python scripts/dryrun_grid.py --workers 2 --resume # keep the setups already in the file, trace the rest
+    python scripts/dryrun_grid.py --reestimate         # the committed rows against the current estimator
     python scripts/dryrun_grid.py --only book          # the book's two recipes only
 """
 
@@ -24,30 +26,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "data" / "results" / "dryrun" / "grid.json"
 FULL, LORA = "configs/runs/smollm3_3b_medical.yaml", "configs/runs/lora_smollm3_3b.yaml"
-#: (label, recipe, overrides): the book's two recipes with one micro-batch per optimizer step (accumulation
-#: adds no moment but the loss moment's gradients of the last micro-batch, which the estimate models), then
-#: one axis at a time from them: FSDP version, LoRA, activation checkpointing, sequence length, world size.
-GRID = [
-    ("book: full fine-tune (FSDP1) recipe, 1 micro-batch", FULL, {"gradient_accumulation_steps": 1}),
-    ("book: LoRA + FSDP2 recipe, 1 micro-batch", LORA, {"gradient_accumulation_steps": 1}),
-]
-for version in (1, 2):
-    for lora in (False, True):
-        for ac in (True, False):
-            if (version, lora, ac) in ((1, False, True), (2, True, True)):
-                continue  # the book's two recipes, above
-            GRID.append((f"FSDP{version} {'LoRA' if lora else 'full'} AC {'on' if ac else 'off'} 2x2048 W2",
-                         LORA if lora else FULL,
-                         {"fsdp_version": version, "lora": lora, "activation_checkpointing": ac,
-                          "gradient_accumulation_steps": 1}))  # fmt: skip
-for recipe, name in ((FULL, "full"), (LORA, "LoRA")):
-    GRID.append(
-        (f"book {name} recipe 2x4096 W2", recipe, {"max_length": 4096, "gradient_accumulation_steps": 1})
+#: (label, recipe, overrides): the issue's whole grid, FSDP1 and FSDP2 x full fine-tune and LoRA x activation
+#: checkpointing on and off x sequence 2048 and 4096 x world 2, 4, 8 (48 setups), each from the book recipe of
+#: its kind (full: configs/runs/smollm3_3b_medical.yaml, LoRA: configs/runs/lora_smollm3_3b.yaml) with one
+#: micro-batch per optimizer step (accumulation adds no moment but the loss moment's gradients of the last
+#: micro-batch, which the estimate models). The book's two recipes come first (their memory series is kept for
+#: the chapter's figure), then the FSDP2 setups (about 30 s each on 2 cores), then FSDP1 (2-7 min each).
+BOOK = {(1, False, True, 2048, 2): "book: full fine-tune (FSDP1) recipe, 1 micro-batch",
+        (2, True, True, 2048, 2): "book: LoRA + FSDP2 recipe, 1 micro-batch"}  # fmt: skip
+
+
+def _setups() -> list[tuple[str, str, dict]]:
+    keys = [(v, lora, ac, seq, w) for v in (1, 2) for lora in (False, True) for ac in (True, False)
+            for seq in (2048, 4096) for w in (2, 4, 8)]  # fmt: skip
+    keys.sort(
+        key=lambda k: (k not in BOOK, list(BOOK).index(k) if k in BOOK else 0, k[0] == 1, k[0] == 1 and k[1])
     )
-for world in (4, 8):
-    GRID.append(
-        (f"book full recipe 2x2048 W{world}", FULL, {"nproc": world, "gradient_accumulation_steps": 1})
-    )
+    out = []
+    for v, lora, ac, seq, w in keys:
+        label = BOOK.get((v, lora, ac, seq, w)) or (
+            f"FSDP{v} {'LoRA' if lora else 'full'} AC {'on' if ac else 'off'} 2x{seq} W{w}"
+        )
+        overrides = {"fsdp_version": v, "lora": lora, "activation_checkpointing": ac, "max_length": seq,
+                     "nproc": w, "gradient_accumulation_steps": 1}  # fmt: skip
+        out.append((label, LORA if lora else FULL, overrides))
+    return out
+
+
+GRID = _setups()
 
 
 def one(item: tuple[str, str, dict]) -> dict:
@@ -93,6 +99,20 @@ def provenance(command: str) -> dict:
     }
 
 
+def reestimate(path: Path) -> None:
+    """Recompute every row's ``estimate_vs_dry_run`` from its committed traced bytes (seconds, no dry run):
+    after a change to the estimator, the traced half stays as it was traced (its provenance unchanged) and
+    ``provenance["estimated"]`` records the commit the estimates come from."""
+    from smolfsdp.dryrun.compare import compare_committed
+
+    grid = json.loads(path.read_text())
+    for row in grid["runs"]:
+        row["estimate_vs_dry_run"] = compare_committed(row, ROOT).to_dict("records")
+    grid["provenance"]["estimated"] = {k: provenance("")[k] for k in ("date", "git_sha")}
+    path.write_text(json.dumps(grid, indent=1) + "\n")
+    print(f"{len(grid['runs'])} setups re-estimated -> {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,19 +120,37 @@ def main() -> None:
     parser.add_argument("--only", choices=["book", "all"], default="all")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--resume", action="store_true", help="keep the setups the --out file already holds")
+    parser.add_argument("--reestimate", action="store_true",
+                        help="recompute the estimates of the committed traced rows only (no dry run)")  # fmt: skip
     args = parser.parse_args()
+    if args.reestimate:
+        return reestimate(args.out)
     grid = [g for g in GRID if args.only == "all" or g[0].startswith("book:")]
-    rows, t0 = [], time.perf_counter()
+    done = {}
+    if (
+        args.resume and args.out.is_file()
+    ):  # keep what an earlier, interrupted run traced (each row has its commit)
+        before = json.loads(args.out.read_text())
+        done = {r["label"]: {"git_sha": before["provenance"]["git_sha"], **r} for r in before["runs"]}
+    rows, t0 = [done[g[0]] for g in grid if g[0] in done], time.perf_counter()
+    todo = [g for g in grid if g[0] not in done]
+    print(f"{len(rows)} setups kept from {args.out}, {len(todo)} to trace", flush=True)
+    cmd = ("python scripts/dryrun_grid.py " + " ".join(sys.argv[1:])).strip()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sha = provenance(cmd)["git_sha"]
     with mp.get_context("spawn").Pool(args.workers, maxtasksperchild=1) as pool:
-        for i, row in enumerate(pool.imap(one, grid), 1):
+        for i, row in enumerate(pool.imap(one, todo), len(rows) + 1):
+            row["git_sha"] = sha
             peak = next(r for r in row["estimate_vs_dry_run"] if r["component"].startswith("peak"))
             print(f"[{i}/{len(grid)}] {row['label']}: peak {row['peak_bytes'] / 2**30:.2f} GiB traced, "
                   f"{peak['estimate_gib']:.2f} estimated ({peak['error_pct']:+.1f} %), {row['seconds']:.0f} s",
                   flush=True)  # fmt: skip
             rows.append(row)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = "python scripts/dryrun_grid.py " + " ".join(sys.argv[1:])
-    args.out.write_text(json.dumps({"provenance": provenance(cmd.strip()), "runs": rows}, indent=1) + "\n")
+            rows.sort(key=lambda r: [g[0] for g in grid].index(r["label"]))  # the grid's order
+            # written after every setup: an interrupted grid keeps what it traced (``complete`` says so)
+            out = {"provenance": {**provenance(cmd), "complete": i == len(grid)}, "runs": rows}
+            args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{len(rows)} setups in {time.perf_counter() - t0:.0f} s -> {args.out}")
 
 

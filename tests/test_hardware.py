@@ -62,7 +62,9 @@ def test_recommend_prefers_activation_checkpointing_to_offload_in_the_reported_c
         "FULL_SHARD + activation checkpointing",
         "activation checkpointing",
     )
-    assert a100.estimate.peak_bytes / 2**30 == pytest.approx(30.9, abs=0.1)
+    # the optimizer moment (28.64 GiB of tensors, as the dry run traces it) + CUDA context and NCCL constants
+    assert a100.estimate.peak_moment == "optimizer"
+    assert a100.estimate.peak_bytes / 2**30 == pytest.approx(29.4, abs=0.05)
     assert "FSDP1 FULL_SHARD" in a100.reason and "~33% more compute" in a100.reason
     a10g = recommend("smollm3-3b", "A10G", 1, seq_len=4096, lora=True)
     assert a10g.lever == "activation checkpointing" and not a10g.estimate.offload

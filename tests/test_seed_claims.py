@@ -42,7 +42,8 @@ def test_3b_memory_static_and_peak():
     assert j.values["static_bytes"] == 16 * 3_075_098_624
     assert round(j.values["static_bytes"] / GIB, 1) == 45.8
     p = sc.per_gpu_memory()
-    assert round(p.values["static_bytes"] / GIB, 1) == 22.9 and round(p.values["peak_bytes"] / GIB, 1) == 30.9
+    # the peak at its fullest moment (the optimizer step, held to the dry run) + CUDA context and NCCL constants
+    assert round(p.values["static_bytes"] / GIB, 1) == 22.9 and round(p.values["peak_bytes"] / GIB, 1) == 29.4
     assert p.values["peak_bytes"] > 18 * 10**9
 
 

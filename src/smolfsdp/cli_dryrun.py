@@ -64,6 +64,12 @@ def format_dryrun(report, table) -> str:
         f"({report.peak_moment.get('module', '?')}); at that moment:",
     ]
     lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
+    if report.offload:  # parameter shards, gradients and optimizer state on the host: the device peaks apart
+        o, m = report.offload, report.offload["device_peak_moment"]
+        lines += [
+            f"CPU offload: the host holds {o['host_bytes'] / GIB:,.2f} GiB after the step; the device's own peak is "
+            f"{o['device_peak_bytes'] / GIB:,.2f} GiB, during {m.get('phase', '?')} ({m.get('module', '?')})"
+        ]
     lines += ["", "collectives per step (rank 0): phase, kind, count, bytes"]
     lines += [
         f"  {c['phase']:<10} {c['kind']:<15} {c['count']:>5} {c['bytes'] / GIB:10.3f} GiB"

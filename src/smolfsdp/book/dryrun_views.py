@@ -30,10 +30,33 @@ def _peak_row(run: dict) -> dict:
     return next(r for r in run["estimate_vs_dry_run"] if r["component"].startswith("peak"))
 
 
-def grid_table(grid: dict) -> pd.DataFrame:
-    """One row per setup: traced peak and its moment, the estimate's peak and moment, the error, static terms."""
+def _axes(run: dict) -> tuple[str, str]:
+    """``("FSDP1 full, AC on", "2x2048 W2")``: the setup's kind and its shape, read from what ran."""
+    s = run["setup"]
+    kind = f"FSDP{s['fsdp_version']} {'LoRA' if s['lora'] else 'full'}, AC {'on' if s['activation_checkpointing'] else 'off'}"
+    return kind, f"{s['per_device_train_batch_size']}x{s['max_length']} W{s['world_size']}"
+
+
+def error_pivot(grid: dict) -> pd.DataFrame:
+    """The estimated peak's error (%, signed: negative where the estimate is low) for every setup of the
+    grid: one row per kind (FSDP version, full or LoRA, checkpointing), one column per shape and world size."""
+    rows = [
+        {"setup": k, "shape": sh, "error": _peak_row(r)["error_pct"]}
+        for r in grid["runs"]
+        for k, sh in [_axes(r)]
+    ]
+    table = pd.DataFrame(rows).pivot(index="setup", columns="shape", values="error")
+    ordered = sorted(table.columns, key=lambda c: (int(c.split("x")[1].split()[0]), int(c.split("W")[1])))
+    return table[ordered].map(lambda e: f"{e:+.2f}" if pd.notna(e) else "not run").rename_axis(None, axis=1)
+
+
+def grid_table(grid: dict, book_only: bool = False) -> pd.DataFrame:
+    """One row per setup: traced peak and its moment, the estimate's peak and moment, the error, static terms.
+    ``book_only``: the book's two recipes only."""
     rows = []
     for run in grid["runs"]:
+        if book_only and not run["label"].startswith("book:"):
+            continue
         peak = _peak_row(run)
         static = [r for r in run["estimate_vs_dry_run"] if not r["component"].startswith("peak")]
         rows.append({
@@ -64,7 +87,9 @@ def grid_reading(grid: dict) -> str:
 
 def provenance_line(grid: dict) -> str:
     p = grid["provenance"]
-    return (f"Traced by `{p['command']}` on {p['date'][:10]} (commit {p['git_sha'][:7]}, torch {p['torch']}, "
+    shas = sorted({r.get("git_sha", p["git_sha"])[:7] for r in grid["runs"]})
+    commits = f"commit {shas[0]}" if len(shas) == 1 else f"commits {', '.join(shas)}, each row naming its own"
+    return (f"Traced by `{p['command']}` on {p['date'][:10]} ({commits}, torch {p['torch']}, "
             f"transformers {p['transformers']}, {p['machine']}): {grid['runs'][0]['what']}")  # fmt: skip
 
 
@@ -88,15 +113,22 @@ def plot_step_memory(run: dict) -> go.Figure:
 
 
 def flops_table(grid: dict) -> pd.DataFrame:
-    """Counted FLOPs per step against the MFU formula's model FLOPs (6N + 12·L·H·Q·T per token)."""
-    rows = [{"setup": r["label"], "checkpointing": "on" if r["setup"]["activation_checkpointing"] else "off",
-             "counted / formula": r["flops_counted"] / r["flops_formula"]} for r in grid["runs"]]  # fmt: skip
-    return pd.DataFrame(rows)
+    """Counted FLOPs per step over the MFU formula's model FLOPs (6N + 12·L·H·Q·T per token), one row per
+    kind of setup, one column per sequence length (on 2 ranks: the world size changes neither count)."""
+    rows = [{"setup": k, "tokens": f"{r['setup']['max_length']:,} tokens",
+             "counted / formula": r["flops_counted"] / r["flops_formula"]}
+            for r in grid["runs"] if r["setup"]["world_size"] == 2 for k, _ in [_axes(r)]]  # fmt: skip
+    return (
+        pd.DataFrame(rows)
+        .pivot(index="setup", columns="tokens", values="counted / formula")
+        .rename_axis(None, axis=1)
+    )
 
 
 def add_dry_run_evidence(judged: list, grid: dict | None) -> list:
     """Append the dry run's sentence to the seed claims about per-GPU memory on 2 GPUs (``per_gpu_memory``,
-    ``fit_table``): what one step of the book's full fine-tune recipe traced on rank 0. Returns ``judged``."""
+    ``fit_table``: what one step of the book's full fine-tune recipe traced on rank 0) and about the whole
+    model's 36-42 GB (``full_model_memory``: the state both ranks hold after it). Returns ``judged``."""
     if not grid:
         return judged
     run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
@@ -107,16 +139,28 @@ def add_dry_run_evidence(judged: list, grid: dict | None) -> list:
         f"on rank 0, during {run['peak_moment'].get('phase', '?')}, and holds {held / GIB:.1f} GiB of parameter, "
         "gradient and AdamW shards after it; a GPU adds its CUDA context and NCCL buffers."
     )
+    params = run["setup"]["parameters"]
+    whole = (
+        f"The full-size dry run (traced on fake tensors, not a GPU measurement) holds {held / GIB:.1f} GiB of "
+        f"parameter, gradient and AdamW shards per rank after one step on 2 ranks: "
+        f"{held * run['setup']['world_size'] / GIB:.1f} GiB for the whole model, "
+        f"{held * run['setup']['world_size'] / params:.1f} bytes per parameter, before any activation."
+    )
     for claim in judged:
         if claim.key in ("per_gpu_memory", "fit_table"):
             claim.evidence.append(sentence)
             claim.values["dry_run_peak_bytes"] = run["peak_bytes"]
+        elif claim.key == "full_model_memory":
+            claim.evidence.append(whole)
+            claim.values["dry_run_static_bytes"] = held * run["setup"]["world_size"]
     return judged
 
 
-def comm_check_table(grid: dict) -> pd.DataFrame:
+def comm_check_table(grid: dict, only_shape: tuple[int, bool] | None = (2048, True)) -> pd.DataFrame:
     """Per setup and kind: the all-gathers and reduce-scatters one rank traced in a step beside
-    ``smolfsdp.measure.comm.estimate_collectives`` for the same setup (count and full-tensor GiB)."""
+    ``smolfsdp.measure.comm.estimate_collectives`` for the same setup (count and full-tensor GiB).
+    ``only_shape``: ``(max_length, activation checkpointing)`` of the setups shown (None: every full
+    fine-tune setup; sequence length and checkpointing change no collective)."""
     from smolfsdp.measure.comm import estimate_collectives  # deferred: only this view needs the model's units
 
     rows = []
@@ -124,6 +168,8 @@ def comm_check_table(grid: dict) -> pd.DataFrame:
         s = run["setup"]
         if s["lora"]:
             continue  # the communication model is written for full fine-tuning (every parameter reduced)
+        if only_shape and (s["max_length"], s["activation_checkpointing"]) != only_shape:
+            continue
         model = estimate_collectives(
             "smollm3-3b", strategy=s["sharding_strategy"], n_gpus=s["world_size"], fsdp_version=s["fsdp_version"],
             mixed_precision=s["mixed_precision"], gradient_accumulation_steps=s["gradient_accumulation_steps"],
@@ -167,9 +213,9 @@ def flops_reading(grid: dict) -> str:
         "how busy the GPU is by that ratio."
     )
     if fsdp1_lora:
-        ratios = ", ".join(f"{r['flops_counted'] / r['flops_formula']:.2f}" for r in fsdp1_lora)
+        ratios = [r["flops_counted"] / r["flops_formula"] for r in fsdp1_lora]
         text += (
-            f" FSDP1 with LoRA ({ratios}) is apart: a layer's FlatParameter holds adapters, so it needs a gradient "
+            f" FSDP1 with LoRA ({min(ratios):.2f} to {max(ratios):.2f}) is apart: a layer's FlatParameter holds adapters, so it needs a gradient "
             "and the frozen weights viewed from it get theirs computed too (6 FLOPs per parameter and token, where "
             "the formula counts 4 for a frozen weight), and the gradient is thrown away."
         )

@@ -58,7 +58,7 @@ COMPONENT_LABELS = {
     "activations": "activations", "logits": "logits", "cuda_context": "CUDA context",
     "comm_buffers": "NCCL buffers",
 }  # fmt: skip
-PEAK_LABEL = "= peak"
+PEAK_LABEL = "peak (fullest moment)"
 # The dropdowns in two columns, each starting at a half of the plot's width: a dropdown is as wide as its
 # longest label (about 215 px for "strategy: SHARD_GRAD_OP" and "act. checkpointing: off"), so two columns
 # fit from a plot 440 px wide (a figure of ~520 px). Three columns at fixed fractions overlapped in a

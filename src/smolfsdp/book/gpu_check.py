@@ -144,8 +144,9 @@ def memory_check(est, measured: dict[str, int], peak: dict[str, int | None], all
     ``measured``: ``count_state_bytes`` (parameters and AdamW state after ``zero_grad``; gradients
     before it). ``allocated``: ``torch.cuda.memory_allocated`` after ``zero_grad`` (None on CPU).
     ``peak``: ``max_memory_allocated``/``reserved`` over the timed steps (None on CPU). The peak is
-    compared with the estimate's upper bound minus what the allocator never sees (CUDA context,
-    communicator buffers).
+    compared with the estimate's device peak (its fullest moment, ``MemoryEstimate.peak_bytes``; the optimizer
+    moment assumes the ``foreach`` step's v-sized temporary, which fused AdamW does not make) minus what the
+    allocator never sees (CUDA context, communicator buffers).
     """
     static_est = _static_estimate(est)
     ratio = {k: measured[f"{k}_bytes"] / v for k, v in static_est.items() if v}

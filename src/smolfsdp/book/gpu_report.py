@@ -34,7 +34,8 @@ def memory_table(results: GpuResults) -> pd.DataFrame:
 
     Components: parameter shards, gradients, AdamW state (storage bytes), everything allocated after
     ``zero_grad`` (against parameters + optimizer state), and the peak allocated over the timed
-    steps (against the estimate's upper bound minus the CUDA context, which the allocator never sees).
+    steps (against the estimate's device peak, its fullest moment, minus the CUDA context, which the allocator
+    never sees).
     """
     rows = []
     for cfg in _measured(results):
@@ -124,7 +125,7 @@ def gpu_results_section(kind: str, path: str | Path = GPU_RESULTS_DIR) -> list[s
         table = memory_table(results).round(3)
         reading = (
             "The error is in percent of the measurement: negative where the estimate is low. The peak "
-            "is compared with the estimate's upper bound (every component alive at once) less the CUDA "
+            "is compared with the estimate's device peak (the fullest moment of a step) less the CUDA "
             "context, which the allocator never sees."
         )
     else:

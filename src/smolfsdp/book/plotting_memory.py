@@ -31,7 +31,9 @@ COMPONENT_COLORS = {
 def plot_memory_breakdown(
     estimates: dict, gpu_lines: dict[str, int] | None = None, title: str = ""
 ) -> go.Figure:
-    """Stacked bars: one bar per labelled ``MemoryEstimate``, one segment per device component (GiB).
+    """Stacked bars: one bar per labelled ``MemoryEstimate``, one segment per device component (GiB), and a
+    black mark at each estimate's device peak (``peak_bytes``: the fullest moment of a step, below the stack,
+    which adds every component as if all were alive at once).
 
     ``gpu_lines``: optional ``{name: bytes}`` drawn as horizontal lines (GPU memory).
     """
@@ -47,6 +49,13 @@ def plot_memory_breakdown(
                 hovertemplate="%{x}<br>" + comp + ": %{y:.2f} GiB<extra></extra>",
             )
         )  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=labels, y=[estimates[k].peak_bytes / GIB for k in labels], name="device peak (fullest moment)",
+            mode="markers", marker={"symbol": "line-ew", "size": 36, "line": {"width": 4, "color": "black"}},
+            hovertemplate="%{x}<br>device peak: %{y:.2f} GiB<extra></extra>",
+        )
+    )  # fmt: skip
     for name, nbytes in (gpu_lines or {}).items():
         fig.add_hline(y=nbytes / GIB, line_dash="dot", annotation_text=name, annotation_position="top left")
     fig.update_layout(

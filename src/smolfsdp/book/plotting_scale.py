@@ -78,7 +78,7 @@ def _lines(fig, df, y: str, fmt: str, dash_unfit: bool = True) -> None:
 
 
 def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
-    """Peak device memory per GPU (GiB, ``smolfsdp.measure.memory`` upper bound) against GPU count, one line per
+    """Peak device memory per GPU (GiB, ``smolfsdp.measure.memory`` device peak at its fullest moment) against GPU count, one line per
     strategy, one panel per model, the GPU's memory as a dotted line; x marks a setting that does not fit."""
     models = list(df["model"].unique())
     fig = _subplots(models, title, "GiB per GPU (device peak)", df)

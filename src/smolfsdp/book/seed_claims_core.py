@@ -66,12 +66,15 @@ def gb(n: int) -> str:
 
 def book_recipe_kwargs(name: str = "smollm3_3b_medical") -> dict:
     """``estimate_memory`` arguments of the book's committed run recipe (configs/runs/<name>.yaml):
-    sequence = ``max_length``, micro-batch, activation checkpointing, FSDP version, LoRA."""
+    sequence = ``max_length``, micro-batch, activation checkpointing, FSDP version, LoRA (its dropout included),
+    gradient accumulation (the last micro-batch's backward starts with every gradient shard held)."""
     cfg = load_config(recipe(name))
     return dict(
         seq_len=cfg.max_length, micro_batch=cfg.per_device_train_batch_size,
         activation_checkpointing=cfg.activation_checkpointing, fsdp_version=cfg.fsdp_version,
-        lora=LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha, targets=tuple(cfg.lora_target_modules)) if cfg.lora else None,
+        lora=LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha, targets=tuple(cfg.lora_target_modules),
+                      dropout=cfg.lora_dropout) if cfg.lora else None,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
     )  # fmt: skip
 
 

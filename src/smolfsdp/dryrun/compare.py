@@ -7,11 +7,13 @@ setup. Used by ``smolfsdp dryrun``, ``scripts/dryrun_grid.py`` and chapter "Wher
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pandas as pd
 
-from smolfsdp.config import TrainConfig
+from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 
 GIB = 2**30
@@ -19,7 +21,13 @@ GIB = 2**30
 
 def estimate_for(cfg: TrainConfig, world_size: int):
     """``estimate_memory`` for the setup ``cfg`` runs (the recipe smolfsdp's engines use: fp32 parameters,
-    gradients and AdamW state, bf16 compute under ``mixed_precision: bf16``)."""
+    gradients and AdamW state, bf16 compute under ``mixed_precision: bf16``; its LoRA adapters with their
+    dropout; its gradient accumulation)."""
+    spec = (
+        LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout)
+        if cfg.lora
+        else None
+    )
     return estimate_memory(
         resolve_model_config(cfg.model),
         world_size=world_size,
@@ -27,37 +35,45 @@ def estimate_for(cfg: TrainConfig, world_size: int):
         recipe="hf-fsdp-bf16" if cfg.mixed_precision == "bf16" else "fp32",
         seq_len=cfg.max_length,
         micro_batch=cfg.per_device_train_batch_size,
-        lora=cfg.lora,
+        lora=spec,
         offload=cfg.cpu_offload,
         activation_checkpointing=cfg.activation_checkpointing,
         fsdp_version=cfg.fsdp_version,
         gpus_per_node=world_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
     )
 
 
 def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
-    """Rows ``parameters``, ``gradients``, ``optimizer state`` (storage bytes after the step) and ``peak``:
-    ``estimate_gib``, ``dry_run_gib``, ``error_pct`` (estimate vs dry run, signed)."""
-    world = report.setup["world_size"]
-    est = estimate_for(cfg, world)
-    spec = (
-        LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout)
-        if cfg.lora
-        else None
-    )
-    moments = peak_moments(est, resolve_model_config(cfg.model), cfg.gradient_accumulation_steps, spec)
-    held = report.held_bytes
-    rows = [
-        ("parameters", est.params_bytes + est.master_bytes, held["param_bytes"]),
-        ("gradients", est.grads_bytes, held["grad_bytes"]),
-        ("optimizer state", est.optimizer_bytes, held["optimizer_bytes"]),
-        (
-            f"peak ({max(('loss', 'layer', 'last layer', 'optimizer'), key=moments.get)} moment)",
-            moments["peak"],
-            report.peak_bytes,
-        ),
-    ]
+    """Rows ``parameters``, ``gradients``, ``optimizer state`` (storage bytes after the step) and ``peak``
+    (tensors at the estimate's fullest moment, ``MemoryEstimate.moments``, against the traced peak; with CPU
+    offload one host row and the device's peak): ``estimate_gib``, ``dry_run_gib``, ``error_pct`` (estimate vs
+    dry run, signed)."""
+    est = estimate_for(cfg, report.setup["world_size"])
+    held, moment = report.held_bytes, est.peak_moment
+    moments = {**est.moments, "peak": est.moments[moment]}
+    offload = getattr(report, "offload", None)
+    if offload:  # the static terms live on the host; the device peak leaves them out
+        rows = [
+            ("host: parameters, gradients, optimizer state", est.host_bytes, sum(held.values())),
+            (f"peak, device ({moment} moment)", moments["peak"], offload["device_peak_bytes"]),
+        ]
+    else:
+        rows = [
+            ("parameters", est.params_bytes + est.master_bytes, held["param_bytes"]),
+            ("gradients", est.grads_bytes, held["grad_bytes"]),
+            ("optimizer state", est.optimizer_bytes, held["optimizer_bytes"]),
+            (f"peak ({moment} moment)", moments["peak"], report.peak_bytes),
+        ]
     return pd.DataFrame(
         [{"component": name, "estimate_gib": e / GIB, "dry_run_gib": d / GIB,
           "error_pct": 100 * (e - d) / d if d else (0.0 if e == 0 else float("inf"))} for name, e, d in rows]
     )  # fmt: skip
+
+
+def compare_committed(row: dict, root) -> pd.DataFrame:
+    """:func:`compare_with_estimate` for one committed row of ``data/results/dryrun/grid.json`` (its recipe
+    under ``root``, its overrides, its traced bytes): the current estimator against what was traced then."""
+    cfg = load_config(Path(root) / row["recipe"], **row["overrides"])
+    traced = SimpleNamespace(setup=row["setup"], held_bytes=row["held_bytes"], peak_bytes=row["peak_bytes"])
+    return compare_with_estimate(traced, cfg)

@@ -35,7 +35,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.dryrun.tracker import FSDP2Tracker, ModuleTracker, mark_modules, untracked_sharding_propagation
+from smolfsdp.dryrun.tracker import (
+    FSDP2Tracker,
+    ModuleTracker,
+    cuda_dropout,
+    fsdp1_reshard_by_storage,
+    mark_modules,
+    untracked_sharding_propagation,
+)
 from smolfsdp.measure.benchmark import flops_per_token, matmul_params, model_geometry
 from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.models.modeling import decoder_layers, resolve_wrap_class
@@ -80,6 +87,9 @@ class DryRun:
     series: list[dict[str, Any]]
     seconds: float
     label: str = LABEL
+    # with CPU offload: what the host holds after the step (parameter shards, gradients, optimizer state) and
+    # the device's own peak without it, with its moment (None without offload: everything is on the device)
+    offload: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -152,7 +162,12 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
     model = build_meta_model(cfg)
     batches = micro_batches(cfg, model.config.vocab_size)  # real: the step reads their label count
     n_items = sum(count_label_tokens(b) for b in batches) * world  # every rank the same shapes
-    with fake_world(world, fake=fake), untracked_sharding_propagation():
+    with (
+        fake_world(world, fake=fake),
+        untracked_sharding_propagation(),
+        cuda_dropout(),
+        fsdp1_reshard_by_storage(),
+    ):
         model = materialize(model)
         total = matmul_params(model)
         trainable = matmul_params(model, trainable_only=True)
@@ -170,6 +185,8 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
             f"one step: {len(batches)} micro-batch(es) of {tuple(batches[0]['input_ids'].shape)} tokens, tracked"
         )
         tracker = tracker_cls(model, optimizer)
+        if cfg.cpu_offload:
+            tracker.offload()
         handles = mark_modules(tracker, layers)
         with tracker:
             _one_step(tracker, model, optimizer, batches, cfg, info, n_items)
@@ -196,6 +213,13 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
         tokens=tokens,
         series=tracker.series,
         seconds=round(time.perf_counter() - t0, 1),
+        offload={
+            "host_bytes": sum(held.values()),
+            "device_peak_bytes": tracker.device_peak,
+            "device_peak_moment": tracker.device_peak_moment,
+        }
+        if cfg.cpu_offload
+        else None,  # fmt: skip
     )
 
 

@@ -17,9 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch._guards import active_fake_mode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.fsdp import _runtime_utils as fsdp_runtime
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.nn import functional as F
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -72,6 +74,61 @@ def untracked_sharding_propagation():
         ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
+@contextmanager
+def fsdp1_reshard_by_storage():
+    """While active, FSDP1's end-of-backward catch-all reshard tells a resharded ``FlatParameter`` by its storage.
+
+    Why (torch 2.13): ``_runtime_utils._catch_all_reshard`` skips a handle whose ``flat_param.data_ptr()`` equals
+    its ``_local_shard.data_ptr()`` ("already resharded"). Every fake tensor's ``data_ptr()`` is 0, so in the dry run
+    it skipped every handle, and a frozen unit that no post-backward hook reshards (the root under LoRA) stayed
+    gathered after the step, which a GPU run never does. The check here compares the storages themselves;
+    the rest is torch's own code.
+    """
+    original = fsdp_runtime._catch_all_reshard
+
+    def by_storage(state) -> None:
+        handle = state._handle
+        if handle is None:
+            return
+        resharded = (
+            handle.flat_param.untyped_storage()._cdata
+            == handle.flat_param._local_shard.untyped_storage()._cdata
+        )
+        if resharded and not handle._skipped_use_sharded_views:
+            return
+        fsdp_runtime._reshard(state, handle, fsdp_runtime._should_free_in_backward(state, handle))
+
+    fsdp_runtime._catch_all_reshard = by_storage
+    try:
+        yield
+    finally:
+        fsdp_runtime._catch_all_reshard = original
+
+
+@contextmanager
+def cuda_dropout():
+    """While active, ``torch.nn.functional.dropout`` in training takes the fused ``native_dropout``, as on CUDA.
+
+    Why (torch 2.13): ``at::dropout`` (aten/src/ATen/native/Dropout.cpp) calls the fused ``native_dropout``
+    only when ``is_fused_kernel_acceptable``: the input on CUDA (or XPU, lazy, PrivateUse1) and ``0 < p < 1``.
+    Elsewhere, CPU included, it multiplies by a noise tensor of the input's dtype, which backward keeps: 2 bytes
+    per element in bf16 where CUDA keeps a 1-byte bool mask. The dry run runs on the CPU and traces what a GPU
+    keeps, so it takes CUDA's path (LoRA's adapter dropout is the one dropout the book's recipes train with).
+    """
+    original = F.dropout
+
+    def fused(input, p=0.5, training=True, inplace=False):
+        if training and 0 < p < 1 and not inplace and input.numel() > 0:
+            return torch.native_dropout(input, p, True)[0]
+        return original(input, p, training, inplace)
+
+    F.dropout = fused
+    try:
+        yield
+    finally:
+        F.dropout = original
+
+
 def count_flops(func, args, kwargs, out) -> int:
     """FLOPs of one op by torch's own formulas (``torch.utils.flop_counter.flop_registry``); the CPU
     flash-attention op (forward and backward), which that registry leaves out, by its SDPA formulas."""
@@ -98,6 +155,9 @@ class _MomentMixin:
         self.peak_moment: dict[str, Any] = {}
         self.collectives: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         self.series: list[dict[str, Any]] = []
+        # with offload, the categories the host holds; the device peak is the total without them
+        self.host_categories: frozenset = frozenset()
+        self.device_peak, self.device_peak_moment = 0, {}
 
     def current_bytes(self) -> int:
         snap = self.get_tracker_snapshot("current")
@@ -109,11 +169,27 @@ class _MomentMixin:
                             "bytes": self.current_bytes()})  # fmt: skip
 
     def _update_peak_stats(self, peak_state) -> None:
-        before = dict(self._peak_mem)
-        super()._update_peak_stats(peak_state)
-        if self._peak_mem != before:
-            parents = [p for p in self._mod_tracker.parents if p != "Global"]
-            self.peak_moment = {"phase": self.phase, "module": max(parents, key=len, default="(none)")}
+        """The global peak and its moment only. Why not ``MemTracker``'s own: on every allocation it also
+        walks every tracked module to update the per-module peaks of the active ones, which the dry run never
+        reads; with LoRA's thousand-odd modules that walk was most of an FSDP1 dry run's time. The global peak
+        and its snapshot are updated exactly as ``MemTracker._update_peak_stats`` does (torch 2.13)."""
+        for dev, dev_snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < dev_snap[_TOTAL]:
+                self._peak_mem[dev] = dev_snap[_TOTAL]
+                self._peak_mem_snap[dev] = dict(dev_snap)
+                self.peak_moment = self._moment()
+            device = dev_snap[_TOTAL] - sum(dev_snap.get(c, 0) for c in self.host_categories)
+            if self.host_categories and device > self.device_peak:
+                self.device_peak, self.device_peak_moment = device, self._moment()
+
+    def _moment(self) -> dict[str, str]:
+        parents = [p for p in self._mod_tracker.parents if p != "Global"]
+        return {"phase": self.phase, "module": max(parents, key=len, default="(none)")}
+
+    def offload(self) -> None:
+        """The run offloads: parameter shards, their gradients and the optimizer state live on the host (FSDP2
+        ``CPUOffloadPolicy``, FSDP1 ``CPUOffload(offload_params=True)``), so the device peak leaves them out."""
+        self.host_categories = self.HOST_CATEGORIES
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if _PROPAGATING[0]:  # shape propagation of a DTensor op: no memory, no FLOPs, no collective
@@ -138,6 +214,8 @@ class _MomentMixin:
 class FSDP2Tracker(_MomentMixin, FSDPMemTracker):
     """``FSDPMemTracker`` plus the peak's moment, collectives and a memory series."""
 
+    HOST_CATEGORIES = frozenset({_FSDPRefType.SHARDED_PARAM, _FSDPRefType.SHARDED_GRAD, _FSDPRefType.OPT})
+
     def __init__(self, mod: nn.Module, optm=None):
         super().__init__(mod, optm)
         self._moment_init()
@@ -150,6 +228,8 @@ class ModuleTracker(_MomentMixin, MemTracker):
     backward. With FSDP1 and activation checkpointing its module tracker does not always see the recompute
     as backward (FSDP1's own hooks run first), so we treat a repeated forward as the recompute it is.
     """
+
+    HOST_CATEGORIES = frozenset({_MemRefType.PARAM, _MemRefType.GRAD, _MemRefType.OPT})
 
     def __init__(self, mod: nn.Module, optm=None):
         super().__init__()

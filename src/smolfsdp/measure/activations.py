@@ -37,7 +37,8 @@ def activation_breakdown(
     SwiGLU gate, silu(gate), up, down input (4cf). With LoRA, frozen weights drop the saves that
     only their weight-gradient needs (norm ``ch``, gate/up and down inputs, lm_head input) and add
     ``c*r`` per adapter (and, with ``lora.dropout`` > 0, ``(c + 1) * in_features`` per adapter: the dropped
-    input lora_A saves and the dropout's bool mask); layer 0's input norm saves nothing. ``base_grads``
+    input lora_A saves and the dropout's bool mask, as CUDA's fused dropout keeps it, in place of the undropped
+    input); layer 0's input norm saves nothing, nor do its q/k/v dropouts keep a mask. ``base_grads``
     (FSDP1 with LoRA): the decoder layers save as in full fine-tuning, plus the adapters' tensors (its input needs no gradient). The loss
     saves the fp32 log-softmax (4V per token) and int64 targets (and the embedding its int64 ids). Checked byte for byte against
     ``torch.autograd.graph.saved_tensors_hooks`` in tests/test_memory.py.
@@ -63,12 +64,22 @@ def activation_breakdown(
     else:
         t = set(lora.targets)
         norm = 4 * h + 4
-        linear_in = c * h * ((bool(t & {"q_proj", "k_proj", "v_proj"})) + bool(t & {"gate_proj", "up_proj"}))
+        # targeted projections' inputs, saved for lora_A; with dropout it keeps the dropped copy (_adapter_bytes)
+        kept = lora.dropout == 0
+        linear_in = (
+            kept * c * h * (bool(t & {"q_proj", "k_proj", "v_proj"}) + bool(t & {"gate_proj", "up_proj"}))
+        )
         layer = (
-            2 * norm + linear_in + attn_core + 3 * c * f + c * f * ("down_proj" in t) + c * lora.r * len(t)
+            2 * norm
+            + linear_in
+            + attn_core
+            + 3 * c * f
+            + kept * c * f * ("down_proj" in t)
+            + c * lora.r * len(t)
         )
         layer += _adapter_bytes(lora, c, h, f, heads * hd) - c * lora.r * len(t)  # dropout only
-        first_layer_saving = norm
+        # layer 0's input norm saves nothing, and its q/k/v dropouts keep no mask (their input needs no gradient)
+        first_layer_saving = norm + (lora.dropout > 0) * h * len(t & {"q_proj", "k_proj", "v_proj"})
         head = norm
         ids = 0
     rope = 2 * seq_len * hd * c  # cos and sin, shared by every layer and every sequence

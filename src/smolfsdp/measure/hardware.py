@@ -169,7 +169,7 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
 
 
 def fits(estimate, gpu: GPU) -> bool:
-    """True when the estimate's device peak (upper bound) is within the GPU's memory."""
+    """True when the estimate's device peak (its fullest moment, ``MemoryEstimate.peak_bytes``) is within the GPU's memory."""
     return estimate.peak_bytes <= gpu.memory_bytes
 
 

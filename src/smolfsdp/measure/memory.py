@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.layout import sharded_state
+from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
 
@@ -30,6 +31,12 @@ CUDA_CONTEXT_BYTES = 512 * 2**20
 #: communicator in the hundreds of MiB. A stated assumption, not measured here.
 COMM_BUFFER_BYTES = 256 * 2**20
 
+#: How the model is loaded, for the load-time peaks:
+#: ``every-rank`` (the default, what both smolfsdp engines do: ``modeling.build_model`` / ``from_pretrained`` in
+#: every process, then wrap): the host of a node holds one full model per process, ``min(world_size,
+#: gpus_per_node)`` of them at once. ``rank0``: only local rank 0 loads, the others build on meta
+#: (``cpu_ram_efficient_loading`` with ``sync_module_states``, a Trainer option smolfsdp does not turn on): one
+#: full model per node. ``meta``: build on meta, load each shard where it lives: nothing full on the host.
 LOADINGS = ("every-rank", "rank0", "meta")
 
 
@@ -70,6 +77,9 @@ class MemoryEstimate:
     # FSDP1 gradient accumulation under no_sync(): every rank holds the whole unsharded gradient of the
     # trainable parameters (compute dtype) between micro-batches (0 when each micro-batch reduce-scatters)
     no_sync_grads_bytes: int = 0
+    # tensor bytes alive at each moment of a step (``smolfsdp.measure.moments.peak_moments``: loss, layer,
+    # last layer, optimizer); the device peak is the largest, held to the full-size dry run
+    moments: dict[str, int] = field(default_factory=dict)
 
     @property
     def static_bytes(self) -> int:
@@ -77,12 +87,23 @@ class MemoryEstimate:
         return self.params_bytes + self.grads_bytes + self.master_bytes + self.optimizer_bytes
 
     @property
-    def peak_bytes(self) -> int:
-        """Upper bound of the device peak: every component alive at once (gradients included)."""
+    def upper_bound_bytes(self) -> int:
+        """Every component alive at once (gradients included): an upper bound no step reaches."""
         return (
             self.static_bytes + self.gathered_bytes + self.grad_buffer_bytes + self.no_sync_grads_bytes
             + self.activations_bytes + self.logits_bytes + self.cuda_context_bytes + self.comm_buffer_bytes
         )  # fmt: skip
+
+    @property
+    def peak_moment(self) -> str:
+        """The moment of the step whose tensors peak (``loss``, ``layer``, ``last layer`` or ``optimizer``)."""
+        return max(self.moments, key=self.moments.get)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The device peak: the tensors of the fullest moment (``moments``) plus the CUDA context and NCCL
+        buffers (stated constants, not tensors). What the fit verdicts compare with a GPU's memory."""
+        return self.moments[self.peak_moment] + self.cuda_context_bytes + self.comm_buffer_bytes
 
     def components(self) -> dict[str, int]:
         """Device components in display order (what the stacked bars draw)."""
@@ -93,7 +114,8 @@ class MemoryEstimate:
         return out
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "static_bytes": self.static_bytes, "peak_bytes": self.peak_bytes}
+        return {**asdict(self), "static_bytes": self.static_bytes, "peak_bytes": self.peak_bytes,
+                "peak_moment": self.peak_moment, "upper_bound_bytes": self.upper_bound_bytes}  # fmt: skip
 
 
 def estimate_memory(
@@ -112,6 +134,7 @@ def estimate_memory(
     rank: int = 0,
     loading: str = "every-rank",
     no_sync: bool = False,
+    gradient_accumulation_steps: int = 1,
 ) -> MemoryEstimate:
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -122,21 +145,17 @@ def estimate_memory(
     terms to ``host_bytes`` (FSDP1 ``CPUOffload(offload_params=True)`` / FSDP2 ``CPUOffloadPolicy``
     keep shards, gradients and optimizer state on the host).
 
-    ``loading`` sets the load-time peaks (model bytes at the recipe's ``param_bytes``: fp32 for the
-    recipes smolfsdp runs, whose engines build fp32 parameters):
-
-    * ``every-rank`` (the default, what both smolfsdp engines do: ``modeling.build_model`` /
-      ``from_pretrained`` in every process, then wrap): the host of a node holds one full model per
-      process, ``min(world_size, gpus_per_node)`` of them at once.
-    * ``rank0``: only local rank 0 loads, the others build on meta (``cpu_ram_efficient_loading`` with
-      ``sync_module_states``, a Trainer option smolfsdp does not turn on): one full model per node.
-    * ``meta``: build on meta, load each shard where it lives: nothing full on the host.
+    ``loading`` sets the load-time peaks (one of :data:`LOADINGS`, each explained there; model bytes at the
+    recipe's ``param_bytes``: fp32 for the recipes smolfsdp runs, whose engines build fp32 parameters).
 
     ``no_sync``: gradient accumulation runs its micro-batches under FSDP1 ``no_sync()`` (the
     Trainer does so with CPU offload, where FSDP1 accepts nothing else; see
     ``smolfsdp.train.trl_engine.accumulates_under_no_sync``): every rank then also holds the whole unsharded
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
+
+    ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
+    ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants.
 
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
@@ -158,7 +177,7 @@ def estimate_memory(
     static = dict.fromkeys(static, 0) if offload else static
     counts = count_parameters(config, spec)
     per_node = min(world_size, gpus_per_node)
-    return MemoryEstimate(
+    est = MemoryEstimate(
         model=str(model if isinstance(model, str) else config.model_type),
         world_size=world_size, strategy=strategy, recipe=rec.name, fsdp_version=fsdp_version,
         seq_len=seq_len, micro_batch=micro_batch, lora=spec is not None, offload=offload,
@@ -176,6 +195,9 @@ def estimate_memory(
         notes=_notes(rec, fsdp_version, spec),
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
     )  # fmt: skip
+    moments = peak_moments(est, config, gradient_accumulation_steps, spec)
+    est.moments = {k: v for k, v in moments.items() if k != "peak"}
+    return est
 
 
 def _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank) -> Recipe:
@@ -257,7 +279,12 @@ def _notes(rec: Recipe, fsdp_version: int, spec: LoraSpec | None) -> list[str]:
 def format_table(est: MemoryEstimate) -> str:
     """A readable per-rank breakdown (GiB = 2**30 bytes)."""
     rows = [(k, v) for k, v in est.components().items()]
-    rows += [("= device peak (upper bound)", est.peak_bytes), ("host (offload), per rank", est.host_bytes)]
+    rows += [("= all at once (upper bound)", est.upper_bound_bytes)]
+    rows += [(f"tensors at the peak ({est.peak_moment} moment)", est.moments[est.peak_moment])]
+    rows += [
+        ("= device peak (+ CUDA context, NCCL)", est.peak_bytes),
+        ("host (offload), per rank", est.host_bytes),
+    ]
     rows += [("load-time peak, host per node", est.load_peak_host_bytes_per_node)]
     head = (
         f"{est.model}: {est.strategy} over {est.world_size} GPU(s) (shard group {est.shard_group}), "

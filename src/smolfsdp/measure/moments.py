@@ -20,6 +20,13 @@ which moments those are for the book's recipes, traced on fake tensors:
 Gradients exist from the first reduce-scatter of a step (``zero_grad(set_to_none=True)``), so the ``loss``
 moment of the first micro-batch has none; with gradient accumulation the last micro-batch's has them all.
 CUDA context and NCCL buffers are not tensors: stated constants, shown apart (``memory.CUDA_CONTEXT_BYTES``).
+``MemoryEstimate.peak_bytes`` is the largest moment plus those constants: what the fit verdicts use.
+
+Checked against the dry run for FULL_SHARD (FSDP1 and FSDP2, full and LoRA, with and without checkpointing,
+2048 and 4096 tokens, 2, 4 and 8 ranks: ``data/results/dryrun/grid.json``). SHARD_GRAD_OP (every unit gathered
+from its forward to its backward), NO_SHARD (no gathered copy when the replica is the compute copy), FSDP1's
+``no_sync`` accumulation (the unsharded gradients held over the micro-batches) and offload (static terms on the
+host) follow the same accounting, untraced.
 
     python -c "from smolfsdp.measure import memory, moments; print(moments.peak_moments(memory.estimate_memory(world_size=2)))"
 """
@@ -53,20 +60,29 @@ def peak_moments(
     logits_held = tokens * config.vocab_size * c
     state = est.params_bytes + est.master_bytes + est.optimizer_bytes
     grads_then = est.grads_bytes if gradient_accumulation_steps > 1 else 0
-    gathered_root = root_full * c if est.strategy != "NO_SHARD" or c != rec.param_bytes else 0
+    # FSDP1 accumulating under no_sync(): the unsharded gradients stay from the first micro-batch to the last
+    no_sync = est.no_sync_grads_bytes
+    copies = est.gathered_bytes > 0  # a replica in the compute dtype already is its compute copy
+    gathered_root = root_full * c if copies else 0
+    unit = layer_full * c if copies else 0
+    # SHARD_GRAD_OP keeps every unit gathered from its forward to its backward (est.gathered_bytes: all units)
+    sgo = est.strategy == "SHARD_GRAD_OP"
+    loss_units = est.gathered_bytes if sgo else gathered_root + unit
+    layer_units = est.gathered_bytes if sgo else gathered_root + 2 * unit
+    root_grad = root_full * c if root_trains else 0
     loss = (
-        state + grads_then + gathered_root + layer_full * c + saved + logits_held
-        + 2 * 4 * tokens * config.vocab_size
-    )  # fmt: skip
+        state + grads_then + no_sync + loss_units + saved + logits_held + 2 * 4 * tokens * config.vocab_size
+    )
     recompute = act["per_layer"] if est.activation_checkpointing else 0
     layer = (
-        state + grads_then + (root_full * c if root_trains else 0) + gathered_root + 2 * layer_full * c
-        + saved - act["loss"] + recompute + est.grad_buffer_bytes + logits_held
+        state + grads_then + no_sync + root_grad + layer_units + saved - act["loss"] + recompute
+        + est.grad_buffer_bytes + logits_held
     )  # fmt: skip
-    # the first layer of the model, last in backward: every other layer's gradient shard is held by now
+    # the first layer of the model, last in backward: every other layer's gradient shard is held by now, and
+    # no layer is left to prefetch
     last_layer = (
-        state + est.grads_bytes + (root_full * c if root_trains else 0) + gathered_root + 2 * layer_full * c
-        + act["per_layer"] + est.grad_buffer_bytes + logits_held
+        state + est.grads_bytes + no_sync + root_grad + gathered_root + unit + act["per_layer"]
+        + est.grad_buffer_bytes + logits_held
     )  # fmt: skip
     optimizer = state + est.grads_bytes + est.optimizer_bytes // 2
     moments = {"loss": loss, "layer": layer, "last layer": last_layer, "optimizer": optimizer}
