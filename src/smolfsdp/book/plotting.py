@@ -15,6 +15,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.offline import get_plotlyjs
 
 from smolfsdp.paths import repo_root
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 # sat under the modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung
 # below the modebar with a top margin that fits its lines and any subplot titles, (3) gets a horizontal
 # legend in a band of its own under the title (below the plot it covered axis labels that plotly turns
-# on their side in a narrow column, and axis titles: Figure 3.4 and five more), and (4) re-measures its
+# on their side in a narrow column, and axis titles: Figure 3.4 and six more), and (4) re-measures its
 # output block whenever that block's width changes (a ResizeObserver, not only window resizes).
 MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
 TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
@@ -167,7 +168,8 @@ class BookNotebookRenderer(pio.base_renderers.HtmlRenderer):
         html = pio.to_html(
             fig_dict, config=self.config, auto_play=self.auto_play, include_plotlyjs=False,
             include_mathjax="cdn" if needs_tex(fig_dict) else False, post_script=[s for s in scripts if s],
-            full_html=False, animation_opts=self.animation_opts, default_width="100%", default_height=525,
+            full_html=False, animation_opts=self.animation_opts, default_width="100%",
+            default_height=DEFAULT_HEIGHT_PX,
             validate=False,
         )  # fmt: skip
         return {"text/html": html}
@@ -192,8 +194,6 @@ def write_plotlyjs(folder: str | Path) -> Path:
     """Write the installed plotly's ``plotly.min.js`` into ``folder`` (unless the same bytes are there);
     return its path. The book's pages load it from there once: the nbconvert pages beside it, the Quarto site
     as an HTML dependency (``scripts/quarto_plotly.lua``), so it matches the figures' plotly.py."""
-    from plotly.offline import get_plotlyjs  # deferred: reads the 4.8 MB bundle
-
     path = Path(folder) / PLOTLYJS
     js = get_plotlyjs().encode()
     if not path.is_file() or path.read_bytes() != js:
