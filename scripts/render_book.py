@@ -6,18 +6,22 @@
 What it does and why: smolfsdp.book.chapters.render_book (Quarto writes executed .ipynb chapters over their
 sources and `freeze: auto` ignores -P, so each profile renders in its own _render/<profile>/).
 
-Two checks of its own, before Quarto starts:
+Two checks of its own before Quarto starts, and one pass over the site after (:func:`finish_site`):
 - the full profile needs 2 CUDA GPUs and access to the full recipe's model and data set on the Hub; without
   them it stops in one line before the first chapter (instead of a traceback in chapter 01);
 - `freeze: auto` re-executes a chapter only when the chapter's own source changed, not when what it reads
   did (the package, the committed GPU results, the real traces in ../shared/). So a stamp of those inputs is
   kept in _render/<profile>/; when it changes, that profile's _freeze/ is cleared and every chapter runs
   again. (By hand: delete _render/<profile>/_freeze/.)
+- after Quarto: the CDN scripts Quarto adds that no page uses are dropped, then the site is checked (one
+  plotly.js, loaded once per page that draws a figure; no page over 1 MB; no script or stylesheet from
+  another host); a problem fails the render, naming the page.
 """
 
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -93,6 +97,54 @@ def stale_inputs(project: Path, stamp: dict[str, str]) -> list[str]:
     return changed
 
 
+# Quarto puts require.js, jQuery and a `define('jquery')` from a CDN into the head of every page with any
+# text/html or application/javascript output (src/core/jupyter/widgets.ts: extractJupyterWidgetDependencies,
+# `jsWidgets = haveOutputType(nb, [kApplicationJavascript, kTextHtml])`, written by
+# includesForJupyterWidgetDependencies), for "javascript widgets" that assume them. Every table of the book
+# is text/html (a pandas Styler), so the trigger is any table, not plotly; nothing the book shows uses
+# require or jQuery (plotly.js 4 is no AMD module, the figures call Plotly directly). Quarto has no switch
+# for it, so the render drops the three tags (Quarto 1.7 loaded them from cdnjs, 1.8+ from jsDelivr).
+UNUSED_CDN_TAGS = re.compile(
+    r'<script src="https://[^"]+/(?:require|jquery)\.min\.js"[^>]*></script>\n?'
+    r"|<script[^>]*>define\('jquery', \[\],\s*function\(\) \{return window\.jQuery;\}\)</script>\n?"
+)
+PAGE_LIMIT_BYTES = 1_000_000  # a page's HTML, figures' data included (issue 26: "a page under 1 MB")
+PLOTLY_SCRIPT = re.compile(r'<script\b[^>]*\bsrc="([^"]*/)?plotly(?:-[\w.]+)?\.min\.js"')
+OUTSIDE = re.compile(r'<(?:script|link)\b[^>]*\b(?:src|href)="(?:https?:)?//[^"]*"[^>]*>')
+CSS_OUTSIDE = re.compile(r"@import\s+url\(\s*[\"']?(?:https?:)?//")
+
+
+def site_pages(site: Path) -> list[Path]:
+    return sorted(p for p in site.rglob("*.html") if "site_libs" not in p.relative_to(site).parts)
+
+
+def finish_site(site: Path) -> list[str]:
+    """Drop the unused CDN tags (:data:`UNUSED_CDN_TAGS`) from every page of ``site``, then return what is
+    wrong with it, one line per problem: a page over :data:`PAGE_LIMIT_BYTES`, a page with a figure that
+    does not load plotly.js exactly once or carries it inline, more than one plotly.js in the site, a script
+    or stylesheet from another host (pages and site_libs' CSS)."""
+    problems = []
+    for page in site_pages(site):
+        html = UNUSED_CDN_TAGS.sub("", page.read_text())
+        page.write_text(html)
+        name, size = page.relative_to(site), len(html.encode())
+        if size > PAGE_LIMIT_BYTES:
+            problems.append(f"{name}: {size:,} bytes of HTML (at most {PAGE_LIMIT_BYTES:,})")
+        if "* plotly.js v" in html:
+            problems.append(f"{name}: plotly.js inline (the site serves it once, scripts/quarto_plotly.lua)")
+        loads = len(PLOTLY_SCRIPT.findall(html))
+        if 'class="plotly-graph-div"' in html and loads != 1:
+            problems.append(f"{name}: has figures and loads plotly.js {loads} times (once)")
+        problems += [f"{name}: from another host: {tag[:120]}" for tag in OUTSIDE.findall(html)]
+    copies = [p.relative_to(site) for p in site.rglob("plotly*.js")]
+    if len(copies) > 1:
+        problems.append(f"plotly.js {len(copies)} times in the site: {', '.join(map(str, copies))}")
+    for css in site.rglob("*.css"):
+        if CSS_OUTSIDE.search(css.read_text(errors="replace")):
+            problems.append(f"{css.relative_to(site)}: imports a stylesheet from another host")
+    return problems
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -115,6 +167,8 @@ def main(argv=None) -> int:
             e.returncode or 1, f"error: quarto render failed in _render/{args.profile}/ (see above)\n"
         )
     (project / STAMP).write_text(json.dumps(stamp, indent=1))
+    if problems := finish_site(site):
+        parser.exit(1, "error: the rendered site has problems:\n" + "".join(f"  {p}\n" for p in problems))
     print(f"{args.profile} profile rendered: {site}/index.html", flush=True)
     return 0
 

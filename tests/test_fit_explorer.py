@@ -105,3 +105,45 @@ def test_dropdowns_change_the_bars_in_chromium(explorer):
         assert page.evaluate(f"{gd}.layout.annotations[0].text") == verdict(est.peak_bytes, "A10G")
         assert errors == []
         browser.close()
+
+
+# Every dropdown's header inside the figure, above the plot, clear of the title, the verdict and each other.
+MENUS_CHECK = """
+() => {
+  const gd = document.querySelector('.plotly-graph-div');
+  const hit = (p, q) => p.left < q.right - 1 && q.left < p.right - 1 && p.top < q.bottom - 1 && q.top < p.bottom - 1;
+  const g = gd.getBoundingClientRect(), plot = gd.querySelector('.nsewdrag').getBoundingClientRect();
+  const texts = [gd.querySelector('.gtitle'), gd.querySelector('.annotation')].map(e => e.getBoundingClientRect());
+  const heads = Array.from(gd.querySelectorAll('.updatemenu-header')).map(h => h.getBoundingClientRect());
+  const bad = [];
+  heads.forEach((a, i) => {
+    if (a.left < g.left - 1 || a.right > g.right + 1) bad.push(['outside the figure', i]);
+    if (a.bottom > plot.top + 1) bad.push(['over the plot', i]);
+    texts.forEach((t, k) => { if (hit(a, t)) bad.push(['over the title or verdict', i, k]); });
+    heads.forEach((b, j) => { if (j > i && hit(a, b)) bad.push(['over another dropdown', i, j]); });
+  });
+  return {width: g.width, menus: heads.length, bad: bad};
+}
+"""
+
+
+def test_dropdowns_stay_apart_at_the_books_widths(explorer):
+    """560 px: narrower than the book's column at an 820 px window (Quarto's docked layout keeps a margin
+    column there); 820 and 1,300 px: the widths the site is checked at."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    _, _, html = explorer
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 560, "height": 900})
+        page.goto(html.as_uri(), timeout=180_000)
+        page.wait_for_function("document.querySelector('.plotly-graph-div .main-svg')", timeout=180_000)
+        for width in (560, 820, 1300):
+            page.set_viewport_size({"width": width, "height": 900})
+            page.wait_for_timeout(700)  # plotly's responsive resize
+            got = page.evaluate(MENUS_CHECK)
+            assert got["menus"] == len(fx.CONTROLS) and got["bad"] == [], (width, got)
+            assert got["width"] > width - 40, (width, got)  # the figure followed the window
+        browser.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 
 from smolfsdp.book.chapters import (
     PARAMETERS_OPTIONS,
@@ -27,6 +28,7 @@ from smolfsdp.book.chapters import (
     render_book,
     select_chapters,
 )
+from smolfsdp.book.figures.plotting import PLOTLYJS
 from smolfsdp.paths import repo_root
 
 pytestmark = pytest.mark.notebooks
@@ -190,6 +192,11 @@ def test_render_works_in_a_scratch_copy_per_profile(tmp_path, monkeypatch):
     assert site == out / "smoke"
     first = nbformat.read(scratch / "smoke" / "notebooks" / "00_memory.ipynb", as_version=4)
     assert first.cells[-1].outputs, "the fake wrote the executed notebook back (in the scratch copy)"
+    # what _quarto.yml names beside the chapters: the plotly.js filter with the file it serves, the theme
+    assert "scripts/quarto_plotly.lua" in yaml.safe_load((repo_root() / "_quarto.yml").read_text())["filters"]
+    for rel in ("scripts/quarto_plotly.lua", "theme.scss"):
+        assert (scratch / "smoke" / rel).read_bytes() == (repo_root() / rel).read_bytes()
+    assert "* plotly.js v" in (scratch / "smoke" / "scripts" / PLOTLYJS).read_text()[:100]
     assert json.loads((scratch / "smoke" / RENDER_STATE).read_text())["profile"] == "smoke"
     assert not changed(before, tracked_changes()), "rendering changed tracked files"
     assert not (repo_root() / ".quarto").exists() and not (repo_root() / "_freeze").exists()
@@ -288,9 +295,15 @@ FIGURE_CHECK = textwrap.dedent("""
       const tr = t && t.getBoundingClientRect(), mr = m && m.getBoundingClientRect();
       const overlap = !!(tr && mr && mr.width && tr.left < mr.right && mr.left < tr.right
                          && tr.top < mr.bottom && mr.top < tr.bottom);
+      const hit = (p, q) => p.left < q.right - 1 && q.left < p.right - 1 && p.top < q.bottom - 1 && q.top < p.bottom - 1;
+      // a legend over an axis's tick labels or a title (Figure 3.4's legend covered its turned strategy names)
+      const labels = Array.from(gd.querySelectorAll('g[class$="tick"] text, text[class$="title"]'))
+        .map(e => [e.textContent, e.getBoundingClientRect()]).filter(([, r]) => r.width > 0);
+      const covered = Array.from(gd.querySelectorAll('.legend')).map(l => l.getBoundingClientRect())
+        .flatMap(lr => labels.filter(([, r]) => hit(lr, r)).map(([text]) => text));
       return {traces: (gd.data || []).length, drawn: gd.querySelectorAll('.main-svg').length,
               width: g.width, left: g.left - b.left, right: b.right - g.right, overlap: overlap,
-              title_inside: !tr || (tr.left >= g.left - 1 && tr.right <= g.right + 1)};
+              title_inside: !tr || (tr.left >= g.left - 1 && tr.right <= g.right + 1), legend_covers: covered};
     })
 """)
 
@@ -347,6 +360,46 @@ def visible_text(html: str) -> str:
     return re.sub(r"<[^>]+>", " ", html)
 
 
+def _figure_cells(nb) -> list:
+    """The cells with a ``fig-cap`` option: Quarto prints that caption under whatever the cell displays."""
+    return [c for c in nb.cells if c.cell_type == "code" and re.search(r"^#\| fig-cap:", c.source, re.M)]
+
+
+def test_every_caption_has_a_figure_or_a_sentence_above_it(executed):
+    """No orphan caption: a figure cell shows its figure (the book's plotly output) or, when its input is absent
+    (e.g. no ../shared/traces), a sentence saying so; never nothing, which leaves the caption bare."""
+    notebooks, _, _ = executed
+    for name, nb in notebooks.items():
+        for cell in _figure_cells(nb):
+            shown = [o.get("data", {}) for o in cell.get("outputs", []) if "data" in o]
+            figure = any('class="plotly-graph-div"' in d.get("text/html", "") for d in shown)
+            sentence = any(d.get("text/markdown", "").strip() for d in shown)
+            assert figure or sentence, (name, cell.source.splitlines()[0], "caption without a figure")
+
+
+def test_pages_are_light_and_load_plotlyjs_once(executed):
+    """Every page is under 1 MB of HTML; a page with figures loads plotly.js once, from the file written beside
+    it (the Quarto site: from site_libs/), and carries no copy inline; no script from another host but the
+    ones nbconvert's template loads once (before: MathJax once per figure, from plotly's HTML)."""
+    rb = _render_script()
+    _, html_dir, _ = executed
+    pages = sorted(html_dir.glob("*.html"))
+    assert pages
+    for html in pages:
+        text = html.read_text()
+        assert html.stat().st_size < rb.PAGE_LIMIT_BYTES, (html.name, html.stat().st_size)
+        assert "* plotly.js v" not in text, (html.name, "plotly.js inline")
+        outside = re.findall(r'<script\b[^>]*\bsrc="((?:https?:)?//[^"]+)"', text)
+        assert len(outside) == len(set(outside)) and set(outside) <= _nbconvert_outside(), (
+            html.name,
+            outside,
+        )
+        if 'class="plotly-graph-div"' in text:
+            assert text.count(f'<script src="{PLOTLYJS}"') == 1, html.name
+    if any('class="plotly-graph-div"' in p.read_text() for p in pages):
+        assert "* plotly.js v" in (html_dir / PLOTLYJS).read_text()[:100]
+
+
 def test_pages_print_no_machine_path(executed):
     """No executed chapter shows an absolute path of the machine that built it (a runner's checkout, the
     venv's python, a temporary folder): the published site is read elsewhere. Runs without Chromium."""
@@ -380,8 +433,9 @@ def test_html_in_chromium(executed):
         )
         for html in sorted(html_dir.glob("*.html")):
             page = browser.new_page(viewport={"width": WIDTHS[0], "height": 900})
-            errors = []
+            errors, outside, local = [], [], []
             page.on("pageerror", lambda e, errs=errors: errs.append(str(e)))
+            page.route("**/*", _offline(outside, local))
             page.goto(html.as_uri(), wait_until="load")
             nb = notebooks[html.stem]
             # figure cells that drew something (a section may be skipped, e.g. without ../shared/traces)
@@ -391,7 +445,7 @@ def test_html_in_chromium(executed):
                 for c in nb.cells
                 if c.cell_type == "code"
             )
-            if expected:  # plotly draws after parsing ~5 MB of inline plotly.js: slow on a loaded 2-core box
+            if expected:  # plotly draws after parsing 4.8 MB of plotly.js: slow on a loaded 2-core box
                 page.wait_for_function(
                     f"document.querySelectorAll('.plotly-graph-div .main-svg').length >= {expected}",
                     timeout=180_000,
@@ -413,6 +467,7 @@ def test_html_in_chromium(executed):
                     assert f["width"] > 300, (html.name, width, "figure collapsed", f)
                     assert not f["overlap"], (html.name, width, "title under the modebar", f)
                     assert f["title_inside"], (html.name, width, "title cut at the figure's edge", f)
+                    assert not f["legend_covers"], (html.name, width, "legend over axis labels", f)
                 scroll = page.evaluate(
                     "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
                 )
@@ -422,5 +477,159 @@ def test_html_in_chromium(executed):
             assert 'PROFILE = "' not in text, (html.name, "the parameters cell is shown")
             assert not machine_paths(text), (html.name, "machine path on the page", machine_paths(text))
             assert errors == [], (html.name, errors)
+            # drawn with every other host blocked, asking them for nothing but nbconvert's own page scripts
+            assert set(outside) <= _nbconvert_outside(), (html.name, "outside requests", sorted(set(outside)))
+            assert [u.rsplit("/", 1)[-1] for u in local].count(PLOTLYJS) == (1 if expected else 0), html.name
             page.close()
         browser.close()
+
+
+def _nbconvert_outside() -> set[str]:
+    """What nbconvert's own page template loads from a CDN (require.js, MathJax for Markdown math): not the
+    book's, and nothing on the book's pages needs it (the Chromium check blocks it)."""
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    return {exporter.require_js_url, exporter.mathjax_url}
+
+
+def _offline(outside: list, local: list):
+    """A route handler that serves the page's own files and refuses every request to another host, recording
+    each URL in ``local`` or ``outside``."""
+
+    def handle(route):
+        url = route.request.url
+        if url.startswith(("file:", "data:", "blob:")):
+            local.append(url)
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    return handle
+
+
+# What Quarto writes into the head of a page with any text/html output (src/core/jupyter/widgets.ts,
+# includesForJupyterWidgetDependencies): jsDelivr since Quarto 1.8, cdnjs before (quarto-cli PR 7076).
+QUARTO_WIDGET_TAGS = {
+    "1.8": (
+        '<script src="https://cdn.jsdelivr.net/npm/requirejs@2.3.6/require.min.js" integrity="sha384-c9c+LnTbwQ3'
+        "aujuU7ULEPVvgLs+Fn6fJUvIGTsuu1ZcCf11fiEubah0ttpca4ntM sha384-6V1/AdqZRWk1KAlWbKBlGhN7VG4iE/yAZcO6NZPMF8od"
+        '0vukrvr0tg4qY6NSrItx" crossorigin="anonymous"></script>\n'
+        '<script src="https://cdn.jsdelivr.net/npm/jquery@3.5.1/dist/jquery.min.js" integrity="sha384-ZvpUoO/+PpL'
+        'XR1lu4jmpXWu80pZlYUAfxl5NsBMWOEPSjUn/6Z/hRTt8+pR6L4N2" crossorigin="anonymous" data-relocate-top="true">'
+        "</script>\n"
+        "<script type=\"application/javascript\">define('jquery', [],function() {return window.jQuery;})</script>\n"
+    ),
+    "1.7": (
+        '<script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js" integrity="sha512-'
+        'c3Nl8+7g4LMSTdrm621y7kf9v3SDPnhxLNhcjFJbKECVnmZHTdo+IRO05sNLTH/D3vA6u1X32ehoLC7WFVdheg==" crossorigin="'
+        'anonymous"></script>\n'
+        '<script src="https://cdnjs.cloudflare.com/ajax/libs/jquery/3.5.1/jquery.min.js" integrity="sha512-bLT0Qm9'
+        'VnAYZDflyKcBaQ2gg0hSYNQrJ8RilYldYQ1FxQYoCLtUjuuRuZo+fjqhx/qtq/1itJ0C2ejDxltZVFg==" crossorigin="anonymous" '
+        'data-relocate-top="true"></script>\n'
+        "<script type=\"application/javascript\">define('jquery', [],function() {return window.jQuery;})</script>\n"
+    ),
+}
+FIGURE_DIV = '<div id="f1" class="plotly-graph-div"></div><script>Plotly.newPlot("f1", [], {})</script>'
+
+
+def _page(head: str, body: str) -> str:
+    return f"<html><head>\n<meta charset='utf-8'>\n{head}</head><body>{body}</body></html>\n"
+
+
+def test_finish_site_drops_quartos_unused_cdn_scripts_and_checks_the_site(tmp_path):
+    """After Quarto: require.js, jQuery and define('jquery') leave every page; a page with figures loads the site's
+    one plotly.js once; no page over 1 MB; nothing from another host (scripts/render_book.py: finish_site)."""
+    rb = _render_script()
+    site = tmp_path / "site"
+    lib = site / "site_libs" / "quarto-contrib" / "plotly-4.1.1"
+    lib.mkdir(parents=True)
+    (lib / PLOTLYJS).write_text("/**\n* plotly.js v4.1.1\n*/")
+    (site / "notebooks").mkdir()
+    plotly = '<script src="../site_libs/quarto-contrib/plotly-4.1.1/plotly.min.js"></script>\n'
+    (site / "index.html").write_text(_page(QUARTO_WIDGET_TAGS["1.8"], "<table><tr><td>1</td></tr></table>"))
+    (site / "notebooks" / "ch.html").write_text(_page(QUARTO_WIDGET_TAGS["1.7"] + plotly, FIGURE_DIV))
+    assert rb.finish_site(site) == []
+    index, chapter = (site / "index.html").read_text(), (site / "notebooks" / "ch.html").read_text()
+    assert index == _page("", "<table><tr><td>1</td></tr></table>")
+    assert chapter == _page(plotly, FIGURE_DIV)  # the site's plotly.js stays, once
+    assert rb.finish_site(site) == []  # a second pass changes nothing
+
+    (site / "notebooks" / "big.html").write_text(_page("", FIGURE_DIV + "x" * rb.PAGE_LIMIT_BYTES))
+    (site / "notebooks" / "inline.html").write_text(
+        _page(plotly, "<script>/**\n* plotly.js v4.1.1\n*/</script>")
+    )
+    (site / "notebooks" / "twice.html").write_text(_page(plotly + plotly, FIGURE_DIV))
+    (site / "notebooks" / "cdn.html").write_text(_page('<script src="https://cdn.plot.ly/plotly-3.0.1.min.js">'
+                                                       "</script>\n", FIGURE_DIV))  # fmt: skip
+    (site / "notebooks" / PLOTLYJS).write_text("a second copy")
+    (site / "site_libs" / "theme.css").write_text(
+        '@import url("https://fonts.googleapis.com/css2?family=X");'
+    )
+    problems = "\n".join(rb.finish_site(site))
+    assert "notebooks/big.html: 1,000,1" in problems and "loads plotly.js 0 times" in problems
+    assert "notebooks/inline.html: plotly.js inline" in problems
+    assert "notebooks/twice.html: has figures and loads plotly.js 2 times" in problems
+    assert "notebooks/cdn.html: from another host" in problems and "plotly.js 2 times in the site" in problems
+    assert "site_libs/theme.css: imports a stylesheet from another host" in problems
+    assert "index.html" not in problems and "notebooks/ch.html" not in problems
+
+
+# Runs scripts/quarto_plotly.lua in pandoc with the two Quarto functions it calls stubbed as Quarto defines
+# them (src/resources/pandoc/datadir/init.lua: quarto.doc.add_html_dependency, quarto.utils.resolve_path
+# relative to the filter), and prints the dependencies it added. Quarto itself is checked by the book workflow.
+QUARTO_STUB = """
+local here = pandoc.path.directory(PANDOC_SCRIPT_FILE)
+local deps = {}
+quarto = {
+  doc = {
+    is_format = function(f) return f == "html" end,
+    add_html_dependency = function(d) table.insert(deps, d) end,
+  },
+  utils = { resolve_path = function(p) return pandoc.path.join({ here, p }) end },
+}
+local filters = dofile(pandoc.path.join({ here, "quarto_plotly.lua" }))
+table.insert(filters, { Pandoc = function(doc)
+  local out = {}
+  for _, d in ipairs(deps) do table.insert(out, d.name .. "-" .. d.version .. ":" .. table.concat(d.scripts, ",")) end
+  return pandoc.Pandoc({ pandoc.Plain({ pandoc.Str(#deps .. " " .. table.concat(out, " ")) }) })
+end })
+return filters
+"""
+QUARTO_FIGURE_MD = """
+::: {#fig-a .cell}
+::: {.cell-output .cell-output-display}
+```{=html}
+<div id="a" class="plotly-graph-div" style="height:100%"></div><script>Plotly.newPlot("a", [], {})</script>
+```
+:::
+Caption a.
+:::
+
+::: {.cell-output .cell-output-display}
+```{=html}
+<div id="b" class="plotly-graph-div"></div><script>Plotly.newPlot("b", [], {})</script>
+```
+:::
+"""
+
+
+@pytest.mark.skipif(shutil.which("pandoc") is None, reason="no pandoc here (apt-get install pandoc)")
+def test_quarto_filter_adds_plotlyjs_once_to_pages_with_figures(tmp_path):
+    shutil.copy(repo_root() / "scripts" / "quarto_plotly.lua", tmp_path)
+    (tmp_path / "stub.lua").write_text(QUARTO_STUB)
+
+    def run(markdown: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["pandoc", "--from", "markdown", "--to", "plain", "--lua-filter", str(tmp_path / "stub.lua")],
+            input=markdown, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    missing = run(QUARTO_FIGURE_MD)  # the file `make render` writes beside the filter is not there
+    assert missing.returncode != 0 and "plotly.min.js is missing" in missing.stderr
+    assert "make render" in missing.stderr
+    (tmp_path / PLOTLYJS).write_text("/**\n* plotly.js v9.8.7\n* Copyright 2012-2026, Plotly, Inc.\n*/\n")
+    two_figures = run(QUARTO_FIGURE_MD)
+    assert two_figures.stdout.strip() == "1 plotly-9.8.7:plotly.min.js", two_figures.stderr
+    assert run("Prose and a table.\n\n| a |\n|---|\n| 1 |\n").stdout.strip() == "0"

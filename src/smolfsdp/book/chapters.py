@@ -201,7 +201,9 @@ def execute_chapter(
     on disk is never written. The kernel talks over IPC (:func:`_kernel_config`). ``progress`` shows a
     bar over the code cells on stderr, with the running cell's number and label or first line.
     Cells tagged ``remove-cell`` (the parameters and the injected cell) are
-    left out of the HTML, as Quarto leaves them out of the book. Returns the executed notebook.
+    left out of the HTML, as Quarto leaves them out of the book. A page with a figure loads
+    ``plotly.min.js`` from ``html_dir`` (written there once: :func:`plotting.write_plotlyjs`), as the Quarto
+    site loads it from its ``site_libs/``. Returns the executed notebook.
     Raises ``nbclient.exceptions.CellExecutionError`` on the first failing cell, with its traceback.
     """
     from nbclient import NotebookClient  # deferred: dev extra, book tooling only
@@ -235,8 +237,23 @@ def execute_chapter(
         out = Path(html_dir)
         out.mkdir(parents=True, exist_ok=True)
         body, _ = HTMLExporter(config=cfg).from_notebook_node(nb)
-        (out / f"{path.stem}.html").write_text(body)
+        (out / f"{path.stem}.html").write_text(with_plotlyjs(body, out))
     return nb
+
+
+def with_plotlyjs(page: str, folder: Path) -> str:
+    """An nbconvert page whose figures get plotly.js: one ``<script src="plotly.min.js">`` in its head, the
+    file written beside it. The book's figures carry no plotly.js of their own (``book.plotting``); a page
+    without a figure is returned unchanged."""
+    if 'class="plotly-graph-div"' not in page:
+        return page
+    from smolfsdp.book.figures.plotting import (  # deferred: plotly, for pages with figures
+        PLOTLYJS,
+        write_plotlyjs,
+    )
+
+    write_plotlyjs(folder)
+    return page.replace("</head>", f'<script src="{PLOTLYJS}" charset="utf-8"></script>\n</head>', 1)
 
 
 # ------------------------------------------------------------------------------------- quarto render
@@ -251,12 +268,15 @@ def execute_chapter(
 RENDER_STATE = ".smolfsdp-render.json"  # marks a scratch project; scripts/quarto_guard.py looks for it
 
 
+QUARTO_FILES = ("scripts/quarto_guard.py", "scripts/quarto_plotly.lua", "theme.scss")  # named in _quarto.yml
+
+
 def render_sources(root: Path | None = None) -> list[Path]:
-    """Files a render needs, relative to the repository: Quarto configs, chapters, the guard script."""
+    """Files a render needs, relative to the repository: Quarto configs, chapters, the guard, filter, theme."""
     root = root or repo_root()
     items = _book_entries(root)
     configs = sorted(p.name for p in root.glob("_quarto*.yml"))
-    return [Path(p) for p in [*configs, *items, "scripts/quarto_guard.py"]]
+    return [Path(p) for p in [*configs, *items, *QUARTO_FILES]]
 
 
 def prepare_render_project(profile: str, scratch_root: Path | None = None) -> Path:
@@ -281,6 +301,9 @@ def prepare_render_project(profile: str, scratch_root: Path | None = None) -> Pa
             shutil.copyfile(root / rel, dest)
             copied[str(rel)] = digest
     state_path.write_text(json.dumps({"profile": profile, "sources": copied}, indent=1))
+    from smolfsdp.book.figures.plotting import write_plotlyjs  # deferred: plotly, for a render only
+
+    write_plotlyjs(project / "scripts")  # beside quarto_plotly.lua, which makes it the site's one plotly.js
     return project
 
 

@@ -59,6 +59,12 @@ COMPONENT_LABELS = {
     "comm_buffers": "NCCL buffers",
 }  # fmt: skip
 PEAK_LABEL = "peak (fullest moment)"
+# The dropdowns in two columns, each starting at a half of the plot's width: a dropdown is as wide as its
+# longest label (about 215 px for "strategy: SHARD_GRAD_OP" and "act. checkpointing: off"), so two columns
+# fit from a plot 440 px wide (a figure of ~520 px). Three columns at fixed fractions overlapped in a
+# book's column at 820 px. Rows are MENU_ROW_PX apart, the first MENU_TOP_PX above a plot of PLOT_PX.
+MENU_COLUMNS, MENU_ROW_PX, PLOT_PX = 2, 40, 340
+MENU_TOP_PX = 45 + MENU_ROW_PX * ((len(CONTROLS) - 1) // MENU_COLUMNS)
 MODELS = {"llama-3-70b-like": llama3_70b_config}
 
 
@@ -121,7 +127,7 @@ def plot_fit_explorer(states: dict[str, dict], base: dict | None = None) -> go.F
         text=verdict(state["peak"], base["gpu"]), xref="paper", yref="paper", x=0, y=1.02,
         xanchor="left", yanchor="bottom", showarrow=False, font={"size": 14},
     )  # fmt: skip
-    menus = []
+    menus, top = [], MENU_TOP_PX + 135  # the title above the first row of menus, the verdict below the last
     for i, c in enumerate(CONTROLS):
         buttons = []
         for v in c.values:
@@ -141,11 +147,11 @@ def plot_fit_explorer(states: dict[str, dict], base: dict | None = None) -> go.F
                     ],  # fmt: skip
                 }
             )
-        row, col = divmod(i, 3)
+        row, col = divmod(i, MENU_COLUMNS)
         menus.append(
             {
                 "buttons": buttons, "active": c.values.index(base[c.key]), "direction": "down",
-                "x": [-0.08, 0.3, 0.66][col], "xanchor": "left", "y": 1 + (125 - 40 * row) / 340,
+                "x": col / MENU_COLUMNS, "xanchor": "left", "y": 1 + (MENU_TOP_PX - MENU_ROW_PX * row) / PLOT_PX,
                 "yanchor": "bottom", "showactive": True, "pad": {"r": 2, "t": 2},
             }
         )  # fmt: skip
@@ -154,8 +160,8 @@ def plot_fit_explorer(states: dict[str, dict], base: dict | None = None) -> go.F
         updatemenus=menus[::-1],
         meta={"fit_explorer": _meta(states, components, base)},
         title="Does it fit? Per-GPU memory of one training step (estimate)",
-        yaxis_title="GiB per GPU (device)", template="plotly_white", height=660,
-        margin={"l": 60, "r": 20, "t": 260, "b": 60},
+        yaxis_title="GiB per GPU (device)", template="plotly_white", height=PLOT_PX + top + 60,
+        margin={"l": 60, "r": 20, "t": top, "b": 60},
     )  # fmt: skip
     return fig
 

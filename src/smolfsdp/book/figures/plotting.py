@@ -1,9 +1,9 @@
 """Figures for the book: pure ``plot_*`` functions that return plotly Figures, and ``save_figure``.
 
 Every value drawn comes from a run folder (``smolfsdp.measure.results``) or a package formula; nothing is
-typed in. In a notebook kernel the ``smolfsdp`` renderer (below) shows each figure the way Quarto
-handles plotly natively: plotly.js inline once per notebook (Quarto hoists it into the page head: once
-per page, offline, no CDN), each figure as HTML sized to the text column.
+typed in. In a notebook kernel the ``smolfsdp`` renderer (below) shows each figure as HTML sized to the
+text column, without plotly.js: the page loads plotly.js once, from the site (:func:`write_plotlyjs`; Quarto:
+``scripts/quarto_plotly.lua``, nbconvert: ``book.chapters.execute_chapter``), offline, no CDN.
 """
 
 from __future__ import annotations
@@ -15,24 +15,36 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.offline import get_plotlyjs
 
 from smolfsdp.paths import repo_root
 
 log = logging.getLogger(__name__)
 
 # The one place where the book changes how plotly displays figures, and why. Plotly's `notebook`
-# renderer puts plotly.js inline in the first figure's cell (its "global init" output, which Quarto
-# recognises by plotly.js's licence header and moves into the page head) and every figure after it as
-# a div sized `width: 100%`, measured once, at 525 px high. In a rendered book the column settles
-# after that measurement, so figures came out wider than the column; a long title sat under the
-# modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung below the
-# modebar with a top margin that fits its lines and any subplot titles, and (3) re-measures its output block
-# whenever that block's width changes (a ResizeObserver, not only window resizes).
+# renderer puts plotly.js (4.8 MB) inline in the first figure's cell of every notebook, so every chapter
+# page carried its own copy (~5 MB a page), and each figure loaded MathJax from a CDN (HtmlRenderer's
+# `include_mathjax="cdn"`). The book's renderer writes no plotly.js and no MathJax (unless a figure has
+# TeX, :func:`needs_tex`): each page loads plotly.js once from the site, where the HTML is made
+# (PLOTLYJS). Each figure is a div sized `width: 100%`, measured once, at 525 px high; in a rendered book
+# the column settles after that measurement, so figures came out wider than the column, and a long title
+# sat under the modebar. So each figure (1) drops any fixed width and autosizes, (2) gets its title hung
+# below the modebar with a top margin that fits its lines and any subplot titles, (3) gets a horizontal
+# legend in a band of its own under the title (below the plot it covered axis labels that plotly turns
+# on their side in a narrow column, and axis titles: Figure 3.4 and six more), and (4) re-measures its
+# output block whenever that block's width changes (a ResizeObserver, not only window resizes).
 MODEBAR_PX = 36  # height the modebar takes at the top of a figure (25 px buttons + padding)
 TITLE_LINE_PX = 22  # one line of title text at plotly's default 17 px font, sub/sup lines included
 TITLE_CLIMB_PX = 16  # measured in Chromium: a 5-line title's block starts 15 px above its pad
 SUBPLOT_TITLE_PX = 24  # a subplot title's line (plotly's 16 px annotation font)
 TITLE_CHARS = 80  # a plain title line wraps beyond this: ~8.5 px a character fits a ~700 px column
+DEFAULT_HEIGHT_PX = 525  # a figure's height when its layout sets none (the renderer's default_height)
+# A horizontal legend's rows, measured in Chromium at plotly's 12 px font: 19 px a row; an entry is its
+# symbol (40 px) and about 7 px a character; entries that do not fit one row are set in columns as wide as
+# the widest entry. Rows are counted for a plot 520 px wide (the book's column at an 820 px window).
+LEGEND_ROW_PX, LEGEND_ITEM_PX, LEGEND_CHAR_PX, LEGEND_WIDTH_PX = 20, 40, 7, 520
+LEGEND_GAP_PX = 4  # under the title's lines counted at TITLE_LINE_PX from its pad (the text ends above: a
+# one-line title's box ends 16 px above that, measured in Chromium), and 8 px more under the legend
 
 _FIT_SCRIPT = """
 var gd = document.getElementById('{plot_id}');
@@ -50,35 +62,60 @@ if (window.ResizeObserver) { new ResizeObserver(fit).observe(box); }
 """
 
 
-def fit_layout(layout: dict) -> dict:
+def fit_layout(layout: dict, legend: list[str] | None = None) -> dict:
     """Return ``layout`` (a figure's layout as a dict) made to fit a text column; the input is not changed.
 
     Drops ``width`` and sets ``autosize``. A title is wrapped (:func:`_wrap_title`) and hung from the
     top edge below the modebar (plotly anchors a multi-line title on its first line, so its block sits
-    up to ``TITLE_CLIMB_PX`` higher than the pad says), and the top margin is raised to hold the
-    modebar, every line and any subplot titles. Pure: no plotly.js, no I/O.
+    up to ``TITLE_CLIMB_PX`` higher than the pad says). ``legend``: the entries the figure's legend lists
+    (:func:`legend_names`); a horizontal one is set in a band under the title (:func:`legend_rows` rows),
+    at a fixed height (``DEFAULT_HEIGHT_PX`` unless the layout sets one). The top margin is raised to hold
+    the modebar, every title line, the legend and any subplot titles. Pure: no plotly.js, no I/O.
     """
     out = {k: v for k, v in layout.items() if k != "width"}
     out["autosize"] = True
     title = out.get("title")
     title = {"text": title} if isinstance(title, str) else dict(title or {})
     text = _wrap_title(title.get("text") or "")
-    if text:
-        lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text"))
-        # make_subplots puts subplot titles as annotations standing on the plot area (paper y = 1)
-        above = any(
-            a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in out.get("annotations") or []
-        )
-        pad_b = 8 + SUBPLOT_TITLE_PX * above
-        pad_t = MODEBAR_PX + TITLE_CLIMB_PX
-        title.update(
-            text=text, y=1, yref="container", yanchor="top", pad={**title.get("pad", {}), "t": pad_t}
-        )
-        out["title"] = title
-        margin = dict(out.get("margin") or {})
-        margin["t"] = max(margin.get("t", 100), pad_t + TITLE_LINE_PX * lines + pad_b)
-        out["margin"] = margin
+    lines = text.count("<br>") + 1 + bool((title.get("subtitle") or {}).get("text")) if text else 0
+    h_legend = (out.get("legend") or {}).get("orientation") == "h" and out.get("showlegend") is not False
+    rows = legend_rows(legend or []) if h_legend else 0
+    if not (lines or rows):
+        return out
+    # make_subplots puts subplot titles as annotations standing on the plot area (paper y = 1)
+    above = any(
+        a.get("yref", "paper") == "paper" and a.get("y", 0) >= 1 for a in out.get("annotations") or []
+    )
+    pad_b = 8 + SUBPLOT_TITLE_PX * above
+    pad_t = MODEBAR_PX + TITLE_CLIMB_PX
+    if lines:
+        pad = {**title.get("pad", {}), "t": pad_t}
+        out["title"] = {**title, "text": text, "y": 1, "yref": "container", "yanchor": "top", "pad": pad}
+    top = (pad_t + TITLE_LINE_PX * lines if lines else MODEBAR_PX) + LEGEND_GAP_PX  # the legend's top, px
+    if rows:
+        out["height"] = out.get("height") or DEFAULT_HEIGHT_PX
+        out["legend"] = {**out["legend"], "yref": "container", "y": 1 - top / out["height"], "yanchor": "top",
+                         "x": 0, "xanchor": "left"}  # fmt: skip
+    margin = dict(out.get("margin") or {})
+    need = top + LEGEND_ROW_PX * rows + 8 + pad_b if rows else pad_t + TITLE_LINE_PX * lines + pad_b
+    margin["t"] = max(margin.get("t", 100), need)
+    out["margin"] = margin
     return out
+
+
+def legend_names(data: list[dict]) -> list[str]:
+    """The entries a figure's legend lists, one per trace whose ``showlegend`` is not False (an unnamed
+    trace is listed as plotly names it, ``trace N``); none when plotly shows no legend (one entry)."""
+    names = [t.get("name") or f"trace {i}" for i, t in enumerate(data) if t.get("showlegend", True)]
+    return names if len(names) > 1 or any(t.get("showlegend") for t in data) else []
+
+
+def legend_rows(names: list[str], width: int = LEGEND_WIDTH_PX) -> int:
+    """Rows a horizontal legend of ``names`` takes in a plot ``width`` px wide (0 for no entry)."""
+    widths = [LEGEND_ITEM_PX + LEGEND_CHAR_PX * len(re.sub(r"<[^>]+>", "", n)) for n in names]
+    if sum(widths) <= width:
+        return min(1, len(widths))
+    return -(-len(widths) // max(1, width // max(widths)))
 
 
 def _wrap_title(text: str) -> str:
@@ -95,19 +132,54 @@ def _wrap_title(text: str) -> str:
     return "<br>".join(lines)
 
 
-class _ColumnMixin:
-    """Applies :func:`fit_layout` to the figure before plotly's own renderer draws it."""
+def fit_figure(fig_dict: dict) -> dict:
+    """``fig_dict`` (a figure as a dict) with :func:`fit_layout` applied, its legend's entries counted."""
+    layout = fit_layout(fig_dict.get("layout", {}), legend_names(fig_dict.get("data", [])))
+    return {**fig_dict, "layout": layout}
+
+
+def needs_tex(fig_dict: dict) -> bool:
+    """Whether any string in the figure is TeX as plotly.js reads it (starts and ends with ``$``): only such
+    a figure needs MathJax. Walks dicts and lists; numeric arrays are skipped."""
+    stack = [fig_dict]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if len(item) > 1 and item[0] == "$" and item[-1] == "$":
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+class BookNotebookRenderer(pio.base_renderers.HtmlRenderer):
+    """``text/html``: the figure fitted to the column (:func:`fit_layout`) as a div and a script that calls
+    ``Plotly.newPlot``; no plotly.js (the page loads it once, PLOTLYJS), no output of its own on activation
+    (plotly's notebook renderer displays plotly.js then), MathJax only for a figure with TeX."""
+
+    def __init__(self, config=None, post_script=None):
+        super().__init__(full_html=False, global_init=False, config=config, post_script=post_script)
 
     def to_mimebundle(self, fig_dict):
-        return super().to_mimebundle({**fig_dict, "layout": fit_layout(fig_dict.get("layout", {}))})
+        fig_dict = fit_figure(fig_dict)
+        scripts = self.post_script if isinstance(self.post_script, list) else [self.post_script]
+        html = pio.to_html(
+            fig_dict, config=self.config, auto_play=self.auto_play, include_plotlyjs=False,
+            include_mathjax="cdn" if needs_tex(fig_dict) else False, post_script=[s for s in scripts if s],
+            full_html=False, animation_opts=self.animation_opts, default_width="100%",
+            default_height=DEFAULT_HEIGHT_PX,
+            validate=False,
+        )  # fmt: skip
+        return {"text/html": html}
 
 
-class BookNotebookRenderer(_ColumnMixin, pio.base_renderers.NotebookRenderer):
-    pass
+class BookMimetypeRenderer(pio.base_renderers.PlotlyRenderer):
+    """The plotly mimetype (JupyterLab, VS Code draw it with their own plotly.js), fitted to the column."""
 
-
-class BookMimetypeRenderer(_ColumnMixin, pio.base_renderers.PlotlyRenderer):
-    pass
+    def to_mimebundle(self, fig_dict):
+        return super().to_mimebundle(fit_figure(fig_dict))
 
 
 _CONFIG = {"responsive": True, "displaylogo": False}
@@ -115,6 +187,20 @@ pio.renderers["smolfsdp"] = BookNotebookRenderer(config=_CONFIG, post_script=_FI
 pio.renderers["smolfsdp_mimetype"] = BookMimetypeRenderer(config=_CONFIG)
 # JupyterLab and VS Code show the plotly mimetype; HTML (Quarto, nbconvert) takes the text/html one.
 pio.renderers.default = "smolfsdp_mimetype+smolfsdp"
+PLOTLYJS = "plotly.min.js"  # the name plotly itself gives the file (write_html(include_plotlyjs="directory"))
+
+
+def write_plotlyjs(folder: str | Path) -> Path:
+    """Write the installed plotly's ``plotly.min.js`` into ``folder`` (unless the same bytes are there);
+    return its path. The book's pages load it from there once: the nbconvert pages beside it, the Quarto site
+    as an HTML dependency (``scripts/quarto_plotly.lua``), so it matches the figures' plotly.py."""
+    path = Path(folder) / PLOTLYJS
+    js = get_plotlyjs().encode()
+    if not path.is_file() or path.read_bytes() != js:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(js)
+    return path
+
 
 COLORS = {"train": "#1f77b4", "eval": "#d62728"}
 
