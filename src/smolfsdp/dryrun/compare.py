@@ -51,19 +51,19 @@ def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
     dry run, signed)."""
     est = estimate_for(cfg, report.setup["world_size"])
     held, moment = report.held_bytes, est.peak_moment
-    moments = {**est.moments, "peak": est.moments[moment]}
+    peak = est.moments[moment]
     offload = getattr(report, "offload", None)
     if offload:  # the static terms live on the host; the device peak leaves them out
         rows = [
             ("host: parameters, gradients, optimizer state", est.host_bytes, sum(held.values())),
-            (f"peak, device ({moment} moment)", moments["peak"], offload["device_peak_bytes"]),
+            (f"peak, device ({moment} moment)", peak, offload["device_peak_bytes"]),
         ]
     else:
         rows = [
             ("parameters", est.params_bytes + est.master_bytes, held["param_bytes"]),
             ("gradients", est.grads_bytes, held["grad_bytes"]),
             ("optimizer state", est.optimizer_bytes, held["optimizer_bytes"]),
-            (f"peak ({moment} moment)", moments["peak"], report.peak_bytes),
+            (f"peak ({moment} moment)", peak, report.peak_bytes),
         ]
     return pd.DataFrame(
         [{"component": name, "estimate_gib": e / GIB, "dry_run_gib": d / GIB,
