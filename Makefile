@@ -35,17 +35,19 @@ lint: $(STAMP)
 
 # The book, rendered by Quarto from a scratch copy (_render/$(PROFILE)/, its own _freeze/), never
 # over the committed notebooks; the site lands in _book/$(PROFILE)/. Needs Quarto on PATH.
+# EXECUTED=DIR renders notebooks already executed into DIR (`make book EXECUTED=DIR` writes them) without
+# executing them again: one execution, Quarto only renders (what the test suite does, tests/test_site.py).
 render: $(STAMP)
-	$(BIN)/python scripts/render_book.py --profile $(PROFILE)
+	$(BIN)/python scripts/render_book.py --profile $(PROFILE) $(if $(EXECUTED),--executed $(EXECUTED))
 
 # Without Quarto: execute every chapter (parameters injected as `quarto render -P` does) and write
 # plain nbconvert HTML to _book_html/, what CI checks in Chromium. That HTML is not the book (no
 # cross-references, captions or navigation): read the rendered site, or run `make render`.
 book: $(STAMP)
-	$(BIN)/python scripts/execute_notebooks.py --profile $(PROFILE) --html-dir _book_html
+	$(BIN)/python scripts/execute_notebooks.py --profile $(PROFILE) --html-dir _book_html $(if $(EXECUTED),--ipynb-dir $(EXECUTED))
 
 tokenizer: $(STAMP)
 	$(BIN)/python scripts/build_tokenizer.py
 
 clean:
-	rm -rf runs _book_html _book _render .pytest_cache
+	rm -rf runs _book_html _book _render _executed .pytest_cache

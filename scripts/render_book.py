@@ -2,6 +2,11 @@
 
     python scripts/render_book.py --profile smoke    # `make render`: site in _book/smoke/
     python scripts/render_book.py --profile full     # `make render PROFILE=full`, on 2 GPUs: _book/full/
+    python scripts/render_book.py --executed _executed/smoke   # one execution: Quarto runs no cell
+
+--executed DIR renders the notebooks `scripts/execute_notebooks.py --ipynb-dir DIR` executed (same profile),
+`quarto render --no-execute`: the chapters run once, in Jupyter with papermill's parameters, and Quarto only
+renders them (what the test suite does, tests/test_site.py; `make render EXECUTED=DIR`).
 
 What it does and why: smolfsdp.book.chapters.render_book (Quarto writes executed .ipynb chapters over their
 sources and `freeze: auto` ignores -P, so each profile renders in its own _render/<profile>/).
@@ -27,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from smolfsdp.book.chapters import PROFILES, render_book
+from smolfsdp.book.chapters import PROFILES, chapters, render_book
 from smolfsdp.paths import repo_root
 
 FULL_RECIPE = "smollm3_3b_medical"  # what the full profile's chapters train and read
@@ -145,26 +150,57 @@ def finish_site(site: Path) -> list[str]:
     return problems
 
 
+def executed_notebooks(folder: Path, profile: str) -> dict:
+    """The chapters executed into ``folder`` (``<stem>.ipynb``), by stem; ValueError, before Quarto starts,
+    when a chapter is missing there or ran in another profile (its injected parameters say which)."""
+    import nbformat  # deferred: the plain render does not need it
+
+    out = {}
+    for nb_path in chapters():
+        path = folder / nb_path.name
+        if not path.is_file():
+            raise ValueError(
+                f"{path} is missing: execute the chapters first "
+                f"(`python scripts/execute_notebooks.py --profile {profile} --ipynb-dir {folder}`)"
+            )
+        nb = nbformat.read(path, as_version=4)
+        ran = nb.metadata.get("papermill", {}).get("parameters", {}).get("PROFILE")
+        if ran != profile:
+            raise ValueError(f"{path} was executed in profile {ran!r}, not {profile!r}: execute it again")
+        out[nb_path.stem] = nb
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--profile", default="smoke", choices=PROFILES)
     parser.add_argument("--quarto", default="quarto", help="the Quarto executable (default: quarto on PATH)")
+    parser.add_argument(
+        "--executed", metavar="DIR", help="render the executed notebooks in DIR, no execution"
+    )
     args = parser.parse_args(argv)
+    executed = None
+    if args.executed:
+        try:
+            executed = executed_notebooks(Path(args.executed), args.profile)
+        except ValueError as e:
+            parser.exit(2, f"error: {e}\n")
     if args.profile == "full" and (problem := full_profile_problem()):
         parser.exit(2, f"error: {problem}\n")
-    project = repo_root() / "_render" / args.profile
+    project = repo_root() / "_render" / ("executed" if executed else "") / args.profile
     stamp = inputs_stamp(repo_root())
     if changed := stale_inputs(project, stamp):
         print(f"{args.profile}: {', '.join(changed)} changed since the last render: every chapter runs again")
     try:
-        site = render_book(args.profile, quarto=args.quarto)
+        site = render_book(args.profile, quarto=args.quarto, executed=executed)
     except FileNotFoundError as e:
         parser.exit(2, f"error: {e}\n")
     except subprocess.CalledProcessError as e:
         parser.exit(
-            e.returncode or 1, f"error: quarto render failed in _render/{args.profile}/ (see above)\n"
+            e.returncode or 1,
+            f"error: quarto render failed in {project.relative_to(repo_root())}/ (see above)\n",
         )
     (project / STAMP).write_text(json.dumps(stamp, indent=1))
     if problems := finish_site(site):

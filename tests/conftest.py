@@ -1,4 +1,6 @@
+import hashlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,44 @@ def medquad_path():
             "clone does not)"
         )
     return MEDQUAD
+
+
+def tracked_changes() -> dict[str, str] | None:
+    """A digest of every tracked file's bytes in the working tree (None outside a git checkout).
+
+    Compared before and after: unlike `git status`, it ignores commits made meanwhile.
+    """
+    try:
+        files = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {
+        f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() if (ROOT / f).is_file() else "missing"
+        for f in files
+        if f
+    }
+
+
+def changed(before: dict | None, after: dict | None) -> list[str]:
+    """Tracked files whose bytes differ between two :func:`tracked_changes` (none outside git)."""
+    if before is None or after is None:
+        return []
+    return sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
+
+
+@pytest.fixture(scope="session")
+def executed(tmp_path_factory):
+    """Every chapter executed ONCE in the smoke profile (parameters injected through papermill, as
+    ``quarto render -P`` injects them): ``(notebooks by stem, nbconvert HTML folder, (tracked digests
+    before, after))``. tests/test_notebooks.py checks the notebooks and the HTML; tests/test_site.py renders
+    these same notebooks with ``quarto render --no-execute``. SMOLFSDP_CHAPTERS=00_memory,04_lora_fsdp2 runs
+    a few chapters while working on them; CI runs all."""
+    from smolfsdp.book.chapters import execute_chapter, select_chapters
+
+    html_dir = tmp_path_factory.mktemp("html")
+    before = tracked_changes()
+    names = [n for n in os.environ.get("SMOLFSDP_CHAPTERS", "").split(",") if n]
+    notebooks = {nb.stem: execute_chapter(nb, "smoke", html_dir) for nb in select_chapters(names)}
+    return notebooks, html_dir, (before, tracked_changes())

@@ -4,7 +4,6 @@ changing a tracked file; the Quarto render runs from a scratch copy; the HTML dr
 Chromium with figures that fit the column (what `quarto render` would publish, checked without Quarto).
 """
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -18,15 +17,14 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from conftest import changed, tracked_changes  # noqa: E402, I001 (tests/ is on sys.path)
 
 from smolfsdp.book.chapters import (
     PARAMETERS_OPTIONS,
     RENDER_STATE,
     chapters,
-    execute_chapter,
     inject_parameters,
     render_book,
-    select_chapters,
 )
 from smolfsdp.book.figures.plotting import PLOTLYJS
 from smolfsdp.paths import repo_root
@@ -34,42 +32,6 @@ from smolfsdp.paths import repo_root
 pytestmark = pytest.mark.notebooks
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WARNING_TEXT = re.compile(r"\b\w*Warning\b")  # FutureWarning, UserWarning, "WARNING | ..." is not text
-
-
-def tracked_changes() -> dict[str, str] | None:
-    """A digest of every tracked file's bytes in the working tree (None outside a git checkout).
-
-    Compared before and after: unlike `git status`, it ignores commits made meanwhile.
-    """
-    try:
-        files = subprocess.run(
-            ["git", "ls-files", "-z"], cwd=repo_root(), capture_output=True, text=True, check=True
-        ).stdout.split("\0")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    root = repo_root()
-    return {
-        f: hashlib.sha256((root / f).read_bytes()).hexdigest() if (root / f).is_file() else "missing"
-        for f in files
-        if f
-    }
-
-
-def changed(before: dict | None, after: dict | None) -> list[str]:
-    """Tracked files whose bytes differ between two :func:`tracked_changes` (none outside git)."""
-    if before is None or after is None:
-        return []
-    return sorted(f for f in before.keys() | after.keys() if before.get(f) != after.get(f))
-
-
-@pytest.fixture(scope="module")
-def executed(tmp_path_factory):
-    html_dir = tmp_path_factory.mktemp("html")
-    before = tracked_changes()
-    # SMOLFSDP_CHAPTERS=00_memory,04_lora_fsdp2 runs a few chapters while working on them; CI runs all
-    names = [n for n in os.environ.get("SMOLFSDP_CHAPTERS", "").split(",") if n]
-    notebooks = {nb.stem: execute_chapter(nb, "smoke", html_dir) for nb in select_chapters(names)}
-    return notebooks, html_dir, (before, tracked_changes())
 
 
 def test_book_lists_the_chapters():

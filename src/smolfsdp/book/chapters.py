@@ -307,14 +307,29 @@ def prepare_render_project(profile: str, scratch_root: Path | None = None) -> Pa
     return project
 
 
+def _forget_sources(project: Path) -> None:
+    """Make the next :func:`prepare_render_project` copy every chapter again (its copies were replaced)."""
+    path = project / RENDER_STATE
+    state = json.loads(path.read_text())
+    state["sources"] = {k: v for k, v in state["sources"].items() if not k.endswith(".ipynb")}
+    path.write_text(json.dumps(state, indent=1))
+
+
 def render_book(
-    profile: str, quarto: str = "quarto", scratch_root: Path | None = None, out_root: Path | None = None
+    profile: str,
+    quarto: str = "quarto",
+    scratch_root: Path | None = None,
+    out_root: Path | None = None,
+    executed: dict[str, nbformat.NotebookNode] | None = None,
 ) -> Path:
     """``quarto render`` the book in ``profile`` from its scratch project; return ``_book/<profile>``.
 
     Runs Quarto with this interpreter as ``QUARTO_PYTHON`` (and its folder first on ``PATH``), so the
-    kernel, papermill and the pre-render guard are this environment's. Raises FileNotFoundError when
-    ``quarto`` is not installed, CalledProcessError when the render fails.
+    kernel, papermill and the pre-render guard are this environment's. ``executed`` (chapter stem ->
+    notebook executed by :func:`execute_chapter` in ``profile``, parameters injected) renders those
+    notebooks as they are, ``quarto render --no-execute`` (one execution: Quarto runs no cell; a chapter
+    missing from ``executed`` renders without outputs). Raises FileNotFoundError when ``quarto`` is not
+    installed, CalledProcessError when the render fails.
     """
     exe = shutil.which(quarto)
     if exe is None:
@@ -322,10 +337,18 @@ def render_book(
             f"{quarto!r} is not on PATH: install Quarto (https://quarto.org/docs/get-started/) to render "
             "the book, or run `make book` to execute and check the chapters without it"
         )
+    if executed is not None and scratch_root is None:  # apart from `make render`'s project and its _freeze/
+        scratch_root = repo_root() / "_render" / "executed"
     project = prepare_render_project(profile, scratch_root)
+    if executed is not None:
+        for nb_path in chapters():  # over the scratch copies; the next plain render copies the sources again
+            if nb_path.stem in executed:
+                nbformat.write(executed[nb_path.stem], project / nb_path.relative_to(repo_root()))
+        _forget_sources(project)
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "QUARTO_PYTHON": sys.executable, "PATH": bindir + os.pathsep + os.environ["PATH"]}
-    cmd = [exe, "render", "--profile", profile, "-P", f"PROFILE:{profile}"]
+    cmd = [exe, "render", "--profile", profile]
+    cmd += ["--no-execute"] if executed is not None else ["-P", f"PROFILE:{profile}"]
     subprocess.run(cmd, cwd=project, env=env, check=True)
     site = Path(out_root or repo_root() / "_book") / profile
     if site.exists():

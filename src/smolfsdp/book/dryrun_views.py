@@ -8,6 +8,7 @@ measured on a GPU: every view says so.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,8 @@ from smolfsdp.paths import repo_root
 
 GIB = 2**30
 GRID = Path("data/results/dryrun/grid.json")
+#: What the grid's numbers come from: a change here since the traced commit may change a row.
+TRACED_CODE = ("src/smolfsdp/dryrun", "src/smolfsdp/sharding", "src/smolfsdp/models", "src/smolfsdp/measure")
 PHASE_COLOURS = {"forward": "#1f77b4", "backward": "#d62728", "clip": "#7f7f7f", "optimizer": "#2ca02c"}
 
 
@@ -24,6 +27,13 @@ def load_grid(path: str | Path | None = None) -> dict | None:
     """The committed grid (``{"provenance": ..., "runs": [...]}``), or None when the file is absent."""
     p = Path(path) if path else repo_root() / GRID
     return json.loads(p.read_text()) if p.is_file() else None
+
+
+def signed(value: float, digits: int) -> str:
+    """``value`` with its sign to ``digits`` decimals (``+1.25``, ``-0.40``); one that rounds to zero is
+    ``0.00``, never ``-0.00`` or ``+0.00`` (an error of -0.001 % is no error at that precision)."""
+    text = f"{value:+.{digits}f}"
+    return text[1:] if float(text) == 0 else text
 
 
 def _peak_row(run: dict) -> dict:
@@ -47,7 +57,7 @@ def error_pivot(grid: dict) -> pd.DataFrame:
     ]
     table = pd.DataFrame(rows).pivot(index="setup", columns="shape", values="error")
     ordered = sorted(table.columns, key=lambda c: (int(c.split("x")[1].split()[0]), int(c.split("W")[1])))
-    return table[ordered].map(lambda e: f"{e:+.2f}" if pd.notna(e) else "not run").rename_axis(None, axis=1)
+    return table[ordered].map(lambda e: signed(e, 2) if pd.notna(e) else "not run").rename_axis(None, axis=1)
 
 
 def grid_table(grid: dict, book_only: bool = False) -> pd.DataFrame:
@@ -65,7 +75,7 @@ def grid_table(grid: dict, book_only: bool = False) -> pd.DataFrame:
             "traced during": run["peak_moment"].get("phase", "?"),
             "estimated peak (GiB)": peak["estimate_gib"],
             "estimated moment": peak["component"].removeprefix("peak (").removesuffix(" moment)"),
-            "error": f"{peak['error_pct']:+.1f} %",
+            "error": f"{signed(peak['error_pct'], 1)} %",
             "static terms": "exact" if all(r["error_pct"] == 0 for r in static) else "differ",
         })  # fmt: skip
     return pd.DataFrame(rows)
@@ -85,12 +95,44 @@ def grid_reading(grid: dict) -> str:
     )
 
 
-def provenance_line(grid: dict) -> str:
+def changed_since(sha: str, root: Path | None = None) -> list[str] | None:
+    """The files of :data:`TRACED_CODE` that differ between commit ``sha`` and the working tree, or None when
+    git cannot tell (no git, or a shallow clone without that commit)."""
+    try:
+        out = subprocess.run(["git", "diff", "--name-only", sha, "--", *TRACED_CODE], cwd=root or repo_root(),
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sorted(out.stdout.split()) if out.returncode == 0 else None
+
+
+def currency_line(grid: dict, root: Path | None = None) -> str:
+    """Whether the grid is current: the traced code unchanged since the commit(s) it was traced at, or how many
+    of its files changed and what checks the rows meanwhile (five setups traced again by the test suite)."""
+    shas = sorted({r.get("git_sha", grid["provenance"]["git_sha"]) for r in grid["runs"]})
+    changed = [changed_since(sha, root) for sha in shas]
+    rerun = "`python scripts/dryrun_grid.py --workers 2` traces all 48 again"
+    if any(c is None for c in changed):
+        return (f"Whether the traced code changed since can not be told here (no git history of commit "
+                f"{shas[0][:7]}); {rerun}.")  # fmt: skip
+    files = sorted({f for c in changed for f in c})
+    if not files:
+        return f"The grid is current: the code it traced ({', '.join(TRACED_CODE)}) is unchanged since."
+    return (f"The traced code changed since in {len(files)} file{'s' * (len(files) != 1)} "
+            f"({', '.join(Path(f).name for f in files[:4])}{', ...' if len(files) > 4 else ''}); the test suite "
+            "traces five of the setups again on every change and holds them to the committed rows byte for byte "
+            f"(tests/test_dryrun.py), so the grid is current for those; {rerun}.")  # fmt: skip
+
+
+def provenance_line(grid: dict, root: Path | None = None) -> str:
+    """Where the grid comes from (command, date, commits, versions) and whether it is current
+    (:func:`currency_line`)."""
     p = grid["provenance"]
     shas = sorted({r.get("git_sha", p["git_sha"])[:7] for r in grid["runs"]})
     commits = f"commit {shas[0]}" if len(shas) == 1 else f"commits {', '.join(shas)}, each row naming its own"
     return (f"Traced by `{p['command']}` on {p['date'][:10]} ({commits}, torch {p['torch']}, "
-            f"transformers {p['transformers']}, {p['machine']}): {grid['runs'][0]['what']}")  # fmt: skip
+            f"transformers {p['transformers']}, {p['machine']}): {grid['runs'][0]['what'].rstrip('.')}. "
+            + currency_line(grid, root))  # fmt: skip
 
 
 def plot_step_memory(run: dict) -> go.Figure:
