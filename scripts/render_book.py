@@ -119,18 +119,38 @@ OUTSIDE = re.compile(r'<(?:script|link)\b[^>]*\b(?:src|href)="(?:https?:)?//[^"]
 CSS_OUTSIDE = re.compile(r"@import\s+url\(\s*[\"']?(?:https?:)?//")
 
 
+# Long names in table cells (SmolLM3DecoderLayer, apply_lora, torch.bfloat16) are single words to the browser:
+# a column of them made tables wider than the text column. A <wbr> after each '_' and '.' and between a word's
+# lower-case letter and the next capitalised part lets a cell break there, only there (theme.scss keeps every
+# other word whole). Text between tags only; a second pass adds nothing.
+TABLE_CELL = re.compile(r"(<t[dh]\b[^>]*>)(.*?)(</t[dh]>)", re.S)
+CELL_TEXT = re.compile(r"(?<=>)[^<]+|^[^<]+")
+NAME_BREAK = re.compile(r"(?<=[a-z0-9])(?=[A-Z][a-z])|(?<=[a-z0-9]_)(?=[A-Za-z0-9])|(?<=[a-z]\.)(?=[a-z])")
+
+
+def break_long_names(html: str) -> str:
+    """``html`` with a ``<wbr>`` at each break point of :data:`NAME_BREAK` in the text of its table cells."""
+
+    def cell(m):
+        inner = CELL_TEXT.sub(lambda t: NAME_BREAK.sub("<wbr>", t.group()), m.group(2))
+        return m.group(1) + inner + m.group(3)
+
+    return TABLE_CELL.sub(cell, html)
+
+
 def site_pages(site: Path) -> list[Path]:
     return sorted(p for p in site.rglob("*.html") if "site_libs" not in p.relative_to(site).parts)
 
 
 def finish_site(site: Path) -> list[str]:
-    """Drop the unused CDN tags (:data:`UNUSED_CDN_TAGS`) from every page of ``site``, then return what is
+    """Drop the unused CDN tags (:data:`UNUSED_CDN_TAGS`) from every page of ``site`` and let long names in
+    table cells break (:func:`break_long_names`), then return what is
     wrong with it, one line per problem: a page over :data:`PAGE_LIMIT_BYTES`, a page with a figure that
     does not load plotly.js exactly once or carries it inline, more than one plotly.js in the site, a script
     or stylesheet from another host (pages and site_libs' CSS)."""
     problems = []
     for page in site_pages(site):
-        html = UNUSED_CDN_TAGS.sub("", page.read_text())
+        html = break_long_names(UNUSED_CDN_TAGS.sub("", page.read_text()))
         page.write_text(html)
         name, size = page.relative_to(site), len(html.encode())
         if size > PAGE_LIMIT_BYTES:
