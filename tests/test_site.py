@@ -260,3 +260,52 @@ def test_github_workflow_pins_the_quarto_ci_renders_with():
 
         out = subprocess.run([quarto_exe(), "--version"], capture_output=True, text=True, timeout=300)
         assert out.stdout.strip() == QUARTO_VERSION
+
+
+RECORDING_QUARTO = """\
+#!{python}
+# Records its arguments and the chapter it was given, writes a one-page site (what render_book copies).
+import json, sys
+from pathlib import Path
+import nbformat
+nb = nbformat.read("notebooks/00_memory.ipynb", as_version=4)
+Path("{log}").write_text(json.dumps({{"argv": sys.argv[1:], "outputs": nb.cells[-1].get("outputs", [])}}))
+Path("_book").mkdir(exist_ok=True)
+Path("_book/index.html").write_text("site")
+"""
+
+
+def test_render_of_executed_notebooks_runs_quarto_without_execution(tmp_path):
+    """render_book(executed=...) hands Quarto the executed notebook in the scratch copy and asks it to execute
+    nothing (--no-execute, no -P); render_book.py --executed refuses a folder missing a chapter or executed in
+    another profile, in one line, before Quarto starts."""
+    import json
+    import subprocess
+    import sys
+
+    import nbformat
+
+    log, quarto = tmp_path / "argv.json", tmp_path / "quarto"
+    quarto.write_text(RECORDING_QUARTO.format(python=sys.executable, log=log))
+    quarto.chmod(0o755)
+    nb = nbformat.read(chapters()[0], as_version=4)
+    nb.cells[-1]["outputs"] = [nbformat.v4.new_output("stream", text="from the one execution")]
+    render_book("smoke", quarto=str(quarto), scratch_root=tmp_path / "r", out_root=tmp_path / "b",
+                executed={"00_memory": nb})  # fmt: skip
+    seen = json.loads(log.read_text())
+    assert seen["argv"] == ["render", "--profile", "smoke", "--no-execute"]
+    assert seen["outputs"][0]["text"] == "from the one execution"
+    assert (tmp_path / "b" / "smoke" / "index.html").read_text() == "site"
+
+    folder = tmp_path / "executed"
+    folder.mkdir()
+    script = [sys.executable, str(repo_root() / "scripts" / "render_book.py"), "--executed", str(folder)]
+    missing = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "00_memory.ipynb is missing" in missing.stderr
+    assert "execute_notebooks.py --profile smoke --ipynb-dir" in missing.stderr
+    for p in chapters():
+        other = nbformat.read(p, as_version=4)
+        other.metadata["papermill"] = {"parameters": {"PROFILE": "full"}}
+        nbformat.write(other, folder / p.name)
+    wrong = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "executed in profile 'full', not 'smoke'" in wrong.stderr
