@@ -48,3 +48,21 @@ def test_provenance_says_whether_the_grid_is_current(tmp_path):
     assert dv.currency_line(missing, tmp_path).startswith(
         "Whether the traced code changed since can not be told"
     )
+
+
+def test_long_names_in_table_cells_get_break_points_only_there():
+    """finish_site's pass: a <wbr> inside a cell's long names (camel humps, after '_' and '.'), none in numbers,
+    tags, attributes or text outside tables; a second pass adds nothing."""
+    import importlib.util
+
+    from smolfsdp.paths import repo_root
+
+    spec = importlib.util.spec_from_file_location("rb", repo_root() / "scripts" / "render_book.py")
+    rb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rb)
+    html = ('<p>SmolLM3DecoderLayer</p><td class="a_b">SmolLM3DecoderLayer <code>apply_lora</code> 6.6951 '
+            "torch.bfloat16</td>")  # fmt: skip
+    once = rb.break_long_names(html)
+    assert once == ('<p>SmolLM3DecoderLayer</p><td class="a_b">SmolLM3<wbr>Decoder<wbr>Layer <code>apply_<wbr>lora'
+                    "</code> 6.6951 torch.<wbr>bfloat16</td>")  # fmt: skip
+    assert rb.break_long_names(once) == once
