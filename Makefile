@@ -17,7 +17,7 @@ PROFILE ?= smoke
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "[venv] installing the pinned packages (constraints.txt: torch, transformers, TRL, peft, accelerate,"
-	@echo "[venv] jupyter, pytest, ...) into $(VENV): about 2-3 minutes from a local registry, longer from PyPI"
+	@echo "[venv] jupyter, pytest, ...) into $(VENV): about 2-3 minutes from a local registry on an idle machine, longer from PyPI"
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) "$$(grep '^torch==' constraints.txt)")
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
