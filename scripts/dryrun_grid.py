@@ -124,7 +124,9 @@ def reestimate(path: Path, write: bool = False) -> list[str]:
                     f"(dry run {r['dry_run_gib']:.3f} GiB, error {r['error_pct']:+.2f} %)"
                 )
         row["estimate_vs_dry_run"] = new
-    worst = max((abs(r["error_pct"]) for row in grid["runs"] for r in row["estimate_vs_dry_run"]), default=0.0)
+    worst = max(
+        (abs(r["error_pct"]) for row in grid["runs"] for r in row["estimate_vs_dry_run"]), default=0.0
+    )
     lines.append(
         f"{changed} estimate(s) changed over {len(grid['runs'])} setups; the largest error now {worst:.2f} %"
     )

@@ -253,7 +253,14 @@ def _one_step(
         tracker.phase = "forward"
         tracker.mark("start")
         say(f"micro-batch {i + 1}/{len(batches)}: forward")
-        steps_micro(tracker, model, batch, info, n_items, say=lambda m, i=i: say(f"micro-batch {i + 1}/{len(batches)}: {m}"))
+        steps_micro(
+            tracker,
+            model,
+            batch,
+            info,
+            n_items,
+            say=lambda m, i=i: say(f"micro-batch {i + 1}/{len(batches)}: {m}"),
+        )
     say("gradient clipping and the AdamW step")
     tracker.phase = "clip"
     steps.clip_grad_norm_tensor(model, cfg.max_grad_norm, cfg.fsdp_version)
