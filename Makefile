@@ -16,11 +16,14 @@ PROFILE ?= smoke
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "[venv] installing the pinned packages (constraints.txt: torch, transformers, TRL, peft, accelerate,"
+	@echo "[venv] jupyter, pytest, ...) into $(VENV): about 2-3 minutes from a local registry on an idle machine, longer from PyPI"
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(if $(TORCH_INDEX),$(BIN)/python -m pip install --quiet --index-url $(TORCH_INDEX) "$$(grep '^torch==' constraints.txt)")
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $(STAMP)
+	@echo "[venv] ready: $(VENV)"
 
 venv: $(STAMP)
 
@@ -28,6 +31,7 @@ demo: $(STAMP)
 	$(BIN)/smolfsdp train --config configs/runs/smoke.yaml
 
 test: $(STAMP)
+	@echo "[test] collecting the tests (imports torch and transformers: about 20-40 s before the first dot)"
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)

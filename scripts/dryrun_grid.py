@@ -7,7 +7,8 @@ Traced on fake tensors, not measured on a GPU (``smolfsdp.dryrun.run.LABEL``).
 
     python scripts/dryrun_grid.py --workers 2          # the grid below (48 setups), about 20 min on 2 cores
     python scripts/dryrun_grid.py --workers 2 --resume # keep the setups already in the file, trace the rest
-    python scripts/dryrun_grid.py --reestimate         # the committed rows against the current estimator
+    python scripts/dryrun_grid.py --reestimate         # the committed rows against the current estimator (prints)
+    python scripts/dryrun_grid.py --reestimate --write # ... and rewrites the file's estimates
     python scripts/dryrun_grid.py --only book          # the book's two recipes only
 """
 
@@ -99,18 +100,44 @@ def provenance(command: str) -> dict:
     }
 
 
-def reestimate(path: Path) -> None:
-    """Recompute every row's ``estimate_vs_dry_run`` from its committed traced bytes (seconds, no dry run):
-    after a change to the estimator, the traced half stays as it was traced (its provenance unchanged) and
-    ``provenance["estimated"]`` records the commit the estimates come from."""
+def reestimate(path: Path, write: bool = False) -> list[str]:
+    """Recompute every row's ``estimate_vs_dry_run`` from its committed traced bytes (seconds, no dry run)
+    and print, per setup and component, the committed estimate, the new one and the new error against the
+    traced bytes (GiB, %). The file is rewritten only with ``write`` (``--write``): the traced half stays as
+    it was traced (its provenance unchanged) and ``provenance["estimated"]`` records the commit the
+    estimates come from. Returns the printed lines."""
     from smolfsdp.dryrun.compare import compare_committed
 
     grid = json.loads(path.read_text())
+    lines, changed = [], 0
     for row in grid["runs"]:
-        row["estimate_vs_dry_run"] = compare_committed(row, ROOT).to_dict("records")
-    grid["provenance"]["estimated"] = {k: provenance("")[k] for k in ("date", "git_sha")}
-    path.write_text(json.dumps(grid, indent=1) + "\n")
-    print(f"{len(grid['runs'])} setups re-estimated -> {path}")
+        old = {r["component"]: r for r in row["estimate_vs_dry_run"]}
+        new = compare_committed(row, ROOT).to_dict("records")
+        for r in new:
+            was = old.get(r["component"], {}).get("estimate_gib")
+            moved = was is None or abs(was - r["estimate_gib"]) > 1e-9
+            changed += moved
+            if moved:
+                was_s = "new" if was is None else f"{was:9.3f}"
+                lines.append(
+                    f"{row['label']} | {r['component']}: estimate {was_s} -> {r['estimate_gib']:9.3f} GiB "
+                    f"(dry run {r['dry_run_gib']:.3f} GiB, error {r['error_pct']:+.2f} %)"
+                )
+        row["estimate_vs_dry_run"] = new
+    worst = max(
+        (abs(r["error_pct"]) for row in grid["runs"] for r in row["estimate_vs_dry_run"]), default=0.0
+    )
+    lines.append(
+        f"{changed} estimate(s) changed over {len(grid['runs'])} setups; the largest error now {worst:.2f} %"
+    )
+    if write:
+        grid["provenance"]["estimated"] = {k: provenance("")[k] for k in ("date", "git_sha")}
+        path.write_text(json.dumps(grid, indent=1) + "\n")
+        lines.append(f"wrote the new estimates -> {path}")
+    else:
+        lines.append(f"{path} left as it was (--write rewrites its estimates)")
+    print("\n".join(lines))
+    return lines
 
 
 def main() -> None:
@@ -122,10 +149,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--resume", action="store_true", help="keep the setups the --out file already holds")
     parser.add_argument("--reestimate", action="store_true",
-                        help="recompute the estimates of the committed traced rows only (no dry run)")  # fmt: skip
+                        help="recompute the estimates of the committed traced rows only (no dry run) and print "
+                        "what changed")  # fmt: skip
+    parser.add_argument("--write", action="store_true", help="with --reestimate: rewrite --out's estimates")
     args = parser.parse_args()
     if args.reestimate:
-        return reestimate(args.out)
+        reestimate(args.out, write=args.write)
+        return None
     grid = [g for g in GRID if args.only == "all" or g[0].startswith("book:")]
     done = {}
     if (

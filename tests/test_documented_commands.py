@@ -67,8 +67,8 @@ NOT_HERE = (
 )
 #: Placeholders the docs' own runs fill: a glob over the copy's run folders (newest match), or a path.
 PLACEHOLDERS = {
-    # the README's step-000020 is an example step: save_total_limit (2) has removed it by then
-    "runs/<name>/checkpoints/step-000020": "runs/*/checkpoints/step-*",
+    # the README's step-<N> is a step the run kept (save_total_limit keeps the newest 2)
+    "runs/<name>/checkpoints/step-<N>": "runs/*/checkpoints/step-*",
     "runs/<name>/traces/<trace>.json.gz": "runs/*/traces/*.json.gz",
     "/tmp/exported": "{tmp}/exported",
     "/path/to/medquad.jsonl": str(MEDQUAD),

@@ -195,6 +195,18 @@ def test_dryrun_command(mid):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[dryrun] sharding over a fake world of 4" in proc.stderr
+    # issue 33: the step itself (most of the time) says each stage, with the seconds since the start
+    stages = [
+        ln.split(" s  ", 1)[1]
+        for ln in proc.stderr.splitlines()
+        if ln.startswith("[dryrun] ") and " s  " in ln
+    ]
+    assert stages == [
+        "micro-batch 1/1: forward",
+        "micro-batch 1/1: backward",
+        "gradient clipping and the AdamW step",
+    ]
+    assert "almost definitely a bug" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["setup"]["world_size"] == 4 and "not a GPU measurement" in report["label"]
     assert [r["component"] for r in report["estimate_vs_dry_run"]][:3] == [
@@ -208,6 +220,11 @@ def test_dryrun_command(mid):
         "over 4 ranks (fake)" in text
         and "traced on fake tensors" in text
         and "estimated" not in text.split("\n")[0]
+    )
+    # the traced peak names its settings and what smolfsdp memory adds to it (512 + 256 MiB on 4 ranks)
+    assert (
+        "(tensors only, at these settings: 1 micro-batch(es) per step; a GPU adds the CUDA context and NCCL "
+        "buffers, 0.75 GiB in `smolfsdp memory`'s device peak)" in text
     )
 
 

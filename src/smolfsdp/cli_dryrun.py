@@ -50,6 +50,18 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
     return 0
 
 
+def _allowance_line(setup: dict) -> str:
+    """What the traced peak leaves out (fake tensors have no CUDA context or NCCL buffers) and what
+    ``smolfsdp memory``'s device peak adds for them, so the two numbers are not read as one."""
+    from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES
+
+    extra = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if setup["world_size"] > 1 else 0)
+    return (
+        f"(tensors only, at these settings: {setup['gradient_accumulation_steps']} micro-batch(es) per step; "
+        f"a GPU adds the CUDA context and NCCL buffers, {extra / GIB:.2f} GiB in `smolfsdp memory`'s device peak)"
+    )
+
+
 def format_dryrun(report, table) -> str:
     """The report for people: the setup, the peak and its moment, collectives, FLOPs, the estimate beside it."""
     s = report.setup
@@ -64,6 +76,7 @@ def format_dryrun(report, table) -> str:
         f"({report.peak_moment.get('module', '?')}); at that moment:",
     ]
     lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
+    lines += [_allowance_line(s)]
     if report.offload:  # parameter shards, gradients and optimizer state on the host: the device peaks apart
         o, m = report.offload, report.offload["device_peak_moment"]
         lines += [

@@ -189,7 +189,7 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
             tracker.offload()
         handles = mark_modules(tracker, layers)
         with tracker:
-            _one_step(tracker, model, optimizer, batches, cfg, info, n_items)
+            _one_step(tracker, model, optimizer, batches, cfg, info, n_items, say=_timed(say, t0))
         for h in handles:
             h.remove()
         held = tracker.held
@@ -237,14 +237,31 @@ def _init_optimizer_state(model, optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _one_step(tracker, model, optimizer, batches, cfg: TrainConfig, info: DistInfo, n_items: int) -> None:
-    """The native step (``NativeTrainer.train_step``) without reading a number back to the host."""
+def _timed(say, t0: float):
+    """``say`` with the seconds since ``t0`` in front (the step's stages take tens of seconds each)."""
+    return lambda msg: say(f"{time.perf_counter() - t0:5.0f} s  {msg}")
+
+
+def _one_step(
+    tracker, model, optimizer, batches, cfg: TrainConfig, info: DistInfo, n_items: int, say=lambda m: None
+) -> None:
+    """The native step (``NativeTrainer.train_step``) without reading a number back to the host;
+    ``say(str)`` at each stage (forward, backward per micro-batch, the optimizer step)."""
     for i, batch in enumerate(batches):
         if i:  # the trackers keep per-module statistics of one forward; the peak is kept across calls
             tracker.reset_mod_stats()
         tracker.phase = "forward"
         tracker.mark("start")
-        steps_micro(tracker, model, batch, info, n_items)
+        say(f"micro-batch {i + 1}/{len(batches)}: forward")
+        steps_micro(
+            tracker,
+            model,
+            batch,
+            info,
+            n_items,
+            say=lambda m, i=i: say(f"micro-batch {i + 1}/{len(batches)}: {m}"),
+        )
+    say("gradient clipping and the AdamW step")
     tracker.phase = "clip"
     steps.clip_grad_norm_tensor(model, cfg.max_grad_norm, cfg.fsdp_version)
     tracker.phase = "optimizer"
@@ -255,9 +272,14 @@ def _one_step(tracker, model, optimizer, batches, cfg: TrainConfig, info: DistIn
     tracker.mark("end")
 
 
-def steps_micro(tracker, model, batch, info: DistInfo, n_items: int) -> None:
+def steps_micro(tracker, model, batch, info: DistInfo, n_items: int, say=lambda m: None) -> None:
     """``train.steps.micro_batch_backward`` with the tracker's phase set to backward when forward ends."""
-    handle = model.register_forward_hook(lambda *a: setattr(tracker, "phase", "backward"))
+
+    def to_backward(*_):
+        tracker.phase = "backward"
+        say("backward")
+
+    handle = model.register_forward_hook(to_backward)
     try:
         steps.micro_batch_backward(model, batch, info.world_size, info.device, n_items)
     finally:

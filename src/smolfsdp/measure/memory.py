@@ -87,8 +87,10 @@ class MemoryEstimate:
         return self.params_bytes + self.grads_bytes + self.master_bytes + self.optimizer_bytes
 
     @property
-    def upper_bound_bytes(self) -> int:
-        """Every component alive at once (gradients included): an upper bound no step reaches."""
+    def components_sum_bytes(self) -> int:
+        """The sum of the device components (what the stacked bars draw). Not a bound on the peak: the
+        optimizer moment adds the multi-tensor AdamW's temporary, which is in no component, so ``peak_bytes``
+        can exceed it (NO_SHARD on 2 GPUs, FULL_SHARD with offload)."""
         return (
             self.static_bytes + self.gathered_bytes + self.grad_buffer_bytes + self.no_sync_grads_bytes
             + self.activations_bytes + self.logits_bytes + self.cuda_context_bytes + self.comm_buffer_bytes
@@ -115,7 +117,7 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "static_bytes": self.static_bytes, "peak_bytes": self.peak_bytes,
-                "peak_moment": self.peak_moment, "upper_bound_bytes": self.upper_bound_bytes}  # fmt: skip
+                "peak_moment": self.peak_moment, "components_sum_bytes": self.components_sum_bytes}  # fmt: skip
 
 
 def estimate_memory(
@@ -279,7 +281,7 @@ def _notes(rec: Recipe, fsdp_version: int, spec: LoraSpec | None) -> list[str]:
 def format_table(est: MemoryEstimate) -> str:
     """A readable per-rank breakdown (GiB = 2**30 bytes)."""
     rows = [(k, v) for k, v in est.components().items()]
-    rows += [("= all at once (upper bound)", est.upper_bound_bytes)]
+    rows += [("= sum of the components (not a bound)", est.components_sum_bytes)]
     rows += [(f"tensors at the peak ({est.peak_moment} moment)", est.moments[est.peak_moment])]
     rows += [
         ("= device peak (+ CUDA context, NCCL)", est.peak_bytes),
