@@ -1,0 +1,80 @@
+"""The estimator held to published GPU measurements (issue 31): data/results/published/."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from smolfsdp.measure import published, reserved
+from smolfsdp.paths import repo_root
+
+
+@pytest.fixture(scope="module")
+def table():
+    return published.check_table()
+
+
+def test_every_row_cites_a_commit_and_says_what_its_number_is():
+    data = published.load_rows()
+    for row in data["rows"]:
+        src = data["sources"][row["source"]]
+        assert len(src["commit"]) == 40 and src["commit"] in src["url"]
+        assert set(row["measured"]) <= {"reserved_gib", "allocated_gib", "tokens_per_s_per_gpu", "mfu_pct"}
+        assert row.get("modelled", True) or row["reason"]
+
+
+def test_committed_check_file_is_todays_estimator(table):
+    """scripts/published_check.py's output, as committed, equals what today's estimator gives."""
+    committed = json.loads((repo_root() / published.CHECK_PATH).read_text())
+    assert committed["memory"] == table["memory"]
+    assert committed["mfu"] == table["mfu"]
+    assert committed["provenance"]["reserved_factor"] == reserved.RESERVED_FACTOR
+
+
+def test_reserved_factor_is_the_fit_of_the_published_pairs():
+    assert reserved.fit_reserved_factor() == pytest.approx(1.1747, abs=1e-4)  # sqrt(10.24/8.28 * 10.22/9.16)
+    assert round(reserved.fit_reserved_factor(), 3) == reserved.RESERVED_FACTOR
+    rows = {r["id"]: r["measured"] for r in published.load_rows()["rows"]}
+    pairs = [(m["reserved_gib"], m["allocated_gib"]) for m in rows.values() if "allocated_gib" in m]
+    assert sorted(pairs) == sorted(reserved.PUBLISHED_RESERVED_ALLOCATED_GIB)
+    with pytest.raises(ValueError):
+        reserved.fit_reserved_factor([])
+
+
+def test_modelled_rows_match_published_outcome_and_tolerance(table):
+    """Issue 31's bar: on every modelled row the verdict matches (these all ran) and the estimate is within
+    10 % of published reserved, 5 % of published allocated."""
+    modelled = [r for r in table["memory"] if r["modelled"]]
+    assert len(modelled) >= 6
+    for r in modelled:
+        assert r["published_outcome"] == "ran" and r["estimated_outcome"] in ("fits", "tight"), r
+        assert abs(r["error_pct"]) <= published.TOLERANCE_PCT[r["what"]], r
+        assert r["within_tolerance"]
+
+
+def test_out_of_model_rows_keep_their_reason_and_no_error(table):
+    out = [r for r in table["memory"] if not r["modelled"]]
+    assert {r["id"] for r in out} >= {"torchtitan/h100-8b-fsdp-sac", "fsdp_qlora/qlora-7b-ctx512-bs1"}
+    for r in out:
+        assert r["reason"] and "error_pct" not in r
+
+
+@pytest.mark.parametrize(
+    ("path", "total"),
+    [("llama2_7b", 6_738_415_616), ("llama3_1_8b", 8_030_261_248), ("llama3_70b", 70_553_706_496)],
+)
+def test_published_model_configs_count_their_published_sizes(path, total):
+    from smolfsdp.measure.params import count_parameters, resolve_model_config
+
+    assert count_parameters(resolve_model_config(str(repo_root() / "data/models" / path))).total == total
+
+
+def test_mfu_formula_reproduces_torchtitan_a100_table(table):
+    """6N + 12·L·H·Q·T over the A100's 312 TFLOP/s gives torchtitan's published MFU from its tokens/s."""
+    got = {r["id"]: r["formula_mfu_pct"] for r in table["mfu"]}
+    assert got == pytest.approx(
+        {"torchtitan/a100-8b-sac-layer": 56.84, "torchtitan/a100-8b-sac-op": 58.19, "torchtitan/a100-70b-full-ac": 51.74},
+        abs=0.01,
+    )
+    assert all(abs(r["error_pct"]) < 0.2 for r in table["mfu"])
