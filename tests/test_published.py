@@ -78,3 +78,56 @@ def test_mfu_formula_reproduces_torchtitan_a100_table(table):
         abs=0.01,
     )
     assert all(abs(r["error_pct"]) < 0.2 for r in table["mfu"])
+
+
+def test_adapter_units_drop_the_base_gradient():
+    """FSDP1 + LoRA with each adapter its own unit (fsdp_qlora, llama-recipes): gradients and Adam state only
+    for the adapters, half of them per rank on 2 GPUs; smolfsdp's in-unit wrap gives the frozen base a gradient."""
+    from smolfsdp.measure.memory import estimate_memory
+    from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
+
+    spec = LoraSpec(r=64, alpha=16, targets=("q_proj", "k_proj", "v_proj", "up_proj", "down_proj", "gate_proj"))
+    kw = dict(world_size=2, recipe="pure-bf16", seq_len=512, lora=spec, fsdp_version=1)
+    units = estimate_memory("smollm3-3b", lora_layout="adapter-units", **kw)
+    inside = estimate_memory("smollm3-3b", **kw)
+    trainable = count_parameters(resolve_model_config("smollm3-3b"), spec).trainable
+    assert units.grads_bytes == pytest.approx(trainable * 2 / 2, abs=2 * 4 * 36 * 6)  # per-adapter padding
+    assert units.optimizer_bytes == pytest.approx(trainable * 2 * 2 / 2, abs=4 * 4 * 36 * 6)
+    assert inside.grads_bytes > 20 * units.grads_bytes  # the whole layer shard
+    assert units.peak_bytes < inside.peak_bytes and not units.base_grads and inside.base_grads
+    with pytest.raises(Exception, match="lora_layout"):
+        estimate_memory("smollm3-3b", lora_layout="adapters", **kw)
+
+
+def test_legacy_hf_loss_adds_one_fp32_logits_copy_at_the_loss():
+    from smolfsdp.measure.memory import estimate_memory
+
+    new = estimate_memory("smollm3-3b", world_size=2, seq_len=1024, micro_batch=2)
+    old = estimate_memory("smollm3-3b", world_size=2, seq_len=1024, micro_batch=2, legacy_hf_loss=True)
+    assert old.moments["loss"] - new.moments["loss"] == 4 * 2 * 1024 * 128256
+    assert old.moments["layer"] == new.moments["layer"]
+
+
+def test_cli_lora_options_build_the_spec_and_reject_bad_values():
+    import argparse
+
+    from smolfsdp.cli_memory import add_memory_parser, lora_spec
+    from smolfsdp.errors import ConfigError
+
+    ap = argparse.ArgumentParser()
+    add_memory_parser(ap.add_subparsers(), {})
+    args = ap.parse_args(["memory", "--lora-rank", "64", "--lora-targets", "q_proj,gate_proj", "--lora-layout", "adapter-units"])
+    spec = lora_spec(args)
+    assert (spec.r, spec.alpha, spec.targets) == (64, 16, ("q_proj", "gate_proj"))
+    assert args.lora_layout == "adapter-units"
+    assert lora_spec(ap.parse_args(["memory"])) is None
+    assert lora_spec(ap.parse_args(["memory", "--lora"])).targets == ("q_proj", "k_proj", "v_proj", "o_proj")
+    for bad, match in [(["--lora-rank", "0"], "at least 1"), (["--lora-targets", ","], "empty"),
+                       (["--lora-targets", "qproj"], "unknown module")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            lora_spec(ap.parse_args(["memory", *bad]))
+
+
+def test_margin_line_names_factor_and_source():
+    text = reserved.margin_text()
+    assert "x 1.175" in text and "32 MiB" in text and "fsdp_qlora" in text and "1.237, 1.116" in text

@@ -42,8 +42,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
         return 0
-    print(format_table(est))
-    print(format_reserved(est))
+    table = format_table(est)
+    print(table)
+    width = len(table.splitlines()[2]) - len("  ") - 10 - len(" GiB")  # format_table's label column
+    print(format_reserved(est, width))
     verdict = "fits" if fits(est, gpu) else "does not fit"
     print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
     print(format_fit_verdict(est, fits(est, gpu), gpu.name, gpu.memory_bytes, rec))
@@ -59,12 +61,18 @@ def lora_spec(args: argparse.Namespace):
     given = [args.lora_rank, args.lora_alpha, args.lora_targets]
     if not args.lora and all(v is None for v in given):
         return None
-    if min(v for v in (args.lora_rank or 8, args.lora_alpha or 16)) < 1:
+    r = 8 if args.lora_rank is None else args.lora_rank
+    alpha = 16 if args.lora_alpha is None else args.lora_alpha
+    if min(r, alpha) < 1:
         raise ConfigError("--lora-rank and --lora-alpha must be at least 1 (e.g. --lora-rank 64 --lora-alpha 16).")
-    targets = tuple(t for t in (args.lora_targets or "q_proj,k_proj,v_proj,o_proj").split(",") if t)
+    names = "q_proj,k_proj,v_proj,o_proj" if args.lora_targets is None else args.lora_targets
+    targets = tuple(t.strip() for t in names.split(",") if t.strip())
     if not targets:
         raise ConfigError("--lora-targets is empty; give module names, e.g. q_proj,k_proj,v_proj,o_proj.")
-    return LoraSpec(r=args.lora_rank or 8, alpha=args.lora_alpha or 16, targets=targets)
+    known = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    if unknown := [t for t in targets if t not in known]:
+        raise ConfigError(f"--lora-targets: unknown module(s) {', '.join(unknown)}; known: {', '.join(known)}.")
+    return LoraSpec(r=r, alpha=alpha, targets=targets)
 
 
 def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:

@@ -54,12 +54,12 @@ def margin_text() -> str:
     )
 
 
-def format_reserved(est) -> str:
-    """Lines for ``smolfsdp memory``: the reserved figure, what the verdict compares, and the margin's source."""
-    return "\n".join(
-        [
-            f"reserved (tensors at the peak x {RESERVED_FACTOR} + cuBLAS)  {est.reserved_bytes / 2**30:10.3f} GiB",
-            f"= GPU need (reserved + CUDA context + NCCL)   {est.device_need_bytes / 2**30:10.3f} GiB",
-            margin_text(),
-        ]
-    )
+def format_reserved(est, width: int = 41) -> str:
+    """Lines for ``smolfsdp memory`` (labels padded to ``width``, as ``format_table``'s): the reserved figure,
+    what the verdict compares, and the margin's source."""
+    rows = [
+        (f"reserved (peak x {RESERVED_FACTOR} + cuBLAS)", est.reserved_bytes),
+        ("= GPU need (+ CUDA context, NCCL)", est.device_need_bytes),
+    ]
+    lines = [f"{k:<{width}}  {v / 2**30:10.3f} GiB" for k, v in rows]
+    return "\n".join([*lines, margin_text()])
