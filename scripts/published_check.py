@@ -26,7 +26,9 @@ def provenance() -> dict:
     from smolfsdp.measure.published import ROWS_PATH
     from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES, RESERVED_FACTOR
 
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
     rows = (ROOT / ROWS_PATH).read_bytes()
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -64,14 +64,18 @@ def lora_spec(args: argparse.Namespace):
     r = 8 if args.lora_rank is None else args.lora_rank
     alpha = 16 if args.lora_alpha is None else args.lora_alpha
     if min(r, alpha) < 1:
-        raise ConfigError("--lora-rank and --lora-alpha must be at least 1 (e.g. --lora-rank 64 --lora-alpha 16).")
+        raise ConfigError(
+            "--lora-rank and --lora-alpha must be at least 1 (e.g. --lora-rank 64 --lora-alpha 16)."
+        )
     names = "q_proj,k_proj,v_proj,o_proj" if args.lora_targets is None else args.lora_targets
     targets = tuple(t.strip() for t in names.split(",") if t.strip())
     if not targets:
         raise ConfigError("--lora-targets is empty; give module names, e.g. q_proj,k_proj,v_proj,o_proj.")
     known = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     if unknown := [t for t in targets if t not in known]:
-        raise ConfigError(f"--lora-targets: unknown module(s) {', '.join(unknown)}; known: {', '.join(known)}.")
+        raise ConfigError(
+            f"--lora-targets: unknown module(s) {', '.join(unknown)}; known: {', '.join(known)}."
+        )
     return LoraSpec(r=r, alpha=alpha, targets=targets)
 
 

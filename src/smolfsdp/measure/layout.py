@@ -89,7 +89,9 @@ def sharded_state(
             params = [p for p in params if not p.trainable] + [p for p in params if p.trainable]
             shard, local = _adapter_units_layout(params, group, rank, align)
             padded = sum(shard)
-            out["grads"] += sum(s for s, p in zip(shard, params, strict=True) if p.trainable) * recipe.grad_bytes
+            out["grads"] += (
+                sum(s for s, p in zip(shard, params, strict=True) if p.trainable) * recipe.grad_bytes
+            )
             full = padded * group
         elif fsdp_version == 1:
             shard, local = flat_layout(params, group, rank, align)

@@ -76,7 +76,12 @@ def peak_moments(
     layer_units = est.gathered_bytes if sgo else gathered_root + 2 * unit
     root_grad = root_full * c if root_trains else 0
     loss = (
-        state + grads_then + no_sync + loss_units + saved + logits_held
+        state
+        + grads_then
+        + no_sync
+        + loss_units
+        + saved
+        + logits_held
         + est.loss_fp32_copies * 4 * tokens * config.vocab_size
     )
     recompute = act["per_layer"] if est.activation_checkpointing else 0

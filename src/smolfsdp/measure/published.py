@@ -90,7 +90,7 @@ def mfu_rows(rows: list[dict]) -> list[dict]:
 
     out = []
     for row in rows:
-        if "mfu_pct" not in row["measured"]:
+        if "tokens_per_s_per_gpu" not in row["measured"] or "gpu" not in row:
             continue
         cfg = resolve_model_config(str(repo_root() / row["model"]))
         n = count_parameters(cfg).total
@@ -98,15 +98,38 @@ def mfu_rows(rows: list[dict]) -> list[dict]:
         flops = 6 * n + 12 * cfg.num_hidden_layers * cfg.num_attention_heads * hd * row["seq_len"]
         tps = row["measured"]["tokens_per_s_per_gpu"]
         mfu = 100 * flops * tps / (get_gpu(row["gpu"]).bf16_dense_tflops * 1e12)
-        pub = row["measured"]["mfu_pct"]
-        out.append({"id": row["id"], "source": row["source"], "tokens_per_s_per_gpu": tps,
+        pub = row["measured"].get("mfu_pct")
+        out.append({"id": row["id"], "source": row["source"], "gpu": row["gpu"], "tokens_per_s_per_gpu": tps,
                     "published_mfu_pct": pub, "formula_mfu_pct": round(mfu, 2),
-                    "error_pct": round(100 * (mfu - pub) / pub, 2), "ac": row.get("ac", "")})  # fmt: skip
+                    "error_pct": round(100 * (mfu - pub) / pub, 2) if pub else None,
+                    "ac": row.get("ac", "")})  # fmt: skip
+    cal = calibrated_mfu(out)
+    for (
+        r
+    ) in out:  # tokens/s the step-time model gives at 0.4 and at the calibration: (mfu / measured mfu) - 1
+        r["error_pct_at_0.4"] = round(100 * (40.0 / r["formula_mfu_pct"] - 1), 1)
+        r["error_pct_calibrated"] = round(100 * (100 * cal[r["gpu"]] / r["formula_mfu_pct"] - 1), 1)
     return out
+
+
+def calibrated_mfu(mfu_table: list[dict] | None = None) -> dict[str, float]:
+    """Per GPU, the median MFU (a fraction, 3 places) of the published rows on it, by torchtitan's formula:
+    what ``smolfsdp.measure.scaling.estimate_step(mfu="calibrated")`` uses. In-sample: the error % beside
+    each row (``mfu_rows``) is a fit's residual, not a prediction's."""
+    import statistics
+
+    table = mfu_table if mfu_table is not None else mfu_rows(load_rows()["rows"])
+    by_gpu: dict[str, list[float]] = {}
+    for r in table:
+        by_gpu.setdefault(r["gpu"], []).append(r["formula_mfu_pct"] / 100)
+    return {g: round(statistics.median(v), 3) for g, v in by_gpu.items()}
 
 
 def check_table(path: str | Path | None = None) -> dict:
     """``{"memory": [...], "mfu": [...]}``: every published number beside today's estimate and its error %."""
     rows = load_rows(path)["rows"]
-    memory = [r for row in rows if any(k.endswith("_gib") for k in row["measured"]) for r in _memory_rows(row)]
-    return {"memory": memory, "mfu": mfu_rows(rows)}
+    memory = [
+        r for row in rows if any(k.endswith("_gib") for k in row["measured"]) for r in _memory_rows(row)
+    ]
+    mfu = mfu_rows(rows)
+    return {"memory": memory, "mfu": mfu, "calibrated_mfu": calibrated_mfu(mfu)}
