@@ -29,13 +29,21 @@ def test_get_gpu_by_name_or_memory_and_unknown_names():
         get_gpu(None, 0)
 
 
-def test_fit_verdict_is_peak_against_memory():
+def test_fit_verdict_is_reserved_need_against_memory():
+    """Issue 31: the verdict compares reserved memory (tensor peak x 1.175 + 32 MiB cuBLAS) + CUDA context +
+    NCCL with the card; ``basis="tensors"`` keeps the old tensor-peak verdict."""
     est = estimate_memory("smollm3-3b", world_size=2, seq_len=4096)
+    tensors = est.moments[est.peak_moment]
+    assert est.reserved_bytes == int(tensors * 1.175) + 32 * 2**20
+    assert est.device_need_bytes == est.reserved_bytes + (512 + 256) * 2**20
     table = fit_table({"FULL_SHARD x2": est})
     assert list(table["gpu"]) == list(GPUS)
     for row in table.itertuples():
-        assert row.fits == (est.peak_bytes <= GPUS[row.gpu].memory_bytes)
+        assert row.fits == (est.device_need_bytes <= GPUS[row.gpu].memory_bytes)
+        assert fits(est, GPUS[row.gpu], basis="tensors") == (est.peak_bytes <= GPUS[row.gpu].memory_bytes)
     assert fits(est, GPUS["H200"]) and not fits(est, GPUS["L4"])
+    with pytest.raises(ValueError, match="basis"):
+        fits(est, GPUS["H200"], basis="peak")
 
 
 def test_recommend_walks_the_flowchart():

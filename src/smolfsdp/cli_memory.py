@@ -18,6 +18,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from smolfsdp.measure.hardware import fits, get_gpu  # deferred: transformers configs
     from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
     from smolfsdp.measure.recommend import recommend  # deferred with hardware
+    from smolfsdp.measure.reserved import format_reserved  # deferred with hardware
 
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
     gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
@@ -26,6 +27,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
         for k in ("recipe", "seq_len", "micro_batch", "lora", "activation_checkpointing", "fsdp_version")
     }
     common["gpus_per_node"] = args.gpus_per_node
+    common["lora"] = lora_spec(args)
+    common["lora_layout"] = args.lora_layout
     est = estimate_memory(
         args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
     )
@@ -39,11 +42,41 @@ def cmd_memory(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
         return 0
-    print(format_table(est))
+    table = format_table(est)
+    print(table)
+    width = len(table.splitlines()[2]) - len("  ") - 10 - len(" GiB")  # format_table's label column
+    print(format_reserved(est, width))
     verdict = "fits" if fits(est, gpu) else "does not fit"
     print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
     print(format_fit_verdict(est, fits(est, gpu), gpu.name, gpu.memory_bytes, rec))
     return 0
+
+
+def lora_spec(args: argparse.Namespace):
+    """A ``LoraSpec`` from ``--lora`` / ``--lora-rank`` / ``--lora-alpha`` / ``--lora-targets`` (any of them
+    turns LoRA on), else None. Raises ConfigError for a rank or alpha below 1 or an empty target list."""
+    from smolfsdp.errors import ConfigError
+    from smolfsdp.measure.params import LoraSpec
+
+    given = [args.lora_rank, args.lora_alpha, args.lora_targets]
+    if not args.lora and all(v is None for v in given):
+        return None
+    r = 8 if args.lora_rank is None else args.lora_rank
+    alpha = 16 if args.lora_alpha is None else args.lora_alpha
+    if min(r, alpha) < 1:
+        raise ConfigError(
+            "--lora-rank and --lora-alpha must be at least 1 (e.g. --lora-rank 64 --lora-alpha 16)."
+        )
+    names = "q_proj,k_proj,v_proj,o_proj" if args.lora_targets is None else args.lora_targets
+    targets = tuple(t.strip() for t in names.split(",") if t.strip())
+    if not targets:
+        raise ConfigError("--lora-targets is empty; give module names, e.g. q_proj,k_proj,v_proj,o_proj.")
+    known = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    if unknown := [t for t in targets if t not in known]:
+        raise ConfigError(
+            f"--lora-targets: unknown module(s) {', '.join(unknown)}; known: {', '.join(known)}."
+        )
+    return LoraSpec(r=r, alpha=alpha, targets=targets)
 
 
 def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
@@ -61,7 +94,16 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     )
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per row")
     p.add_argument("--micro-batch", type=int, default=1, help="rows per rank per step")
-    p.add_argument("--lora", action="store_true", help="LoRA r=8 on q/k/v/o")
+    p.add_argument("--lora", action="store_true", help="LoRA (r=8, alpha 16 on q/k/v/o unless set below)")
+    p.add_argument("--lora-rank", type=int, default=None, help="LoRA rank r (implies --lora)")
+    p.add_argument("--lora-alpha", type=int, default=None, help="LoRA alpha (implies --lora)")
+    p.add_argument(
+        "--lora-targets", default=None, help="comma-separated modules, e.g. q_proj,k_proj,v_proj,gate_proj"
+    )
+    p.add_argument(
+        "--lora-layout", default="in-unit", choices=["in-unit", "adapter-units"],
+        help="FSDP1 + LoRA: adapters inside the layer's unit (smolfsdp) or their own units (fsdp_qlora)",
+    )  # fmt: skip
     p.add_argument("--offload", action="store_true", help="CPU offload of params, grads, optimizer state")
     p.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute activations in backward"

@@ -168,13 +168,32 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
     return _lookup(GPUS, name, "GPU", "or give its memory with --gpu-memory-gib")
 
 
-def fits(estimate, gpu: GPU) -> bool:
-    """True when the estimate's device peak (its fullest moment, ``MemoryEstimate.peak_bytes``) is within the GPU's memory."""
-    return estimate.peak_bytes <= gpu.memory_bytes
+def fits(estimate, gpu: GPU, *, basis: str = "reserved") -> bool:
+    """True when what the GPU must hold is within its memory.
+
+    ``basis="reserved"`` (the default): ``MemoryEstimate.device_need_bytes`` = the tensor peak x the fitted
+    fragmentation factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, fitted to published
+    reserved/allocated pairs) + CUDA context + NCCL buffers. ``basis="tensors"``: the tensor peak + CUDA
+    context + NCCL (``peak_bytes``), the optimistic verdict before issue 31. Raises ValueError for another basis.
+    """
+    if basis not in ("reserved", "tensors"):
+        raise ValueError(f"basis={basis!r}: give 'reserved' or 'tensors'.")
+    need = estimate.device_need_bytes if basis == "reserved" else estimate.peak_bytes
+    return need <= gpu.memory_bytes
+
+
+def verdict(estimate, gpu: GPU) -> str:
+    """``fits`` (reserved + CUDA context + NCCL within the GPU), ``tight`` (only the tensors + context + NCCL
+    fit: the caching allocator must release cached blocks and retry, its ``num_alloc_retries`` counter, which
+    is slower and can still fail from fragmentation; torch.cuda.memory_stats docs) or ``does not fit``."""
+    if fits(estimate, gpu):
+        return "fits"
+    return "tight" if fits(estimate, gpu, basis="tensors") else "does not fit"
 
 
 def fit_table(estimates: dict[str, object], gpus=None):
-    """Rows of (setting, GPU, peak GiB, memory GiB, fits) for each named estimate and GPU."""
+    """Rows of (setting, GPU, peak GiB, reserved GiB, need GiB, memory GiB, fits) per named estimate and GPU:
+    ``peak_gib`` the tensor peak + CUDA context + NCCL, ``need_gib`` what ``fits`` compares (reserved + both)."""
     import pandas as pd  # deferred: only the tables need pandas
 
     rows = []
@@ -185,6 +204,8 @@ def fit_table(estimates: dict[str, object], gpus=None):
                     "setting": label,
                     "gpu": g.name,
                     "peak_gib": est.peak_bytes / 2**30,
+                    "reserved_gib": est.reserved_bytes / 2**30,
+                    "need_gib": est.device_need_bytes / 2**30,
                     "gpu_memory_gib": g.memory_bytes / 2**30,
                     "fits": fits(est, g),
                 }

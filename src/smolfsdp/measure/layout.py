@@ -61,13 +61,22 @@ def unit_sizes(config, group: int, fsdp_version: int = 2, compute_bytes: int = 4
 
 
 def sharded_state(
-    config, recipe: Recipe, group: int, rank: int = 0, fsdp_version: int = 2, lora: LoraSpec | None = None
+    config,
+    recipe: Recipe,
+    group: int,
+    rank: int = 0,
+    fsdp_version: int = 2,
+    lora: LoraSpec | None = None,
+    *,
+    adapter_units: bool = False,
 ) -> dict[str, int]:
     """Bytes of parameter shards, gradient shards, fp32 master and Adam m+v on ``rank`` of a shard group.
 
     Gradients exist only where autograd produces them: FSDP2 per trainable parameter; FSDP1 per
     FlatParameter that holds any trainable parameter (so a LoRA unit gets a gradient as large as its
-    whole shard, frozen base included). Adam state covers only the real (unpadded) elements of
+    whole shard, frozen base included). ``adapter_units`` (FSDP1 with LoRA): each adapter is its own FSDP
+    unit, as fsdp_qlora's ``train.py`` and llama-recipes wrap them, so the frozen base FlatParameter gets no
+    gradient and only the adapters' elements do (their own small FlatParameters' padding is ignored). Adam state covers only the real (unpadded) elements of
     trainable parameters on the rank; its ``step`` counters (one 0-d fp32 host tensor per parameter
     with local elements) are counted in ``n_step_tensors``. ``full_units``: per unit, (full padded
     numel, whether it holds a trainable parameter).
@@ -76,7 +85,15 @@ def sharded_state(
     out["full_units"] = {}
     align = 16 // recipe.compute_bytes
     for name, params in model_units(config, lora).items():
-        if fsdp_version == 1:
+        if fsdp_version == 1 and adapter_units and any(p.trainable for p in params):
+            params = [p for p in params if not p.trainable] + [p for p in params if p.trainable]
+            shard, local = _adapter_units_layout(params, group, rank, align)
+            padded = sum(shard)
+            out["grads"] += (
+                sum(s for s, p in zip(shard, params, strict=True) if p.trainable) * recipe.grad_bytes
+            )
+            full = padded * group
+        elif fsdp_version == 1:
             shard, local = flat_layout(params, group, rank, align)
             padded = shard
             out["grads"] += shard * recipe.grad_bytes if any(p.trainable for p in params) else 0
@@ -95,3 +112,18 @@ def sharded_state(
         out["n_step_tensors"] += sum(1 for n in mine if n > 0)
         out["full_units"][name] = (full, any(p.trainable for p in params))
     return out
+
+
+def _adapter_units_layout(params: list[ParamSpec], group: int, rank: int, align: int):
+    """FSDP1 with each adapter its own unit: one FlatParameter for the frozen parameters of the unit, one
+    per adapter matrix (``params``: frozen first, then trainable). Returns (per-parameter padded shard numel,
+    with the frozen FlatParameter's shard on its first parameter; this rank's real elements per parameter)."""
+    frozen = [p for p in params if not p.trainable]
+    f_shard, f_local = flat_layout(frozen, group, rank, align) if frozen else (0, [])
+    shards = [f_shard] + [0] * (len(frozen) - 1) if frozen else []
+    local = list(f_local)
+    for p in params[len(frozen) :]:
+        s, (n,) = flat_layout([p], group, rank, align)
+        shards.append(s)
+        local.append(n)
+    return shards, local

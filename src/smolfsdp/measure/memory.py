@@ -38,6 +38,10 @@ COMM_BUFFER_BYTES = 256 * 2**20
 #: (``cpu_ram_efficient_loading`` with ``sync_module_states``, a Trainer option smolfsdp does not turn on): one
 #: full model per node. ``meta``: build on meta, load each shard where it lives: nothing full on the host.
 LOADINGS = ("every-rank", "rank0", "meta")
+#: Where FSDP1 puts LoRA adapters: ``in-unit`` (smolfsdp's own wrap: adapters share their decoder layer's
+#: FlatParameter, so the frozen base of that unit gets a gradient too) or ``adapter-units`` (each adapter
+#: its own FSDP unit, as AnswerDotAI/fsdp_qlora ``train.py`` and llama-recipes wrap them: no base gradient).
+LORA_LAYOUTS = ("in-unit", "adapter-units")
 
 
 # ------------------------------------------------------------------------------------ estimate
@@ -80,6 +84,29 @@ class MemoryEstimate:
     # tensor bytes alive at each moment of a step (``smolfsdp.measure.moments.peak_moments``: loss, layer,
     # last layer, optimizer); the device peak is the largest, held to the full-size dry run
     moments: dict[str, int] = field(default_factory=dict)
+    lora_layout: str = "in-unit"  # one of LORA_LAYOUTS (FSDP1 with LoRA only)
+    # fp32 [tokens, vocab] tensors alive at the loss: 2 (the upcast and log_softmax's output), 3 with the
+    # transformers < 4.45 causal-LM loss (``logits.float()`` then ``logits[..., :-1, :].contiguous()``)
+    loss_fp32_copies: int = 2
+
+    @property
+    def base_grads(self) -> bool:
+        """True when FSDP1 + LoRA gives the frozen base a gradient (adapters inside the layer's unit)."""
+        return self.fsdp_version == 1 and self.lora_layout == "in-unit"
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What ``torch.cuda.max_memory_reserved`` would read: the tensor peak x the fitted fragmentation
+        factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, each constant with its source)."""
+        from smolfsdp.measure.reserved import reserved_from_allocated
+
+        return reserved_from_allocated(self.moments[self.peak_moment])
+
+    @property
+    def device_need_bytes(self) -> int:
+        """What the GPU must hold: ``reserved_bytes`` + CUDA context + NCCL buffers (outside the allocator).
+        What the fit verdicts (``hardware.fits``) compare with a GPU's memory."""
+        return self.reserved_bytes + self.cuda_context_bytes + self.comm_buffer_bytes
 
     @property
     def static_bytes(self) -> int:
@@ -117,7 +144,8 @@ class MemoryEstimate:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "static_bytes": self.static_bytes, "peak_bytes": self.peak_bytes,
-                "peak_moment": self.peak_moment, "components_sum_bytes": self.components_sum_bytes}  # fmt: skip
+                "peak_moment": self.peak_moment, "components_sum_bytes": self.components_sum_bytes,
+                "reserved_bytes": self.reserved_bytes, "device_need_bytes": self.device_need_bytes}  # fmt: skip
 
 
 def estimate_memory(
@@ -137,6 +165,8 @@ def estimate_memory(
     loading: str = "every-rank",
     no_sync: bool = False,
     gradient_accumulation_steps: int = 1,
+    lora_layout: str = "in-unit",
+    legacy_hf_loss: bool = False,
 ) -> MemoryEstimate:
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -156,6 +186,11 @@ def estimate_memory(
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
 
+    ``lora_layout`` (FSDP1 + LoRA): one of :data:`LORA_LAYOUTS`; ``adapter-units`` drops the base gradient,
+    its reduce-scatter buffer and the base's saved tensors (the layer's frozen weights need no grad).
+    ``legacy_hf_loss``: the loss of transformers < 4.45 (``LlamaForCausalLM.forward``: ``logits.float()``, then
+    ``shift_logits = logits[..., :-1, :].contiguous()``), one more fp32 logits copy at the loss moment.
+
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants.
 
@@ -166,12 +201,15 @@ def estimate_memory(
     model's ``max_position_embeddings``, or an unresolvable model.
     """
     rec = _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank)
+    check_choice(lora_layout, LORA_LAYOUTS, "lora_layout")
     config = _check_seq_len(resolve_model_config(model), seq_len)
     spec = LoraSpec() if lora is True else (lora or None)
     group = shard_group_size(strategy, world_size, gpus_per_node)
-    st = sharded_state(config, rec, group, rank % group, fsdp_version, spec)
+    units = fsdp_version == 1 and lora_layout == "adapter-units"
+    st = sharded_state(config, rec, group, rank % group, fsdp_version, spec, adapter_units=units)
     full, c = st["full_units"], rec.compute_bytes
-    act = activation_breakdown(config, micro_batch * seq_len, seq_len, c, spec, base_grads=fsdp_version == 1)
+    base_grads = fsdp_version == 1 and not units
+    act = activation_breakdown(config, micro_batch * seq_len, seq_len, c, spec, base_grads=base_grads)
     no_ac = act["layers"] + act["head"] + act["rope"] + act["loss"]
     with_ac = act["layer_inputs"] + act["per_layer"] + act["head"] + act["rope"] + act["loss"]
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
@@ -186,7 +224,7 @@ def estimate_memory(
         activation_checkpointing=activation_checkpointing, rank=rank, shard_group=group,
         params_bytes=static["params"], grads_bytes=static["grads"], master_bytes=static["master"],
         optimizer_bytes=static["optimizer"], gathered_bytes=_gathered_bytes(strategy, group, rec, full),
-        grad_buffer_bytes=_grad_buffer_bytes(config, rec, full, fsdp_version, spec),
+        grad_buffer_bytes=_grad_buffer_bytes(config, rec, full, 2 if units else fsdp_version, spec),
         activations_bytes=with_ac if activation_checkpointing else no_ac,
         activations_no_ac_bytes=no_ac, activations_ac_bytes=with_ac, logits_bytes=act["logits"],
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
@@ -194,7 +232,8 @@ def estimate_memory(
         load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading]
         * counts.total * rec.param_bytes,
-        notes=_notes(rec, fsdp_version, spec),
+        notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout,
+        loss_fp32_copies=3 if legacy_hf_loss else 2,
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
     )  # fmt: skip
     moments = peak_moments(est, config, gradient_accumulation_steps, spec)
@@ -267,9 +306,11 @@ def _grad_buffer_bytes(config, rec: Recipe, full: dict, fsdp_version: int, spec:
     return max(trainable_full, default=0) * (rec.compute_bytes + rec.grad_bytes)
 
 
-def _notes(rec: Recipe, fsdp_version: int, spec: LoraSpec | None) -> list[str]:
+def _notes(rec: Recipe, fsdp_version: int, spec: LoraSpec | None, lora_layout: str = "in-unit") -> list[str]:
     notes = []
-    if fsdp_version == 1 and spec is not None:
+    if fsdp_version == 1 and spec is not None and lora_layout == "adapter-units":
+        notes.append("FSDP1 + LoRA, adapters as their own FSDP units: the frozen base gets no gradient.")
+    elif fsdp_version == 1 and spec is not None:
         notes.append("FSDP1 + LoRA: each FlatParameter with an adapter gets a gradient for its whole shard.")
     if rec.name == "seed-table":
         notes.append(

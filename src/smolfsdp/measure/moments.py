@@ -52,11 +52,14 @@ def peak_moments(
     config = resolve_model_config(model if model is not None else est.model)
     rec, spec = RECIPES[est.recipe], ((lora or LoraSpec()) if est.lora else None)
     c, tokens = rec.compute_bytes, est.micro_batch * est.seq_len
-    st = sharded_state(config, rec, est.shard_group, est.rank % est.shard_group, est.fsdp_version, spec)
+    units = est.fsdp_version == 1 and est.lora and not est.base_grads
+    st = sharded_state(
+        config, rec, est.shard_group, est.rank % est.shard_group, est.fsdp_version, spec, adapter_units=units
+    )
     full = st["full_units"]
     root_full, root_trains = full["root"]
     layer_full = max(n for k, (n, _) in full.items() if k != "root")
-    act = activation_breakdown(config, tokens, est.seq_len, c, spec, base_grads=est.fsdp_version == 1)
+    act = activation_breakdown(config, tokens, est.seq_len, c, spec, base_grads=est.base_grads)
     saved_inputs = act["layer_inputs"] if est.activation_checkpointing else act["layers"]
     saved = saved_inputs + act["head"] + act["rope"] + act["loss"]
     logits_held = tokens * config.vocab_size * c
@@ -73,7 +76,13 @@ def peak_moments(
     layer_units = est.gathered_bytes if sgo else gathered_root + 2 * unit
     root_grad = root_full * c if root_trains else 0
     loss = (
-        state + grads_then + no_sync + loss_units + saved + logits_held + 2 * 4 * tokens * config.vocab_size
+        state
+        + grads_then
+        + no_sync
+        + loss_units
+        + saved
+        + logits_held
+        + est.loss_fp32_copies * 4 * tokens * config.vocab_size
     )
     recompute = act["per_layer"] if est.activation_checkpointing else 0
     layer = (

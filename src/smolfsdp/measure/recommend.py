@@ -131,11 +131,13 @@ def _try(model, g: GPU, gpus: int, base: dict, chosen: tuple[str, ...]):
 
 def _describe(est, g: GPU, gpus: int) -> str:
     """'FSDP1 FULL_SHARD, recipe hf-fsdp-bf16, seq 4096 x micro-batch 1, 2 x A100 40GB: peak 30.9 of
-    37.3 GiB': what was evaluated, and its device peak against the GPU's memory (GiB = 2**30 bytes)."""
+    37.3 GiB': what was evaluated, its device peak and what ``fits`` compares with the GPU's memory (the
+    peak's tensors as reserved memory + CUDA context + NCCL; GiB = 2**30 bytes)."""
     return (
         f"FSDP{est.fsdp_version} {est.strategy}, recipe {est.recipe}, seq {est.seq_len} x micro-batch "
         f"{est.micro_batch}{', LoRA' if est.lora else ''}, {gpus} x {g.name}: peak "
-        f"{est.peak_bytes / GIB:.1f} of {g.memory_bytes / GIB:.1f} GiB"
+        f"{est.peak_bytes / GIB:.1f}, reserved + context + NCCL {est.device_need_bytes / GIB:.1f} of "
+        f"{g.memory_bytes / GIB:.1f} GiB"
     )
 
 
@@ -187,7 +189,7 @@ def recommend(
     base["activation_checkpointing"] = activation_checkpointing
     per_node = min(gpus, kwargs.get("gpus_per_node", 8))
     est, _, kw = _try(model, g, gpus, base, ())
-    tried = [(_label(est, {}), est.peak_bytes)]
+    tried = [(_label(est, {}), est.device_need_bytes)]
     if fits(est, g):
         return Recommendation(
             tried[0][0], gpus, est, "fits as given: " + _describe(est, g, gpus), tried=tried
@@ -205,7 +207,7 @@ def recommend(
         host_ok = (
             not est.offload or host_memory_gib is None or est.host_bytes * per_node <= host_memory_gib * GIB
         )
-        tried.append((label, est.peak_bytes))
+        tried.append((label, est.device_need_bytes))
         if fits(est, g) and host_ok:
             lever = chosen[-1]
             cost = _cost(lever, model, kw)

@@ -46,7 +46,7 @@ def estimate_step(
     seq_len: int = 4096,
     micro_batch: int = 1,
     gradient_accumulation_steps: int = 1,
-    mfu: float = 0.4,
+    mfu: float | str = 0.4,
     **kwargs,
 ) -> dict:
     """Projected time of one optimizer step on one rank, with and without overlap (weak scaling:
@@ -66,10 +66,13 @@ def estimate_step(
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
     efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and
     the keywords of ``cluster.CLUSTER_KEYS`` in ``kwargs``, as ``cluster.resolve_cluster`` builds it;
-    other ``kwargs`` go to ``comm.estimate_collectives``. Raises ConfigError for mfu outside (0, 1],
+    other ``kwargs`` go to ``comm.estimate_collectives``. ``mfu="calibrated"``: the median MFU of published
+    runs on the cluster's GPU (``smolfsdp.measure.published.calibrated_mfu``: torchtitan's A100 and H100 rows;
+    ConfigError for a GPU without published rows). Raises ConfigError for mfu outside (0, 1],
     sizes < 1 or not whole, a sequence longer than the model allows, and ``estimate_collectives``'
     errors.
     """
+    mfu = _resolve_mfu(mfu, cluster, n_gpus, kwargs)
     if not 0 < mfu <= 1:
         raise ConfigError(f"mfu={mfu}: give the model FLOP utilisation as a fraction in (0, 1], e.g. 0.4.")
     seq_len, micro_batch = whole_count("seq_len", seq_len), whole_count("micro_batch", micro_batch)
@@ -276,3 +279,19 @@ def scaling_table(
         "NCCL ring bandwidth and latency, overlap as in scaling.estimate_step"
     )
     return df
+
+
+def _resolve_mfu(mfu, cluster, n_gpus, kwargs) -> float:
+    """``mfu`` as a fraction; ``"calibrated"``: the published calibration for the cluster's GPU."""
+    if mfu != "calibrated":
+        return mfu
+    from smolfsdp.measure.published import calibrated_mfu
+
+    spec, _ = split_cluster_kwargs(kwargs)
+    gpu = resolve_cluster(cluster, n_gpus, **spec).gpu
+    table = calibrated_mfu()
+    if gpu.name not in table:
+        raise ConfigError(
+            f"mfu='calibrated': no published rows on {gpu.name} (calibrated: {', '.join(table)}); give mfu=0.4."
+        )
+    return table[gpu.name]

@@ -1,0 +1,63 @@
+"""Run today's estimator on every published GPU row and write the error table with its provenance.
+
+    .venv/bin/python scripts/published_check.py            # writes data/results/published/check.json
+    .venv/bin/python scripts/published_check.py --print    # the table only
+
+Reads data/results/published/rows.json (sources, configurations, published numbers and what they are);
+``smolfsdp.measure.published.check_table`` does the work; tests/test_published.py holds the written file to
+today's estimator. The book's memory chapter shows the same table, computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def provenance() -> dict:
+    import transformers
+
+    from smolfsdp.measure.published import ROWS_PATH
+    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES, RESERVED_FACTOR
+
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    rows = (ROOT / ROWS_PATH).read_bytes()
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "git_sha": sha,
+        "rows_sha256": hashlib.sha256(rows).hexdigest(),
+        "transformers": transformers.__version__,
+        "command": "python scripts/published_check.py",
+        "reserved_factor": RESERVED_FACTOR,
+        "cublas_workspace_bytes": CUBLAS_WORKSPACE_BYTES,
+        "what": "smolfsdp's estimator (no GPU) against numbers published by others; error % = (estimate - "
+        "published) / published",
+    }
+
+
+def main(argv=None) -> int:
+    from smolfsdp.measure.published import CHECK_PATH, check_table
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--print", action="store_true", help="print the table, write nothing")
+    args = ap.parse_args(argv)
+    table = check_table()
+    if args.print:
+        print(json.dumps(table, indent=1))
+        return 0
+    out = ROOT / CHECK_PATH
+    out.write_text(json.dumps({"provenance": provenance(), **table}, indent=1) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}: {len(table['memory'])} memory rows, {len(table['mfu'])} MFU rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
