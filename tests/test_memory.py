@@ -362,7 +362,8 @@ def test_activation_bytes_per_layer_with_and_without_recomputation_equal_saved_t
 
 @pytest.mark.parametrize(("strategy", "offload"), [("NO_SHARD", False), ("FULL_SHARD", True)])
 def test_the_components_sum_is_not_called_a_bound(strategy, offload):
-    """Issue 33: the peak can exceed the sum of the components (the AdamW temporary is in none), so nothing
+    """Issue 33: the peak can exceed the sum of the components (some moments hold tensors no component
+    counts), so nothing
     that shows the sum (CLI table, chapter 00's table and prose, figures) may call it an upper bound."""
     from pathlib import Path
 
@@ -370,7 +371,9 @@ def test_the_components_sum_is_not_called_a_bound(strategy, offload):
 
     est = estimate_memory("smollm3-3b", world_size=2, strategy=strategy, seq_len=4096, offload=offload,
                           activation_checkpointing=True)  # fmt: skip
-    assert est.peak_moment == "optimizer" and est.peak_bytes > est.components_sum_bytes
+    # the issue's numbers: 58.03 vs 53.81 GiB (optimizer moment), 8.86 vs 7.99 GiB (loss moment)
+    assert est.peak_moment == ("loss" if offload else "optimizer")
+    assert est.peak_bytes > est.components_sum_bytes
     table = format_table(est)
     assert "upper bound" not in table and "= sum of the components (not a bound)" in table
     root = Path(__file__).resolve().parents[1]

@@ -39,6 +39,7 @@ from smolfsdp.dryrun.tracker import (
     FSDP2Tracker,
     ModuleTracker,
     cuda_dropout,
+    fake_data_pointer_quiet,
     fsdp1_reshard_by_storage,
     mark_modules,
     untracked_sharding_propagation,
@@ -167,6 +168,7 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
         untracked_sharding_propagation(),
         cuda_dropout(),
         fsdp1_reshard_by_storage(),
+        fake_data_pointer_quiet(),
     ):
         model = materialize(model)
         total = matmul_params(model)

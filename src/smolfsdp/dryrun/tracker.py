@@ -75,6 +75,20 @@ def untracked_sharding_propagation():
 
 
 @contextmanager
+def fake_data_pointer_quiet():
+    """Filter torch's "Accessing the data pointer of FakeTensor is deprecated ... almost definitely a bug in
+    your code" while the dry run runs. torch's own FSDP1 (``_runtime_utils._catch_all_reshard``) reads
+    ``flat_param.data_ptr()``; on fake tensors every pointer is 0, which :func:`fsdp1_reshard_by_storage` and
+    ``smolfsdp.sharding.shards.storage_bytes`` (storage identity, not pointers) already allow for, so the
+    warning says nothing about the traced run. Only this message, only inside the dry run."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
+        yield
+
+
+@contextmanager
 def fsdp1_reshard_by_storage():
     """While active, FSDP1's end-of-backward catch-all reshard tells a resharded ``FlatParameter`` by its storage.
 

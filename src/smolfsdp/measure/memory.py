@@ -115,9 +115,10 @@ class MemoryEstimate:
 
     @property
     def components_sum_bytes(self) -> int:
-        """The sum of the device components (what the stacked bars draw). Not a bound on the peak: the
-        optimizer moment adds the multi-tensor AdamW's temporary, which is in no component, so ``peak_bytes``
-        can exceed it (NO_SHARD on 2 GPUs, FULL_SHARD with offload)."""
+        """The sum of the device components (what the stacked bars draw). Not a bound on the peak: a moment
+        can hold tensors no component counts (the multi-tensor AdamW's temporary in the optimizer step, the
+        loss's fp32 ``tokens x vocabulary`` tensors as backward starts), so ``peak_bytes`` can exceed it
+        (NO_SHARD on 2 GPUs at 4,096 tokens; FULL_SHARD on 2 with offload)."""
         return (
             self.static_bytes + self.gathered_bytes + self.grad_buffer_bytes + self.no_sync_grads_bytes
             + self.activations_bytes + self.logits_bytes + self.cuda_context_bytes + self.comm_buffer_bytes

@@ -1,7 +1,7 @@
 """The device peak as it happens: the bytes alive at each moment of a step, and the largest of them.
 
 ``smolfsdp.measure.memory.MemoryEstimate.components_sum_bytes`` adds every component as if all were alive at once
-(not a bound: the optimizer's temporary is in no component). A step's real peak is the fullest *moment*; the full-size dry run (``smolfsdp.dryrun``) shows
+(not a bound: some moments hold tensors no component counts). A step's real peak is the fullest *moment*; the full-size dry run (``smolfsdp.dryrun``) shows
 which moments those are for the book's recipes, traced on fake tensors:
 
 * ``loss``: backward has just started. Static state, the gathered root and the layer prefetched for backward,
