@@ -135,6 +135,7 @@ def estimate_memory(
     loading: str = "every-rank",
     no_sync: bool = False,
     gradient_accumulation_steps: int = 1,
+    adamw: str = "foreach",
 ) -> MemoryEstimate:
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -156,6 +157,8 @@ def estimate_memory(
 
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants.
+    ``adamw``: the optimizer step modelled, ``foreach`` (a v-sized temporary) or ``fused`` (none);
+    ``smolfsdp.measure.moments.ADAMW_IMPLS``.
 
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
@@ -195,7 +198,7 @@ def estimate_memory(
         notes=_notes(rec, fsdp_version, spec),
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
     )  # fmt: skip
-    moments = peak_moments(est, config, gradient_accumulation_steps, spec)
+    moments = peak_moments(est, config, gradient_accumulation_steps, spec, adamw)
     est.moments = {k: v for k, v in moments.items() if k != "peak"}
     return est
 
