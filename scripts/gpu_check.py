@@ -215,7 +215,11 @@ def _measure(args, work: Path) -> int:
             record, trace = run_shape(config, shape, plan, info.device, ceiling, work, log)
         except Exception as err:  # noqa: BLE001  recorded, not hidden: the other shapes still count
             oom = isinstance(err, torch.OutOfMemoryError)
-            record = {"name": shape.name, "error": f"{type(err).__name__}: {err}"[:2000], "out_of_memory": oom}
+            record = {
+                "name": shape.name,
+                "error": f"{type(err).__name__}: {err}"[:2000],
+                "out_of_memory": oom,
+            }
             trace = None
         if trace is None:
             failed.append(shape.name)

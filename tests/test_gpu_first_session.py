@@ -43,7 +43,12 @@ def test_phase_peaks_are_compared_with_the_moments_of_their_phase():
     assert got["backward"]["estimated_bytes"] == backward
     assert got["backward"]["error_pct"] == pytest.approx(100 * (backward - backward // 2) / (backward // 2))
     assert got["optimizer"]["error_pct"] == 0.0
-    assert got["forward"] == {"moments": [], "estimated_bytes": None, "measured_bytes": 30 * GIB, "error_pct": None}
+    assert got["forward"] == {
+        "moments": [],
+        "estimated_bytes": None,
+        "measured_bytes": 30 * GIB,
+        "error_pct": None,
+    }
     assert got["clip"]["measured_bytes"] is None  # not measured (CPU): said as None, not invented
 
 
@@ -102,7 +107,9 @@ def test_host_memory_is_sized_from_the_model(monkeypatch):
     monkeypatch.setattr(checks, "available_memory_bytes", lambda: 20 * GIB)
     monkeypatch.setattr(checks, "triton_toolchain_missing", lambda: [])
     cfg = TrainConfig().replace(model="smollm3-3b", nproc=2)
-    with pytest.raises(ConfigError, match=r"2 ranks need at least 23.9 GiB of host memory .*20.0 GiB.*--nproc 1"):
+    with pytest.raises(
+        ConfigError, match=r"2 ranks need at least 23.9 GiB of host memory .*20.0 GiB.*--nproc 1"
+    ):
         checks.check_resources(cfg, gpu_count=2)  # GPUs too: every rank loads the model on the host
     monkeypatch.setattr(checks, "available_memory_bytes", lambda: 30 * GIB)
     checks.check_resources(cfg, gpu_count=2)
@@ -110,7 +117,9 @@ def test_host_memory_is_sized_from_the_model(monkeypatch):
 
 def test_trl_on_gpus_needs_what_triton_builds_with(monkeypatch):
     monkeypatch.setattr(checks, "available_memory_bytes", lambda: 64 * GIB)
-    monkeypatch.setattr(checks, "triton_toolchain_missing", lambda: ["a C compiler (cc, gcc or clang; or set CC)"])
+    monkeypatch.setattr(
+        checks, "triton_toolchain_missing", lambda: ["a C compiler (cc, gcc or clang; or set CC)"]
+    )
     trl = TrainConfig().replace(engine="trl", nproc=1)
     with pytest.raises(ConfigError, match=r"engine=trl on GPUs .*lacks a C compiler.*engine: native"):
         checks.check_resources(trl, gpu_count=1)
@@ -165,11 +174,15 @@ def test_the_real_run_is_refused_in_one_line_without_gpus_or_hub(monkeypatch, tm
     from smolfsdp.config import load_config
 
     real = load_config(ROOT / "configs" / "runs" / "smollm3_3b_medical.yaml")
-    with pytest.raises(ConfigError, match=r"model=HuggingFaceTB/SmolLM3-3B \(3.08 B parameters\) trains on CUDA GPUs"):
+    with pytest.raises(
+        ConfigError, match=r"model=HuggingFaceTB/SmolLM3-3B \(3.08 B parameters\) trains on CUDA GPUs"
+    ):
         checks.check_runs_here(real, gpu_count=0)
     other = real.replace(model="nobody/not-cached-model")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-    with pytest.raises(ConfigError, match=r"not-cached-model is not in the local .*cache.*HF_HUB_OFFLINE is set"):
+    with pytest.raises(
+        ConfigError, match=r"not-cached-model is not in the local .*cache.*HF_HUB_OFFLINE is set"
+    ):
         checks.check_runs_here(other, gpu_count=2)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     with pytest.raises(ConfigError, match=r"cannot be reached \(no route\)"):
@@ -184,7 +197,9 @@ def test_the_real_run_is_refused_in_one_line_without_gpus_or_hub(monkeypatch, tm
                    "--output_dir", str(tmp_path / "runs")])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and time.monotonic() - t0 < 30
-    assert err[-1].startswith("smolfsdp: error: model=HuggingFaceTB/SmolLM3-3B (3.08 B parameters) trains on CUDA")
+    assert err[-1].startswith(
+        "smolfsdp: error: model=HuggingFaceTB/SmolLM3-3B (3.08 B parameters) trains on CUDA"
+    )
     assert not (tmp_path / "runs").exists()
     # under accelerate each rank checks the same before its process group or run folder
     monkeypatch.setenv("RANK", "0")

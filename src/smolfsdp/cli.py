@@ -53,7 +53,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.resume is not None:  # --resume: the latest complete checkpoint; --resume PATH: that one
         overrides["resume_from"] = args.resume
     cfg = validate(load_config(args.config, **overrides))  # model, mesh, launch fields: before any work
-    check_runs_here(cfg)  # GPUs for a 3B model, the Hub for an uncached one: one line, before any rank or folder
+    check_runs_here(
+        cfg
+    )  # GPUs for a 3B model, the Hub for an uncached one: one line, before any rank or folder
     if is_launched():
         from smolfsdp.launch.torchrun import resume_on_restart  # deferred: the training stack
         from smolfsdp.sharding.distributed import init_distributed, name_collective_errors  # deferred: torch

@@ -226,7 +226,9 @@ def execute_chapter(
         )
         bar = _attach_progress(client, nb, path.stem) if progress else None
         try:
-            client.execute(env={**os.environ, **PROFILE_ENV[profile]})  # the kernel's (and its ranks') devices
+            client.execute(
+                env={**os.environ, **PROFILE_ENV[profile]}
+            )  # the kernel's (and its ranks') devices
         finally:
             if bar is not None:
                 bar.close()

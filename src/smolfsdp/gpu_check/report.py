@@ -56,7 +56,13 @@ def memory_table(results: GpuResults) -> pd.DataFrame:
         # the peak of each step phase against the dry run's moments in it (absent before issue 34's check)
         for phase, p in mem.get("phases", {}).items():
             if p["estimated_bytes"] is not None:
-                pairs.append((f"peak in {phase} ({', '.join(p['moments'])})", p["estimated_bytes"], p["measured_bytes"]))
+                pairs.append(
+                    (
+                        f"peak in {phase} ({', '.join(p['moments'])})",
+                        p["estimated_bytes"],
+                        p["measured_bytes"],
+                    )
+                )
         for what, e, m in pairs:
             rows.append(
                 {

@@ -127,7 +127,9 @@ def build(config, shape: Shape, device: torch.device):
     return model, opt
 
 
-def train_step(model, opt, ids: torch.Tensor, profiling: bool, before_optimizer=None, phases=None) -> torch.Tensor:
+def train_step(
+    model, opt, ids: torch.Tensor, profiling: bool, before_optimizer=None, phases=None
+) -> torch.Tensor:
     """Forward + backward on full-length random ids, clip to 1.0 (the Trainer's max_grad_norm), AdamW.
 
     ``before_optimizer()``, if given, runs between the gradient clip and ``opt.step`` (where the

@@ -41,7 +41,6 @@ from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
 
-
 #: AdamW step implementations the ``optimizer`` moment models: ``foreach`` (torch's default on CUDA: a
 #: v-sized ``sqrt(v)`` temporary) and ``fused`` (``AdamW(fused=True)``, the Trainer's ``adamw_torch_fused``:
 #: one kernel per parameter group updates in place, no state-sized temporary).
@@ -49,7 +48,11 @@ ADAMW_IMPLS = ("foreach", "fused")
 
 
 def peak_moments(
-    est, model=None, gradient_accumulation_steps: int = 1, lora: LoraSpec | None = None, adamw: str = "foreach"
+    est,
+    model=None,
+    gradient_accumulation_steps: int = 1,
+    lora: LoraSpec | None = None,
+    adamw: str = "foreach",
 ) -> dict[str, int]:
     """Device bytes alive at the ``loss``, ``layer`` and ``optimizer`` moments of one step, and ``peak`` (their
     largest), for the setup of ``est`` (a :class:`smolfsdp.measure.memory.MemoryEstimate`). ``model``: the
