@@ -14,6 +14,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from smolfsdp.sharding.fsdp2 import build_mesh
 
 
 def _free_port() -> int:
@@ -51,10 +54,6 @@ def single_process_group(device: torch.device, probe=None) -> tuple[str, str | N
 
 def tiny_step(device: torch.device) -> None:
     """A 4x4 linear layer, FSDP2-sharded on a mesh of one, one step as the check takes them."""
-    from torch.distributed.fsdp import fully_shard
-
-    from smolfsdp.sharding.fsdp2 import build_mesh
-
     lin = torch.nn.Linear(4, 4, device=device)
     fully_shard(lin, mesh=build_mesh(device.type, 1))
     opt = torch.optim.AdamW(lin.parameters(), fused=True)

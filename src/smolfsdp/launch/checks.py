@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
+import shutil
 import sys
+import sysconfig
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,7 +145,6 @@ def check_resources(cfg: TrainConfig, *, cpu_count: int | None = None, gpu_count
         ConfigError: too many ranks for this node's GPUs, cores or memory, naming the limit.
     """
     ranks = cfg.nproc // cfg.nnodes
-    check_host_memory(cfg, ranks)
     if gpu_count is None:
         import torch  # deferred: the launcher's other checks do not need it
 
@@ -154,6 +157,7 @@ def check_resources(cfg: TrainConfig, *, cpu_count: int | None = None, gpu_count
                 f"needs its own (smolfsdp.sharding.distributed puts rank k on cuda:k). Use --nproc {gpu_count * cfg.nnodes} (or "
                 "more nodes), or CUDA_VISIBLE_DEVICES= to run the ranks on CPU."
             )
+        check_host_memory(cfg, ranks)  # every rank loads the whole model on the host first
         return
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     if ranks > MAX_RANKS_PER_CORE * cores:
@@ -162,6 +166,7 @@ def check_resources(cfg: TrainConfig, *, cpu_count: int | None = None, gpu_count
             f"would mostly wait on each other and on memory. Use --nproc {min(cores, ranks)} or fewer (2 for the "
             "smoke run)."
         )
+    check_host_memory(cfg, ranks)
     if ranks > cores:
         print(
             f"[smolfsdp] warning: {ranks} CPU ranks on {cores} core(s): they will share cores and run slowly",
@@ -174,9 +179,6 @@ def triton_toolchain_missing() -> list[str]:
     """What Triton needs to build its kernels at the first step and this machine lacks: the ``triton``
     module, a C compiler (``$CC``, ``cc``, ``gcc`` or ``clang``, as ``triton.runtime.build`` looks) and the
     Python headers (``Python.h`` under ``sysconfig``'s include folder). Empty when all are there."""
-    import importlib.util
-    import shutil
-    import sysconfig
 
     missing = []
     if importlib.util.find_spec("triton") is None:
@@ -206,7 +208,7 @@ def loaded_model_bytes(model: str) -> int:
     """Host bytes one rank holds for ``model`` as loaded: parameters x 4 (every rank builds the whole model in
     fp32 before FSDP shards it; ``measure.memory.estimate_memory``'s ``every-rank`` loading). 0 when its
     config cannot be read here (a hub id not cached: the download check speaks for it)."""
-    from smolfsdp.measure.params import count_parameters, resolve_model_config
+    from smolfsdp.measure.params import count_parameters, resolve_model_config  # deferred: transformers
 
     try:  # never the Hub: a hub id is read from the local cache or not at all (no retries here)
         config = resolve_model_config(model, local_files_only=True)
@@ -242,9 +244,8 @@ def _hub_config_cached(model: str) -> bool:
 
 def _hub_reachable(timeout_s: float = 5.0) -> str | None:
     """None when one request to the Hub's endpoint answers within ``timeout_s`` (no retries), else why not."""
-    import urllib.request
 
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # deferred: only for uncached hub ids
 
     try:
         urllib.request.urlopen(constants.ENDPOINT, timeout=timeout_s).close()  # noqa: S310  (the Hub's https URL)

@@ -154,17 +154,14 @@ def estimate_memory(
     ``smolfsdp.train.trl_engine.accumulates_under_no_sync``): every rank then also holds the whole unsharded
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
-
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
-    ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants.
-    ``adamw``: the optimizer step modelled, ``foreach`` (a v-sized temporary) or ``fused`` (none);
-    ``smolfsdp.measure.moments.ADAMW_IMPLS``.
-
+    ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
+    ``fused`` none), held to the full-size dry run, plus constants.
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
 
     Raises ConfigError for an unknown strategy/recipe/loading, world size < 1, a sequence longer than the
-    model's ``max_position_embeddings``, or an unresolvable model.
+    model's ``max_position_embeddings``, or an unresolvable model; ValueError for an unknown ``adamw``.
     """
     rec = _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank)
     config = _check_seq_len(resolve_model_config(model), seq_len)
