@@ -15,6 +15,9 @@ accelerate and peft but not trl, datasets or ijson, so nothing on this path may 
 (``smolfsdp.traces.load`` reads traces with the standard library without ijson). Working files
 (the profiler's raw traces) go to a temporary folder outside ``--out``, removed on exit, also on
 SIGTERM (what ``timeout`` sends): ``--out`` never holds more than the flat files listed above.
+A shape that fails (out of memory or any other error) is recorded in bench.json with its error; the other
+shapes still run and their results and trace are kept (exit status 1 then). The process group is gloo
+(``smolfsdp.gpu_check.group``), NCCL only if gloo fails a tiny FSDP2 step on the GPU, said in bench.json.
 """
 
 import argparse
@@ -28,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 #: Modules the check imports, and what each is needed for.
@@ -86,6 +90,10 @@ def parse_args(argv: list[str] | None):
     return p.parse_args(argv)
 
 
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
 def _print_table(bench: dict[str, Any], checks: dict[str, Any]) -> None:
     cal = bench["calibration"]
     print(
@@ -106,6 +114,11 @@ def _print_table(bench: dict[str, Any], checks: dict[str, Any]) -> None:
             f"{s['tflops_median']:>9.2f}{mfu:>7}{s['mfu_vs_matmul_median']:>8.3f}{pk:>9}"
             f"{m['static']['ratio']['params+optimizer']:>11.4f}{checks[c['name']]['nccl_kernels']:>6}"
         )
+    for c in bench["configs"]:  # the peak of each step phase against the dry run's moments in it
+        for phase, p in c.get("memory", {}).get("phases", {}).items():
+            got, est = p["measured_bytes"], p["estimated_bytes"]
+            err = f"{p['error_pct']:+.1f} %" if p["error_pct"] is not None else "-"
+            print(f"  {c['name']:<16}{phase:<10} measured {_gib(got)} estimated {_gib(est)} error {err}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,13 +141,14 @@ def _measure(args, work: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from smolfsdp.gpu_check.run import BENCH, PROVENANCE, RECIPE, TRACE_SUMMARY, make_plan, run_shape
+    from smolfsdp.gpu_check.group import single_process_group
+    from smolfsdp.gpu_check.run import ADAMW, BENCH, PROVENANCE, RECIPE, TRACE_SUMMARY, make_plan, run_shape
     from smolfsdp.gpu_check.trace import check_trace, keep_trace, run_analyze_trace
     from smolfsdp.measure import benchmark
     from smolfsdp.measure.params import resolve_model_config
     from smolfsdp.measure.results import provenance
     from smolfsdp.measure.timing import measure_matmul_tflops
-    from smolfsdp.sharding.distributed import init_distributed, teardown
+    from smolfsdp.sharding.distributed import teardown
 
     plan = make_plan(args.simulate_cpu, args.warmup_steps, args.timed_steps)
     out = args.out
@@ -144,8 +158,12 @@ def _measure(args, work: Path) -> int:
     def log(msg: str) -> None:
         print(f"[gpu_check {time.time() - t0:6.1f}s] {msg}", flush=True)
 
-    info = init_distributed()
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    backend, backend_note = single_process_group(device)  # gloo; NCCL only if gloo fails, said
     assert dist.get_world_size() == 1, "the check runs one process (world size 1), not under torchrun"
+    info = SimpleNamespace(device=device, backend=backend)
+    if backend_note:
+        log(backend_note)
     config = resolve_model_config("tiny" if plan.simulate_cpu else "smollm3-3b")
     prov = provenance(info.device, args.command)
     log(f"device {prov['gpu'] or 'cpu'}; torch {torch.__version__}; world size 1 ({info.backend})")
@@ -159,6 +177,7 @@ def _measure(args, work: Path) -> int:
         "device": info.device.type,
         "device_name": prov["gpu"],
         "world_size": 1,
+        "process_group": {"backend": backend, "why_not_gloo": backend_note},
         "model": {
             "config": "tiny preset (smolfsdp.models.modeling.tiny_config)" if plan.simulate_cpu
             else "data/models/smollm3_3b/config.json",
@@ -167,7 +186,7 @@ def _measure(args, work: Path) -> int:
             "param_dtype": "float32", "compute_dtype": "bfloat16 (FSDP2 MixedPrecisionPolicy, fp32 reduce)",
             "sharding": "FSDP2 fully_shard per decoder layer + root, 1-D mesh of 1",
             "optimizer": "torch.optim.AdamW(lr=1e-5, fused=True); clip_grad_norm_ 1.0",
-            "estimator_recipe": RECIPE,
+            "estimator_recipe": RECIPE, "estimator_adamw": ADAMW,
         },
         "calibration": {
             "matmul": calibration,
@@ -194,8 +213,14 @@ def _measure(args, work: Path) -> int:
     for shape in plan.shapes:
         try:
             record, trace = run_shape(config, shape, plan, info.device, ceiling, work, log)
-        except torch.OutOfMemoryError as err:  # recorded, not hidden: the other shapes still count
-            record, trace = {"name": shape.name, "error": f"{type(err).__name__}: {err}"[:2000]}, None
+        except Exception as err:  # noqa: BLE001  recorded, not hidden: the other shapes still count
+            oom = isinstance(err, torch.OutOfMemoryError)
+            record = {
+                "name": shape.name,
+                "error": f"{type(err).__name__}: {err}"[:2000],
+                "out_of_memory": oom,
+            }
+            trace = None
         if trace is None:
             failed.append(shape.name)
             bench["configs"].append(record)

@@ -504,7 +504,7 @@ def test_nproc_is_checked_against_cores_memory_and_gpus(monkeypatch, capsys):
     assert "warning: 4 CPU ranks on 2 core(s)" in capsys.readouterr().err
     monkeypatch.setattr(launch_checks, "available_memory_bytes", lambda: 2**30)
     with pytest.raises(
-        ConfigError, match=r"4 CPU ranks need at least 2.0 GiB .* 1.0 GiB is available.*--nproc 2"
+        ConfigError, match=r"4 ranks need at least 2.0 GiB of host memory.* 1.0 GiB is available.*--nproc 1"
     ):
         launch_checks.check_resources(BASE.replace(nproc=4), cpu_count=8, gpu_count=0)
     with pytest.raises(ConfigError, match="has 1 GPU"):

@@ -45,6 +45,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         )
     elif rank == "0":  # a rank: what it does before its first logged line
         print("[rank0] started: loading torch, the model and the data", flush=True)
+    from smolfsdp.launch.checks import check_runs_here  # deferred: imports torch, as validate
     from smolfsdp.launch.validate import validate  # deferred: imports torch, as is_launched below
     from smolfsdp.sharding.distributed import is_launched  # deferred: imports torch
 
@@ -52,6 +53,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.resume is not None:  # --resume: the latest complete checkpoint; --resume PATH: that one
         overrides["resume_from"] = args.resume
     cfg = validate(load_config(args.config, **overrides))  # model, mesh, launch fields: before any work
+    check_runs_here(
+        cfg
+    )  # GPUs for a 3B model, the Hub for an uncached one: one line, before any rank or folder
     if is_launched():
         from smolfsdp.launch.torchrun import resume_on_restart  # deferred: the training stack
         from smolfsdp.sharding.distributed import init_distributed, name_collective_errors  # deferred: torch

@@ -183,6 +183,9 @@ def _attach_progress(client, nb, name: str) -> tqdm:
 #: SmolLM3-3B for up to an epoch (chapter 01: about 25 minutes on 2 H100s, over an hour on 2 A100s,
 #: estimated by smolfsdp.book.full_budget): no cut they cannot meet; the runs bound themselves.
 CELL_TIMEOUT_S: dict[str, int | None] = {"smoke": 900, "full": None}
+#: What each profile's kernels (and every rank they launch) see of the environment: the smoke profile's text
+#: says CPU ranks (gloo), so a GPU box hides its GPUs from it; the full profile trains on the GPUs.
+PROFILE_ENV: dict[str, dict[str, str]] = {"smoke": {"CUDA_VISIBLE_DEVICES": ""}, "full": {}}
 
 
 def execute_chapter(
@@ -223,7 +226,9 @@ def execute_chapter(
         )
         bar = _attach_progress(client, nb, path.stem) if progress else None
         try:
-            client.execute()
+            client.execute(
+                env={**os.environ, **PROFILE_ENV[profile]}
+            )  # the kernel's (and its ranks') devices
         finally:
             if bar is not None:
                 bar.close()
@@ -347,6 +352,7 @@ def render_book(
         _forget_sources(project)
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "QUARTO_PYTHON": sys.executable, "PATH": bindir + os.pathsep + os.environ["PATH"]}
+    env.update(PROFILE_ENV[profile])  # smoke: CPU ranks, as its text says, also on a GPU box
     cmd = [exe, "render", "--profile", profile]
     cmd += ["--no-execute"] if executed is not None else ["-P", f"PROFILE:{profile}"]
     subprocess.run(cmd, cwd=project, env=env, check=True)

@@ -35,7 +35,8 @@ def memory_table(results: GpuResults) -> pd.DataFrame:
     Components: parameter shards, gradients, AdamW state (storage bytes), everything allocated after
     ``zero_grad`` (against parameters + optimizer state), and the peak allocated over the timed
     steps (against the estimate's device peak, its fullest moment, minus the CUDA context, which the allocator
-    never sees).
+    never sees), and the peak of each step phase against the moments the dry run checks in that phase
+    (``smolfsdp.gpu_check.run.PHASE_MOMENTS``: backward against loss/layer/last layer, the optimizer step).
     """
     rows = []
     for cfg in _measured(results):
@@ -52,6 +53,16 @@ def memory_table(results: GpuResults) -> pd.DataFrame:
             ),
             ("peak allocated (timed steps)", mem["peak_estimate_bytes"], mem["peak_allocated_bytes"]),
         ]
+        # the peak of each step phase against the dry run's moments in it (absent before issue 34's check)
+        for phase, p in mem.get("phases", {}).items():
+            if p["estimated_bytes"] is not None:
+                pairs.append(
+                    (
+                        f"peak in {phase} ({', '.join(p['moments'])})",
+                        p["estimated_bytes"],
+                        p["measured_bytes"],
+                    )
+                )
         for what, e, m in pairs:
             rows.append(
                 {

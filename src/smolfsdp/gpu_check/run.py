@@ -6,7 +6,7 @@ estimates, once a run's files are committed under ``data/results/h200/``. On a l
     OUT=/some/empty/dir bash scripts/gpu_check.sh                 # the real check (CUDA)
     OUT=/tmp/sim bash scripts/gpu_check.sh --simulate-cpu         # the same code path on CPU (CI)
 
-One process, world size 1 (a process group of one, no torchrun). A SmolLM3-3B-geometry model built
+One process, world size 1 (a gloo process group of one, no torchrun: ``smolfsdp.gpu_check.group``). A SmolLM3-3B-geometry model built
 from ``data/models/smollm3_3b/config.json`` with random weights (fp32 parameters, SDPA attention),
 FSDP2 ``fully_shard`` per decoder layer then the root with bf16 compute and fp32 reduction
 (``default_mp_policy("bf16")``), fused AdamW as the HF Trainer uses (``adamw_torch_fused``), random
@@ -18,11 +18,18 @@ A bf16 matmul timed in the same run gives the measured ceiling for MFU
 Device budget (one H200, estimated): imports 15 s; calibration 5 s; per shape a build of 3.1 B
 fp32 parameters on the GPU (~10 s), 3 + 10 + 4 steps of ~0.15-0.5 s (~10 s), trace export and
 analysis (~20 s); 3 shapes and the ``analyze-trace`` subprocess: about 3 minutes, well under 8.
+
+Memory: the estimate models the fused AdamW that runs (``estimate_memory(adamw="fused")``: no v-sized
+temporary), and one step after the timed ones records the allocator's peak in each phase (forward,
+backward, clip, optimizer: :class:`PhasePeaks`) beside the moments the dry run checks (:func:`phase_check`).
+A shape that raises anything is recorded with its error and the check goes on with the next one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +50,11 @@ from smolfsdp.sharding.shards import (
 #: What ``smolfsdp.measure.memory`` calls this recipe: fp32 sharded parameters, gradients and AdamW m, v;
 #: bf16 compute (FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
 RECIPE = "hf-fsdp-bf16"
+#: The AdamW step that runs (``build``) and that the estimate models (``estimate_memory(adamw=...)``).
+ADAMW = "fused"
+#: Fault injection for the CPU test (tests/test_gpu_first_session.py): the shape of this name raises inside its
+#: profiled window, as a kernel or export error would; the check must record it and go on.
+FAIL_SHAPE_ENV = "SMOLFSDP_GPU_CHECK_FAIL_SHAPE"
 #: The files the check writes into ``--out``; the launcher adds the log and nvidia-smi readings.
 BENCH, TRACE_SUMMARY, PROVENANCE = "bench.json", "trace_summary.json", "provenance.json"
 
@@ -115,38 +127,91 @@ def build(config, shape: Shape, device: torch.device):
     return model, opt
 
 
-def train_step(model, opt, ids: torch.Tensor, profiling: bool, before_optimizer=None) -> torch.Tensor:
+def train_step(
+    model, opt, ids: torch.Tensor, profiling: bool, before_optimizer=None, phases=None
+) -> torch.Tensor:
     """Forward + backward on full-length random ids, clip to 1.0 (the Trainer's max_grad_norm), AdamW.
 
     ``before_optimizer()``, if given, runs between the gradient clip and ``opt.step`` (where the
     gradients exist): the memory check counts their bytes there, outside the timed steps.
+    ``phases``, if given (a :class:`PhasePeaks`), records the allocator's peak in each step phase.
     """
+    rec = phases if phases is not None else PhasePeaks(None)
     with benchmark.phase("forward_backward", profiling):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-    with benchmark.phase("clip", profiling):
+        with rec("forward"):
+            loss = model(input_ids=ids, labels=ids).loss
+        with rec("backward"):
+            loss.backward()
+    with benchmark.phase("clip", profiling), rec("clip"):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     if before_optimizer is not None:
         before_optimizer()
-    with benchmark.phase("optimizer", profiling):
+    with benchmark.phase("optimizer", profiling), rec("optimizer"):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+class PhasePeaks:
+    """``torch.cuda.max_memory_allocated`` within each step phase (bytes), reset at each phase's start.
+
+    ``device`` None or a CPU device: records nothing (the CPU allocator keeps no peak statistics);
+    ``peaks`` then stays empty. Use as ``with rec("forward"): ...``.
+    """
+
+    def __init__(self, device: torch.device | None):
+        self.cuda = device is not None and device.type == "cuda"
+        self.device, self.peaks = device, {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        yield
+        if self.cuda:
+            self.peaks[name] = torch.cuda.max_memory_allocated(self.device)
+
+
+#: Which moments of ``smolfsdp.measure.moments.peak_moments`` (what the dry run checks) happen in which
+#: phase: backward starts at the ``loss`` moment and holds ``layer`` and ``last layer``; ``optimizer`` is
+#: AdamW's step. Forward and the clip have no moment of their own (None: measured, not estimated).
+PHASE_MOMENTS = {
+    "forward": None,
+    "backward": ("loss", "layer", "last layer"),
+    "clip": None,
+    "optimizer": ("optimizer",),
+}
+
+
+def phase_check(est, peaks: dict[str, int]) -> dict[str, dict]:
+    """Per phase: the measured peak (bytes, None on CPU), the estimate's moments for it (bytes; their
+    largest, tensors only, as the dry run counts them) and ``error_pct`` = 100 (estimated - measured) / measured."""
+    out = {}
+    for phase, names in PHASE_MOMENTS.items():
+        estimated = max(est.moments[n] for n in names) if names else None
+        got = peaks.get(phase)
+        err = 100 * (estimated - got) / got if estimated is not None and got else None
+        out[phase] = {"moments": list(names or ()), "estimated_bytes": estimated, "measured_bytes": got,
+                      "error_pct": err}  # fmt: skip
+    return out
 
 
 def _static_estimate(est) -> dict[str, int]:
     return {k: getattr(est, f"{k}_bytes") for k in ("params", "grads", "master", "optimizer")}
 
 
-def memory_check(est, measured: dict[str, int], peak: dict[str, int | None], allocated: int | None):
+def memory_check(
+    est, measured: dict[str, int], peak: dict[str, int | None], allocated: int | None, phases: dict[str, int]
+):
     """Measured bytes against ``est`` (a ``MemoryEstimate``), component by component, as ratios.
 
     ``measured``: ``count_state_bytes`` (parameters and AdamW state after ``zero_grad``; gradients
     before it). ``allocated``: ``torch.cuda.memory_allocated`` after ``zero_grad`` (None on CPU).
     ``peak``: ``max_memory_allocated``/``reserved`` over the timed steps (None on CPU). The peak is
-    compared with the estimate's device peak (its fullest moment, ``MemoryEstimate.peak_bytes``; the optimizer
-    moment assumes the ``foreach`` step's v-sized temporary, which fused AdamW does not make) minus what the
-    allocator never sees (CUDA context, communicator buffers).
+    compared with the estimate's device peak (its fullest moment, ``MemoryEstimate.peak_bytes``, made for the
+    fused AdamW step that runs: no v-sized temporary) minus what the allocator never sees (CUDA context,
+    communicator buffers). ``phases``: the peak per step phase (:class:`PhasePeaks`), compared with the
+    moments of that phase (:func:`phase_check`).
     """
     static_est = _static_estimate(est)
     ratio = {k: measured[f"{k}_bytes"] / v for k, v in static_est.items() if v}
@@ -173,6 +238,8 @@ def memory_check(est, measured: dict[str, int], peak: dict[str, int | None], all
         "peak_ratio": peak["allocated"] / peak_est if peak["allocated"] is not None else None,
         "peak_reason": None if peak["allocated"] is not None else cpu_reason,
         "not_seen_by_allocator_bytes": est.cuda_context_bytes + est.comm_buffer_bytes,
+        "adamw": ADAMW,
+        "phases": phase_check(est, phases),
     }
 
 
@@ -215,6 +282,8 @@ def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: f
         "allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
         "reserved": torch.cuda.max_memory_reserved(device) if cuda else None,
     }
+    phases = PhasePeaks(device)  # one more step, after the timed ones: its resets would cut their peak
+    train_step(model, opt, ids, False, phases=phases)
     measured = _state_bytes(model, opt)  # after zero_grad: parameters and AdamW state
     allocated = torch.cuda.memory_allocated(device) if cuda else None
     fpt = benchmark.flops_per_token(n_params, seq_len=shape.seq_len, **geometry)
@@ -230,10 +299,10 @@ def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: f
     summary["mfu_vs_matmul_median"] = statistics.median(r["mfu_vs_matmul"] for r in rows)
     est = estimate_memory(
         config, world_size=1, strategy="FULL_SHARD", recipe=RECIPE, seq_len=shape.seq_len,
-        micro_batch=shape.micro_batch, activation_checkpointing=shape.activation_checkpointing, fsdp_version=2,
+        micro_batch=shape.micro_batch, activation_checkpointing=shape.activation_checkpointing, fsdp_version=2, adamw=ADAMW,
     )  # fmt: skip
     grads: dict[str, int] = {}
-    trace = _profiled_window(model, opt, ids, plan, device, work / f"trace_{shape.name}", grads)
+    trace = _profiled_window(model, opt, ids, plan, device, work / f"trace_{shape.name}", grads, shape.name)
     measured["grads_bytes"] = grads["bytes"]
     log(
         f"{shape.name}: median step {summary['step_time_ms_median']:.1f} ms, {summary['tflops_median']:.1f} TFLOP/s"
@@ -243,7 +312,7 @@ def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: f
         "activation_checkpointing": shape.activation_checkpointing, "real_run_shape": shape.real_run,
         "warmup_steps": plan.warmup_steps, "timed_steps": plan.timed_steps, "timing": timer.method,
         "n_params": n_params, **geometry, "peak_tflops": peak_tflops, "mfu_reason": peak_source,
-        "steps": rows, "summary": summary, "memory": memory_check(est, measured, peak, allocated),
+        "steps": rows, "summary": summary, "memory": memory_check(est, measured, peak, allocated, phases.peaks),
     }  # fmt: skip
     del model, opt
     gc.collect()
@@ -252,11 +321,11 @@ def run_shape(config, shape: Shape, plan: Plan, device: torch.device, ceiling: f
     return record, trace
 
 
-def _profiled_window(model, opt, ids, plan: Plan, device: torch.device, work: Path, grads: dict) -> Path:
+def _profiled_window(model, opt, ids, plan: Plan, device, work: Path, grads: dict, name: str = "") -> Path:
     """Steps under ``benchmark.start_profiler`` (wait, warmup, active); returns the written trace.
 
     The first step (``wait`` or ``warmup``: not in the trace) also counts the gradient bytes into
-    ``grads["bytes"]``.
+    ``grads["bytes"]``. The profiler is stopped also when a step raises (the next shape starts its own).
     """
 
     def count_grads() -> None:
@@ -265,9 +334,13 @@ def _profiled_window(model, opt, ids, plan: Plan, device: torch.device, work: Pa
     info = SimpleNamespace(device=device, rank=0)
     prof = benchmark.start_profiler(plan.profile, info, work)
     n = plan.profile.profile_wait + plan.profile.profile_warmup + plan.profile.profile_active
-    for i in range(n):
-        train_step(model, opt, ids, True, count_grads if i == 0 else None)
-        prof.step()
-    benchmark.stop_profiler(prof)
+    try:
+        for i in range(n):
+            train_step(model, opt, ids, True, count_grads if i == 0 else None)
+            if i == n - 1 and name and os.environ.get(FAIL_SHAPE_ENV) == name:
+                raise RuntimeError(f"injected failure in {name}'s profiled window ({FAIL_SHAPE_ENV})")
+            prof.step()
+    finally:
+        benchmark.stop_profiler(prof)
     (trace,) = benchmark.trace_files(work)
     return trace

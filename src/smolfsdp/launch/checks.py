@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
+import shutil
 import sys
+import sysconfig
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,7 +138,7 @@ def check_resources(cfg: TrainConfig, *, cpu_count: int | None = None, gpu_count
 
     Per node (``nproc // nnodes`` ranks): with GPUs, one GPU per rank; on CPU at most
     :data:`MAX_RANKS_PER_CORE` ranks per core (a warning above one per core) and
-    ``ranks x`` :data:`RANK_MIN_BYTES` within the available memory. ``cpu_count``/``gpu_count`` default to
+    on every node the ranks' host memory (:func:`check_host_memory`: imports plus the model as loaded). ``cpu_count``/``gpu_count`` default to
     this machine's (``os.cpu_count()``, ``torch.cuda.device_count()``).
 
     Raises:
@@ -146,12 +150,14 @@ def check_resources(cfg: TrainConfig, *, cpu_count: int | None = None, gpu_count
 
         gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpu_count:
+        check_triton_toolchain(cfg)
         if ranks > gpu_count:
             raise ConfigError(
                 f"nproc={cfg.nproc} starts {ranks} ranks on this node but it has {gpu_count} GPU(s); each rank "
                 f"needs its own (smolfsdp.sharding.distributed puts rank k on cuda:k). Use --nproc {gpu_count * cfg.nnodes} (or "
                 "more nodes), or CUDA_VISIBLE_DEVICES= to run the ranks on CPU."
             )
+        check_host_memory(cfg, ranks)  # every rank loads the whole model on the host first
         return
     cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
     if ranks > MAX_RANKS_PER_CORE * cores:
@@ -160,18 +166,119 @@ def check_resources(cfg: TrainConfig, *, cpu_count: int | None = None, gpu_count
             f"would mostly wait on each other and on memory. Use --nproc {min(cores, ranks)} or fewer (2 for the "
             "smoke run)."
         )
-    need, free = ranks * RANK_MIN_BYTES, available_memory_bytes()
-    if need > free:
-        raise ConfigError(
-            f"nproc={cfg.nproc}: {ranks} CPU ranks need at least {need / 2**30:.1f} GiB ({RANK_MIN_BYTES / 2**20:.0f} "
-            f"MiB each) but {free / 2**30:.1f} GiB is available; the out-of-memory killer would end the run. Use "
-            f"--nproc {max(1, free // RANK_MIN_BYTES)} or fewer."
-        )
+    check_host_memory(cfg, ranks)
     if ranks > cores:
         print(
             f"[smolfsdp] warning: {ranks} CPU ranks on {cores} core(s): they will share cores and run slowly",
             file=sys.stderr,
             flush=True,
+        )
+
+
+def triton_toolchain_missing() -> list[str]:
+    """What Triton needs to build its kernels at the first step and this machine lacks: the ``triton``
+    module, a C compiler (``$CC``, ``cc``, ``gcc`` or ``clang``, as ``triton.runtime.build`` looks) and the
+    Python headers (``Python.h`` under ``sysconfig``'s include folder). Empty when all are there."""
+
+    missing = []
+    if importlib.util.find_spec("triton") is None:
+        missing.append("the triton module")
+    if not any(shutil.which(c) for c in filter(None, (os.environ.get("CC"), "cc", "gcc", "clang"))):
+        missing.append("a C compiler (cc, gcc or clang; or set CC)")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        missing.append(f"Python.h (in {sysconfig.get_paths()['include']}; e.g. apt-get install python3-dev)")
+    return missing
+
+
+def check_triton_toolchain(cfg: TrainConfig, missing: list[str] | None = None) -> None:
+    """On GPUs the TRL engine's chunked log-prob loss compiles Triton kernels at the first step
+    (``trl.kernels.chunked_logprob``): refuse before data prep and the model load when Triton cannot build.
+    ``missing`` defaults to :func:`triton_toolchain_missing`. Raises ConfigError naming what is missing."""
+    if cfg.engine != "trl":
+        return
+    missing = triton_toolchain_missing() if missing is None else missing
+    if missing:
+        raise ConfigError(
+            f"engine=trl on GPUs compiles TRL's chunked log-prob Triton kernels at the first step, but this "
+            f"machine lacks {', '.join(missing)}; install them, or use engine: native (no Triton)."
+        )
+
+
+def loaded_model_bytes(model: str) -> int:
+    """Host bytes one rank holds for ``model`` as loaded: parameters x 4 (every rank builds the whole model in
+    fp32 before FSDP shards it; ``measure.memory.estimate_memory``'s ``every-rank`` loading). 0 when its
+    config cannot be read here (a hub id not cached: the download check speaks for it)."""
+    from smolfsdp.measure.params import count_parameters, resolve_model_config  # deferred: transformers
+
+    try:  # never the Hub: a hub id is read from the local cache or not at all (no retries here)
+        config = resolve_model_config(model, local_files_only=True)
+    except (ConfigError, OSError, ValueError):
+        return 0
+    return count_parameters(config).total * 4
+
+
+def check_host_memory(cfg: TrainConfig, ranks: int) -> None:
+    """Refuse ``ranks`` ranks whose host memory (:data:`RANK_MIN_BYTES` of imports plus the model as loaded,
+    :func:`loaded_model_bytes`) exceeds what is available. Raises ConfigError naming the sizes."""
+    per_rank = RANK_MIN_BYTES + loaded_model_bytes(cfg.model)
+    need, free = ranks * per_rank, available_memory_bytes()
+    if need > free:
+        raise ConfigError(
+            f"nproc={cfg.nproc}: {ranks} ranks need at least {need / 2**30:.1f} GiB of host memory "
+            f"({per_rank / 2**30:.2f} GiB each: {RANK_MIN_BYTES / 2**20:.0f} MiB of imports + model={cfg.model!r} "
+            f"in fp32 as loaded) but {free / 2**30:.1f} GiB is available; the out-of-memory killer would end the "
+            f"run. Use --nproc {max(1, free // per_rank)} or fewer, or a machine with more memory."
+        )
+
+
+#: A model this large is trained on GPUs only: one 2048-token step of 1 B parameters on CPU ranks takes
+#: minutes (6 x 1e9 x 2048 FLOPs = 12 TFLOP at under 0.1 TFLOP/s per core); the smoke models are 0.01 B.
+GPU_ONLY_PARAMS = 10**9
+
+
+def _hub_config_cached(model: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache  # deferred: only for hub ids
+
+    return isinstance(try_to_load_from_cache(model, "config.json"), str)
+
+
+def _hub_reachable(timeout_s: float = 5.0) -> str | None:
+    """None when one request to the Hub's endpoint answers within ``timeout_s`` (no retries), else why not."""
+
+    from huggingface_hub import constants  # deferred: only for uncached hub ids
+
+    try:
+        urllib.request.urlopen(constants.ENDPOINT, timeout=timeout_s).close()  # noqa: S310  (the Hub's https URL)
+    except OSError as err:
+        return f"{constants.ENDPOINT} did not answer in {timeout_s:.0f} s ({type(err).__name__})"
+    return None
+
+
+def check_runs_here(cfg: TrainConfig, *, gpu_count: int | None = None, hub_problem=None) -> None:
+    """Refuse, in one line and before any rank starts or any run folder is made, a run this machine cannot
+    do: a model of :data:`GPU_ONLY_PARAMS` or more parameters with no CUDA GPU, or a hub model whose
+    config is not in the local cache while ``HF_HUB_OFFLINE`` is set or the Hub does not answer (one
+    request, ``hub_problem()`` = :func:`_hub_reachable`; no retries). Raises ConfigError naming the fix."""
+    if gpu_count is None:
+        import torch  # deferred
+
+        gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    n_params = loaded_model_bytes(cfg.model) // 4
+    if not gpu_count and n_params >= GPU_ONLY_PARAMS:
+        raise ConfigError(
+            f"model={cfg.model} ({n_params / 1e9:.2f} B parameters) trains on CUDA GPUs (nproc={cfg.nproc}, one "
+            "per rank) and this machine has none: run it on a GPU machine, or try configs/runs/smoke.yaml here."
+        )
+    local = cfg.model in ("tiny", "smollm3-3b") or Path(cfg.model).expanduser().exists()
+    if local or "/" not in cfg.model or _hub_config_cached(cfg.model):
+        return
+    from huggingface_hub import constants  # deferred: only for hub ids
+
+    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else (hub_problem or _hub_reachable)()
+    if why:
+        raise ConfigError(
+            f"model={cfg.model} is not in the local Hugging Face cache and the Hub cannot be reached ({why}): "
+            f"download it where there is network (hf download {cfg.model}), or give a local folder as model."
         )
 
 

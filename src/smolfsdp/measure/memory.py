@@ -168,6 +168,7 @@ def estimate_memory(
     gradient_accumulation_steps: int = 1,
     lora_layout: str = "in-unit",
     legacy_hf_loss: bool = False,
+    adamw: str = "foreach",
 ) -> MemoryEstimate:
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -193,13 +194,13 @@ def estimate_memory(
     ``shift_logits = logits[..., :-1, :].contiguous()``), one more fp32 logits copy at the loss moment.
 
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
-    ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants.
-
+    ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
+    ``fused`` none), held to the full-size dry run, plus constants.
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
 
     Raises ConfigError for an unknown strategy/recipe/loading, world size < 1, a sequence longer than the
-    model's ``max_position_embeddings``, or an unresolvable model.
+    model's ``max_position_embeddings``, or an unresolvable model; ValueError for an unknown ``adamw``.
     """
     rec = _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank)
     check_choice(lora_layout, LORA_LAYOUTS, "lora_layout")
@@ -237,7 +238,7 @@ def estimate_memory(
         loss_fp32_copies=3 if legacy_hf_loss else 2,
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
     )  # fmt: skip
-    moments = peak_moments(est, config, gradient_accumulation_steps, spec)
+    moments = peak_moments(est, config, gradient_accumulation_steps, spec, adamw)
     est.moments = {k: v for k, v in moments.items() if k != "peak"}
     return est
 

@@ -15,7 +15,8 @@ which moments those are for the book's recipes, traced on fake tensors:
 * ``last layer``: the first decoder layer's backward, the last of backward: every other layer's gradient
   shard is held now, the saved tensors are gone but this layer's own (recomputed under checkpointing).
 * ``optimizer``: AdamW's step. Parameters, gradients, master copy and m, v, plus one temporary as large as
-  v (the multi-tensor ``foreach`` step computes ``sqrt(v)`` for every parameter at once; torch's choice on CUDA).
+  v (the multi-tensor ``foreach`` step computes ``sqrt(v)`` for every parameter at once; torch's choice on CUDA);
+  the ``fused`` step (``adamw="fused"``) updates in place with no such temporary.
 
 Gradients exist from the first reduce-scatter of a step (``zero_grad(set_to_none=True)``), so the ``loss``
 moment of the first micro-batch has none; with gradient accumulation the last micro-batch's has them all.
@@ -40,15 +41,27 @@ from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
 
+#: AdamW step implementations the ``optimizer`` moment models: ``foreach`` (torch's default on CUDA: a
+#: v-sized ``sqrt(v)`` temporary) and ``fused`` (``AdamW(fused=True)``, the Trainer's ``adamw_torch_fused``:
+#: one kernel per parameter group updates in place, no state-sized temporary).
+ADAMW_IMPLS = ("foreach", "fused")
+
 
 def peak_moments(
-    est, model=None, gradient_accumulation_steps: int = 1, lora: LoraSpec | None = None
+    est,
+    model=None,
+    gradient_accumulation_steps: int = 1,
+    lora: LoraSpec | None = None,
+    adamw: str = "foreach",
 ) -> dict[str, int]:
     """Device bytes alive at the ``loss``, ``layer`` and ``optimizer`` moments of one step, and ``peak`` (their
     largest), for the setup of ``est`` (a :class:`smolfsdp.measure.memory.MemoryEstimate`). ``model``: the
     model (name or config) ``est`` was made for, when ``est.model`` is not a name ``resolve_model_config`` knows;
     ``lora``: the adapters' ``LoraSpec`` (default ``LoraSpec()`` when ``est.lora``; its dropout adds saved bytes).
-    Tensors only: CUDA context and communication buffers are not in any moment."""
+    Tensors only: CUDA context and communication buffers are not in any moment. ``adamw``: one of
+    :data:`ADAMW_IMPLS` (``fused`` drops the optimizer moment's v-sized temporary); ValueError otherwise."""
+    if adamw not in ADAMW_IMPLS:
+        raise ValueError(f"adamw={adamw!r}: expected one of {ADAMW_IMPLS}")
     config = resolve_model_config(model if model is not None else est.model)
     rec, spec = RECIPES[est.recipe], ((lora or LoraSpec()) if est.lora else None)
     c, tokens = rec.compute_bytes, est.micro_batch * est.seq_len
@@ -95,6 +108,7 @@ def peak_moments(
         state + est.grads_bytes + no_sync + root_grad + gathered_root + unit + act["per_layer"]
         + est.grad_buffer_bytes + logits_held
     )  # fmt: skip
-    optimizer = state + est.grads_bytes + est.optimizer_bytes // 2
+    temporary = est.optimizer_bytes // 2 if adamw == "foreach" else 0  # v-sized sqrt(v), foreach only
+    optimizer = state + est.grads_bytes + temporary
     moments = {"loss": loss, "layer": layer, "last layer": last_layer, "optimizer": optimizer}
     return {**moments, "peak": max(moments.values())}
