@@ -55,8 +55,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
 def lora_spec(args: argparse.Namespace):
     """A ``LoraSpec`` from ``--lora`` / ``--lora-rank`` / ``--lora-alpha`` / ``--lora-targets`` (any of them
     turns LoRA on), else None. Raises ConfigError for a rank or alpha below 1 or an empty target list."""
-    from smolfsdp.errors import ConfigError
-    from smolfsdp.measure.params import LoraSpec
+    from smolfsdp.errors import ConfigError  # deferred with the other smolfsdp modules: a light parser
+    from smolfsdp.measure.params import LoraSpec  # deferred: transformers configs
 
     given = [args.lora_rank, args.lora_alpha, args.lora_targets]
     if not args.lora and all(v is None for v in given):

@@ -21,6 +21,7 @@ from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
+from smolfsdp.measure.reserved import reserved_from_allocated
 
 #: CUDA context + kernel images per process. Not visible to ``torch.cuda.memory_allocated``; with lazy
 #: module loading (the default since CUDA 11.7) it is typically 0.3-1 GiB depending on GPU, driver and
@@ -41,7 +42,12 @@ LOADINGS = ("every-rank", "rank0", "meta")
 #: Where FSDP1 puts LoRA adapters: ``in-unit`` (smolfsdp's own wrap: adapters share their decoder layer's
 #: FlatParameter, so the frozen base of that unit gets a gradient too) or ``adapter-units`` (each adapter
 #: its own FSDP unit, as AnswerDotAI/fsdp_qlora ``train.py`` and llama-recipes wrap them: no base gradient).
+#: ``adapter-units`` drops the base gradient, its reduce-scatter buffer and the base's saved tensors.
 LORA_LAYOUTS = ("in-unit", "adapter-units")
+#: ``estimate_memory(legacy_hf_loss=True)``: the loss of transformers < 4.45 (``LlamaForCausalLM.forward``:
+#: ``logits.float()``, then ``shift_logits = logits[..., :-1, :].contiguous()``), one more fp32 logits copy
+#: alive at the loss moment (fsdp_qlora's March 2024 runs).
+LEGACY_HF_LOSS = "transformers < 4.45 causal-LM loss: one more fp32 [tokens, vocab] copy"
 
 
 # ------------------------------------------------------------------------------------ estimate
@@ -98,8 +104,6 @@ class MemoryEstimate:
     def reserved_bytes(self) -> int:
         """What ``torch.cuda.max_memory_reserved`` would read: the tensor peak x the fitted fragmentation
         factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, each constant with its source)."""
-        from smolfsdp.measure.reserved import reserved_from_allocated
-
         return reserved_from_allocated(self.moments[self.peak_moment])
 
     @property
@@ -187,11 +191,7 @@ def estimate_memory(
     ``smolfsdp.train.trl_engine.accumulates_under_no_sync``): every rank then also holds the whole unsharded
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
-
-    ``lora_layout`` (FSDP1 + LoRA): one of :data:`LORA_LAYOUTS`; ``adapter-units`` drops the base gradient,
-    its reduce-scatter buffer and the base's saved tensors (the layer's frozen weights need no grad).
-    ``legacy_hf_loss``: the loss of transformers < 4.45 (``LlamaForCausalLM.forward``: ``logits.float()``, then
-    ``shift_logits = logits[..., :-1, :].contiguous()``), one more fp32 logits copy at the loss moment.
+    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`.
 
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
@@ -203,15 +203,11 @@ def estimate_memory(
     model's ``max_position_embeddings``, or an unresolvable model; ValueError for an unknown ``adamw``.
     """
     rec = _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank)
-    check_choice(lora_layout, LORA_LAYOUTS, "lora_layout")
     config = _check_seq_len(resolve_model_config(model), seq_len)
     spec = LoraSpec() if lora is True else (lora or None)
     group = shard_group_size(strategy, world_size, gpus_per_node)
-    units = fsdp_version == 1 and lora_layout == "adapter-units"
-    st = sharded_state(config, rec, group, rank % group, fsdp_version, spec, adapter_units=units)
+    st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch)
     full, c = st["full_units"], rec.compute_bytes
-    base_grads = fsdp_version == 1 and not units
-    act = activation_breakdown(config, micro_batch * seq_len, seq_len, c, spec, base_grads=base_grads)
     no_ac = act["layers"] + act["head"] + act["rope"] + act["loss"]
     with_ac = act["layer_inputs"] + act["per_layer"] + act["head"] + act["rope"] + act["loss"]
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
@@ -234,13 +230,29 @@ def estimate_memory(
         load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading]
         * counts.total * rec.param_bytes,
-        notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout,
-        loss_fp32_copies=3 if legacy_hf_loss else 2,
+        notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss,
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
     )  # fmt: skip
-    moments = peak_moments(est, config, gradient_accumulation_steps, spec, adamw)
-    est.moments = {k: v for k, v in moments.items() if k != "peak"}
+    return _with_moments(est, config, gradient_accumulation_steps, spec, adamw)
+
+
+def _with_moments(est: MemoryEstimate, config, steps: int, spec, adamw: str = "foreach") -> MemoryEstimate:
+    """``est`` with its ``moments`` (``peak_moments``, the ``peak`` key left out)."""
+    est.moments = {k: v for k, v in peak_moments(est, config, steps, spec, adamw).items() if k != "peak"}
     return est
+
+
+def _state(
+    config, rec: Recipe, group: int, rank: int, fsdp_version: int, spec, lora_layout: str, seq_len, mb
+):
+    """(``sharded_state``, ``activation_breakdown``, adapters as own units) for ``lora_layout`` (ConfigError
+    for an unknown one)."""
+    check_choice(lora_layout, LORA_LAYOUTS, "lora_layout")
+    units = fsdp_version == 1 and lora_layout == "adapter-units"
+    st = sharded_state(config, rec, group, rank % group, fsdp_version, spec, adapter_units=units)
+    base_grads = fsdp_version == 1 and not units
+    act = activation_breakdown(config, mb * seq_len, seq_len, rec.compute_bytes, spec, base_grads=base_grads)
+    return st, act, units
 
 
 def _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank) -> Recipe:

@@ -12,10 +12,13 @@ Rows the estimator cannot express yet (``"modelled": false``) keep their reason 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.params import LoraSpec
+from smolfsdp.measure.hardware import get_gpu, verdict
+from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
@@ -38,8 +41,6 @@ def load_rows(path: str | Path | None = None) -> dict:
 
 def estimate_row(row: dict):
     """The ``MemoryEstimate`` for a modelled memory row (its model path is relative to the repository)."""
-    from smolfsdp.measure.memory import estimate_memory  # deferred: transformers configs
-
     lora = row.get("lora")
     spec = None
     if lora:
@@ -60,8 +61,6 @@ def estimate_row(row: dict):
 
 def _memory_rows(row: dict) -> list[dict]:
     """One output row per memory number of a published row (reserved, allocated), with error % if modelled."""
-    from smolfsdp.measure.hardware import get_gpu, verdict
-
     out = []
     measured = {k[: -len("_gib")]: v for k, v in row["measured"].items() if k.endswith("_gib")}
     modelled = row.get("modelled", True) and "recipe" in row
@@ -85,9 +84,6 @@ def _memory_rows(row: dict) -> list[dict]:
 def mfu_rows(rows: list[dict]) -> list[dict]:
     """Published tokens/s per GPU against the MFU torchtitan's formula gives (``6 N + 12 L H Q T`` FLOPs per
     token, N all parameters, over the GPU's bf16 dense peak): the calibration ``calibrated_mfu`` draws from."""
-    from smolfsdp.measure.hardware import get_gpu
-    from smolfsdp.measure.params import count_parameters, resolve_model_config
-
     out = []
     for row in rows:
         if "tokens_per_s_per_gpu" not in row["measured"] or "gpu" not in row:
@@ -116,8 +112,6 @@ def calibrated_mfu(mfu_table: list[dict] | None = None) -> dict[str, float]:
     """Per GPU, the median MFU (a fraction, 3 places) of the published rows on it, by torchtitan's formula:
     what ``smolfsdp.measure.scaling.estimate_step(mfu="calibrated")`` uses. In-sample: the error % beside
     each row (``mfu_rows``) is a fit's residual, not a prediction's."""
-    import statistics
-
     table = mfu_table if mfu_table is not None else mfu_rows(load_rows()["rows"])
     by_gpu: dict[str, list[float]] = {}
     for r in table:

@@ -28,6 +28,7 @@ from smolfsdp.measure.cluster import (
 from smolfsdp.measure.comm import estimate_collectives
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import count_parameters, resolve_model_config
+from smolfsdp.measure.published import calibrated_mfu
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, get_recipe
 
 
@@ -285,8 +286,6 @@ def _resolve_mfu(mfu, cluster, n_gpus, kwargs) -> float:
     """``mfu`` as a fraction; ``"calibrated"``: the published calibration for the cluster's GPU."""
     if mfu != "calibrated":
         return mfu
-    from smolfsdp.measure.published import calibrated_mfu
-
     spec, _ = split_cluster_kwargs(kwargs)
     gpu = resolve_cluster(cluster, n_gpus, **spec).gpu
     table = calibrated_mfu()
