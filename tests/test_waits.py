@@ -9,7 +9,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def _recipe(target: str) -> list[str]:
     """The shell lines ``make -n`` would run for ``target`` as if nothing were built yet."""
     out = subprocess.run(
-        ["make", "-n", "-B", "-C", str(ROOT), target], capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", "-B", "-C", str(ROOT), target],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return out.stdout.splitlines()
 
