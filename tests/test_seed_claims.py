@@ -7,7 +7,6 @@ import transformers
 
 from smolfsdp.book import fsdp_versions
 from smolfsdp.measure.hardware import GPUS
-from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.probes.dtype_rule import check_dtype_rule
 from smolfsdp.seeds import claims as sc
 from smolfsdp.seeds.claims_runs import PACKAGE
@@ -283,12 +282,46 @@ def test_gathers_checkpoint_and_the_trainer_fsdp2_eval(seed_code):
     t = seed_code["trainer_fsdp2_eval"]
     assert t["outcome"] == "ok" and t["strategy"] == "fsdp2" and t["tied_embeddings"] is True
     assert t["steps"] == t["evaluations"] == 4 and t["train_steps_after_first_eval"] == 3
+    # the seed's eval/checkpoint cycle: activation checkpointing on, complete checkpoints after steps 2 and 4
+    assert t["activation_checkpointing"] is True and t["checkpoints_saved_at"] == [2, 4]
+    assert t["train_steps_after_first_save"] == 2
     judged = {j.key: j for j in sc.judge_all(seed_code=seed_code)}
     assert judged["gotcha1_dtensor"].verdict == "wrong on this stack"
     assert judged["gathers_per_layer"].verdict == "holds"
     assert judged["checkpoint_size"].values["estimate_3b"] > 30 * 10**9
     assert judged["seed2_wrap"].values["units_llama"] == 1 and len(judged["wrap_class_trainer"].evidence) == 2
     assert judged["bf16_reduce"].values["bf16_equals_fp32_reduce"] is True
+    b = judged["bf16_reduce"]
+    assert b.values["storage"]["package: apply_lora + apply_fsdp2"] == [
+        "float32"
+    ]  # param_dtype is not storage
+    assert b.values["policy_sets_storage"] is False and sorted(b.values["error_ratio"]) == [4, 8]
+    assert (
+        b.verdict.startswith("partly: bf16 stores only because the seed casts the model")
+        and "4 ranks" in b.verdict
+    )
+    assert "bf16 for the gathered" not in b.says and "parameter storage" in b.says
+    g = judged["gotcha1_dtensor"]
+    assert "untested here: bf16 compute on GPUs, the 3B model" in g.correction
+    saw = judged["sawtooth_units"]
+    assert (saw.values["layer_units"], saw.values["layers"], saw.values["units_wrong_class"]) == (4, 4, 1)
+    assert saw.kind == "partly"
+    m = judged["meta_init"]
+    assert m.values["fsdp2"]["finite"] and m.values["fsdp2"]["params_on_meta_after_shard"] == 38
+    assert m.values["fsdp1"]["outcome"].startswith("AttributeError") and m.verdict == "holds"
+
+
+def test_reentrant_checkpointing_trains_through_the_input_grad_hooks(seed_code):
+    ck = seed_code["seed2_checkpointing"]
+    # transformers' gradient_checkpointing_enable and peft's get_peft_model: one hook each
+    assert {k: v["input_grad_hooks"] for k, v in ck.items()} == dict.fromkeys(ck, 2)
+    for form in ("default checkpointing", "use_reentrant=False", "use_reentrant=True"):
+        assert ck[form]["adapters_nonzero_grad"] == ck[form]["adapters"] == 32, form
+    control = ck["use_reentrant=True, hooks removed"]
+    assert control["input_grad_hooks_left"] == 0 and control["adapters_nonzero_grad"] == 0
+    assert "does not require grad" in control["error"]
+    j = sc.seed2_adapters(seed_code)
+    assert j.values["reason_is_hook"] is True and "not because of `use_reentrant=False`" in j.correction
 
 
 def test_fsdp_communication_against_ddp():
@@ -356,7 +389,10 @@ def test_bf16_reduction_costs_from_four_ranks():
     for w in (4, 8):
         e = r[w]["relative_l2"]
         assert r[w]["bf16_equals_fp32_bf16"] is False
-        assert e["bf16 reduce"] > 1.2 * e["fp32 reduce, bf16 gradient"] and e["fp32 reduce, fp32 gradient"] < 1e-8
+        assert (
+            e["bf16 reduce"] > 1.2 * e["fp32 reduce, bf16 gradient"]
+            and e["fp32 reduce, fp32 gradient"] < 1e-8
+        )
     assert r[8]["relative_l2"]["bf16 reduce"] > r[4]["relative_l2"]["bf16 reduce"]
     with pytest.raises(ValueError, match="must divide by every world size"):
         reduce_cost(numel=1001, world_sizes=(8,))

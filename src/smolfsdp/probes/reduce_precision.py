@@ -84,14 +84,18 @@ def reduce_cost(world_sizes=(2, 4, 8), numel: int = 1 << 14, seed: int = 0) -> d
     per rank). ``numel`` must divide by every world size; raises ValueError otherwise, RuntimeError naming the
     rank if gloo fails."""
     if any(numel % w for w in world_sizes):
-        raise ValueError(f"numel={numel} must divide by every world size {tuple(world_sizes)}: use a power of 2")
+        raise ValueError(
+            f"numel={numel} must divide by every world size {tuple(world_sizes)}: use a power of 2"
+        )
     out = {}
     for world in world_sizes:
         grads = _inputs(world, numel, seed)
         ref = torch.stack([g.double() for g in grads]).sum(0) / world
         per_rank = _ranks(world, lambda pg, rank, grads=grads: _reduce(pg, rank, grads))
         got = {
-            label: torch.cat([r["fp32" if rdt == torch.float32 else "bf16"] for r in per_rank]).to(kept).double()
+            label: torch.cat([r["fp32" if rdt == torch.float32 else "bf16"] for r in per_rank])
+            .to(kept)
+            .double()
             for label, rdt, kept in FORMS
         }
         out[world] = {

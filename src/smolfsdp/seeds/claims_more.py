@@ -89,7 +89,9 @@ def sawtooth_units(seed_code: dict, grid_path: str | Path = DRYRUN_GRID) -> Judg
 def meta_init(seed_code: dict) -> Judgement:
     m = seed_code["meta_init"]
     v2, v1 = m["fsdp2"], m["fsdp1"]
-    init_fn = source_line("torch.distributed.fsdp.fully_sharded_data_parallel", "param_init_fn: Optional[")
+    init_fn = source_line(
+        "torch.distributed.fsdp.fully_sharded_data_parallel", "param_init_fn (Optional[Callable"
+    )
     works = v2["finite"] and v2["dtensor_params"] == v2["params"]
     return Judgement(
         "meta_init", SEED2, VS, "meta-device initialisation",

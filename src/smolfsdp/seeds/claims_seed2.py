@@ -129,7 +129,8 @@ def deterministic_memory(grid_path: str | Path = DRYRUN_GRID) -> Judgement:
         f"peak is lower in {len(lower)} ({', '.join(kinds(lower)) or 'none'}; by up to {gib(gap)}), higher in "
         f"{len(higher)}, and within {gib(tol)} in the other {len(pairs) - len(lower) - len(higher)} "
         f"({', '.join(kinds([p for p in pairs if p not in lower and p not in higher])) or 'none'})."
-        if pairs else f"No dry-run grid is present ({DRYRUN_GRID.name} is absent)."
+        if pairs
+        else f"No dry-run grid is present ({DRYRUN_GRID.name} is absent)."
     )
     verdict = ("open: needs GPU memory traces of both versions" if not pairs else
                "wrong: FSDP2's peak is higher in the dry run" if higher else
@@ -227,7 +228,7 @@ def sixteen_gb_on_four() -> Judgement:
         [f"Llama-3.1-8B ({n:,} parameters, {gb(2 * n)} in bf16), loaded in bf16, the seed's LoRA, FSDP2 "
          f"FULL_SHARD over 4 GPUs, one sequence per GPU; the seed gives no length, so the estimator's peak per GPU "
          f"at each: {text}. The sharded state is {gib(static)} at every length."],
-        f"The 4 GB shard is right. The total depends on the sequence length the seed does not give: within 8 GB "
+        "The 4 GB shard is right. The total depends on the sequence length the seed does not give: within 8 GB "
         + (f"up to {max(within):,} tokens (with activation checkpointing where it needs it); " if within else
            "at none of the lengths tried; ")
         + f"at {ref:,} tokens plan for {gib(min(peak[ref].values()))}, because the gathered units, activations, "
@@ -283,9 +284,9 @@ def comm_volume() -> Judgement:
     from smolfsdp.measure.comm import estimate_collectives, step_bytes  # deferred: pandas tables, one claim
 
     def sent(strategy: str, mp: str = "bf16"):
-        return step_bytes(estimate_collectives("smollm3-3b", strategy=strategy, n_gpus=2, mixed_precision=mp))[
-            "sent_bytes"
-        ]
+        return step_bytes(
+            estimate_collectives("smollm3-3b", strategy=strategy, n_gpus=2, mixed_precision=mp)
+        )["sent_bytes"]
 
     recipe = {s: sent(s) for s in ("FULL_SHARD", "NO_SHARD")}
     fsdp, ddp = float(recipe["FULL_SHARD"].sum()), float(recipe["NO_SHARD"].sum())

@@ -62,7 +62,11 @@ _CACHE: dict[str, dict[str, Any]] = {}
 
 
 def _seed2_model(
-    wrap: str, world: int, reduce_dtype: torch.dtype, dtype: torch.dtype, reentrant: bool | None = None,
+    wrap: str,
+    world: int,
+    reduce_dtype: torch.dtype,
+    dtype: torch.dtype,
+    reentrant: bool | None = None,
     hooks: bool = True,
 ) -> tuple[nn.Module, dict]:
     """Seed 2's set-up in the seed's order (``dtype`` bf16 as written; fp32 for the reference run).
@@ -71,7 +75,9 @@ def _seed2_model(
     model = tiny_model()[0].to(dtype)  # the seed loads in bf16 (torch_dtype=torch.bfloat16)
     model.config.use_cache = False
     ckpt = None if reentrant is None else {"use_reentrant": reentrant}
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt)  # before get_peft_model, as the seed
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs=ckpt
+    )  # before get_peft_model, as the seed
     torch.manual_seed(1)  # the adapters' initial values: the same in every form
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "k_proj", "o_proj"],
                       lora_dropout=0.05, bias="none", task_type="CAUSAL_LM")  # fmt: skip
@@ -172,8 +178,9 @@ def checkpointing_forms(rank: int, world: int) -> dict[str, Any]:
         "default checkpointing": _seed2_model("SmolLM3DecoderLayer", world, bf16, bf16),
         "use_reentrant=False": _seed2_model("SmolLM3DecoderLayer", world, bf16, bf16, reentrant=False),
         "use_reentrant=True": _seed2_model("SmolLM3DecoderLayer", world, bf16, bf16, reentrant=True),
-        "use_reentrant=True, hooks removed": _seed2_model("SmolLM3DecoderLayer", world, bf16, bf16,
-                                                          reentrant=True, hooks=False),  # fmt: skip
+        "use_reentrant=True, hooks removed": _seed2_model(
+            "SmolLM3DecoderLayer", world, bf16, bf16, reentrant=True, hooks=False
+        ),  # fmt: skip
     }
     out = {}
     for label, (model, facts) in runs.items():
@@ -183,7 +190,12 @@ def checkpointing_forms(rank: int, world: int) -> dict[str, Any]:
             out[label] = {**facts, **row, "error": None}
         except RuntimeError as err:  # the control: no gradient reaches anything, backward refuses
             n = sum("lora" in name.lower() for name, _ in model.named_parameters())
-            out[label] = {**facts, "adapters": n, "adapters_nonzero_grad": 0, "error": str(err).splitlines()[0]}
+            out[label] = {
+                **facts,
+                "adapters": n,
+                "adapters_nonzero_grad": 0,
+                "error": str(err).splitlines()[0],
+            }
     return out
 
 
@@ -311,7 +323,9 @@ def trainer_fsdp2_eval(rank: int, world: int, out: Path) -> dict[str, Any]:
         json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
     ]
     model = tiny_model()[0]
-    saved = sorted(int(p.parent.name.split("-")[-1]) for p in (cfg.run_dir / "checkpoints").glob("step-*/COMPLETE"))
+    saved = sorted(
+        int(p.parent.name.split("-")[-1]) for p in (cfg.run_dir / "checkpoints").glob("step-*/COMPLETE")
+    )
     return {
         "outcome": "ok",
         "activation_checkpointing": fields["effective"].get("activation_checkpointing", cfg.activation_checkpointing),
