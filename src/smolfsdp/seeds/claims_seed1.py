@@ -9,6 +9,9 @@ that need a run on 2 ranks are in ``claims_runs``. Every claim is in the book's 
 
 from __future__ import annotations
 
+import contextlib
+import io
+import tempfile
 from pathlib import Path
 
 from smolfsdp.measure.hardware import GPUS, fits
@@ -276,11 +279,8 @@ def run_save_strategy_no(out: str | Path) -> dict:
     """Two steps of a ``transformers.Trainer`` on the tiny SmolLM3 (CPU, one process) with
     ``save_strategy="no"``, then an explicit ``save_model(out/final)``: the files under ``out`` after each.
     A few seconds."""
-    import contextlib
-    import io
-
     import torch  # deferred: heavy, only this claim
-    from transformers import PrinterCallback, Trainer, TrainingArguments
+    from transformers import PrinterCallback, Trainer, TrainingArguments  # deferred with it
 
     from smolfsdp.gotchas.builders import rank_batch, tiny_model  # deferred: builds a model
 
@@ -302,8 +302,6 @@ def run_save_strategy_no(out: str | Path) -> dict:
 
 
 def save_strategy_no(out: str | Path | None = None) -> Judgement:
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="save-strategy-no-") as tmp:
         run = run_save_strategy_no(out or Path(tmp) / "run")
     ckpts = [f for f in run["files_after_training"] if f.startswith("checkpoint-")]
