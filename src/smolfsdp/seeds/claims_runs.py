@@ -191,7 +191,7 @@ def seed2_adapters(seed_code: dict) -> Judgement:
     hooked = {k: v["input_grad_hooks"] for k, v in ck.items()}
     # the reason the book gave (non-reentrant checkpointing) is the reason only if reentrant fails with the hooks
     reason_is_hook = trains["use_reentrant=True"] and not trains["use_reentrant=True, hooks removed"]
-    default = source_line("transformers.modeling_utils", '"use_reentrant": True')
+    default = source_line("transformers.modeling_utils", '{"use_reentrant": False}')
     return Judgement(
         "seed2_adapters", SEED2, "setting up LoRA + FSDP2", "the seed's LoRA set-up trains the adapters",
         "Enable gradient checkpointing, add LoRA, cast everything to bf16, freeze every parameter and unfreeze "
