@@ -34,6 +34,7 @@ from smolfsdp.seeds.claims_core import (
     gb,
     gib,
 )
+from smolfsdp.seeds.claims_more import meta_init, sawtooth_units, step_bursts
 from smolfsdp.seeds.claims_runs import (
     bf16_reduce,
     checkpoint_size,
@@ -94,9 +95,10 @@ INVENTORY: tuple[tuple[Callable[..., Judgement], str], ...] = (
     (batch_size_lever, NONE), (per_gpu_memory, NONE), (gathers_per_layer, SEED_CODE),
     (fsdp_config_as_written, NONE), (wrap_class_trainer, SEED_CODE), (offload_key, NONE),
     (gotcha1_dtensor, SEED_CODE), (fsdp1_pin, NONE), (checkpoint_size, SEED_CODE), (save_strategy_no, NONE),
-    (tracker_env, NONE), (prefetch_overlap, NONE), (static_divides, NONE), (gpu_memory_order, NONE),
+    (tracker_env, NONE), (prefetch_overlap, NONE), (step_bursts, NONE), (sawtooth_units, SEED_CODE),
+    (static_divides, NONE), (gpu_memory_order, NONE),
     (shards_everything, SEED_CODE), (comm_volume, NONE), (flat_parameter, DTYPE), (state_dict_comm, SEED_CODE),
-    (deterministic_memory, NONE), (seed2_adapters, SEED_CODE), (checkpointing_saves, NONE),
+    (deterministic_memory, NONE), (meta_init, SEED_CODE), (seed2_adapters, SEED_CODE), (checkpointing_saves, NONE),
     (seed2_wrap, SEED_CODE), (bf16_reduce, SEED_CODE), (dtype_rule, DTYPE), (offload_policy, NONE),
     (lora_size, NONE), (sixteen_gb_on_four, NONE), (eight_b_full, NONE),
 )  # fmt: skip

@@ -10,6 +10,8 @@ the probe's result (``seed_code``: a dict, rank 0's view) and computes nothing b
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
 import torch
 
@@ -67,20 +69,25 @@ def shards_everything(seed_code: dict) -> Judgement:
 def gotcha1_dtensor(seed_code: dict) -> Judgement:
     t = seed_code["trainer_fsdp2_eval"]
     reproduced = t["outcome"] != "ok"
-    done = (f"{t['steps']} steps, {t['evaluations']} evaluations, "
-            f"{t['train_steps_after_first_eval']} training steps after the first evaluation, train loss "
-            f"{t['train_loss_first']:.3f} -> {t['train_loss_last']:.3f}, eval loss {t['eval_loss_first']:.3f} -> "
-            f"{t['eval_loss_last']:.3f}" if not reproduced else t["error"])  # fmt: skip
+    done = (f"{t['steps']} steps, {t['evaluations']} evaluations, checkpoints saved after steps "
+            f"{', '.join(map(str, t['checkpoints_saved_at'])) or 'none'}, {t['train_steps_after_first_eval']} "
+            f"training steps after the first evaluation and {t['train_steps_after_first_save']} after the first "
+            f"save, train loss {t['train_loss_first']:.3f} -> {t['train_loss_last']:.3f}, eval loss "
+            f"{t['eval_loss_first']:.3f} -> {t['eval_loss_last']:.3f}" if not reproduced else t["error"])  # fmt: skip
+    cycle = not reproduced and t["train_steps_after_first_eval"] > 0 and t["train_steps_after_first_save"] > 0
     return Judgement(
         "gotcha1_dtensor", SEED1, "§5.1 gotcha 1", "FSDP2 after the first evaluation",
-        "On the Trainer's FSDP2 path a run dies right after its first evaluation with \"mixed torch.Tensor and "
-        "DTensor\" (tied embeddings left as plain tensors); pinning FSDP1 avoids it.",
-        "holds" if reproduced else "wrong on this stack",
+        "On the Trainer's FSDP2 path a run dies right after its first evaluation/checkpoint cycle with \"mixed "
+        "torch.Tensor and DTensor\" (tied embeddings left as plain tensors); pinning FSDP1 avoids it.",
+        "holds" if reproduced else "wrong on this stack" if cycle else "open: the cycle did not run",
         [f"SFTTrainer with FSDP2 (effective: {t.get('strategy', 'failed')}) on 2 gloo ranks, the tiny SmolLM3 "
-         f"(tied embeddings: {t['tied_embeddings']}), evaluating after every step: {done}."],
-        "On the pinned stack the Trainer's FSDP2 path trains on after evaluating; do not pin FSDP1 for this. "
-        "The error still exists in another form: calling a submodule that FSDP2 did not shard on its own "
-        "(@sec-gotchas, where FSDP1 fails too).",
+         f"(tied embeddings: {t.get('tied_embeddings')}), activation checkpointing "
+         f"{'on' if t.get('activation_checkpointing') else 'off'}, evaluating after every step and saving a "
+         f"checkpoint every second: {done}."],
+        "On the pinned stack the Trainer's FSDP2 path trains on through evaluations and checkpoint saves; do not "
+        "pin FSDP1 for this. Still untested here: bf16 compute on GPUs, the 3B model, and a run of the seed's "
+        "length (about 100 steps before the first evaluation). The error still exists in another form: calling "
+        "a submodule that FSDP2 did not shard on its own (@sec-gotchas, where FSDP1 fails too).",
         {"reproduced": reproduced, **t},
     )  # fmt: skip
 
@@ -96,7 +103,7 @@ def checkpoint_size(seed_code: dict) -> Judgement:
     return Judgement(
         "checkpoint_size", SEED1, GOTCHA2, "the size of an FSDP checkpoint",
         "A 3B FSDP checkpoint holds the weights and the full fp32 Adam state: more than about 30 GB.",
-        "holds",
+        "holds" if est > 30 * 10**9 and abs(off) < 0.1 else "partly" if est > 30 * 10**9 else "wrong",
         [f"`smolfsdp.checkpoint.disk.estimate_checkpoint_bytes` for SmolLM3-3B (fp32 weights, the tied embedding "
          f"written under both names, AdamW m and v, 5 % for DCP's metadata): {gb(est)} ({gib(est)}).",
          f"Measured on the tiny model, 2 ranks: a DCP checkpoint of the model and AdamW state after one step is "
@@ -136,8 +143,11 @@ def wrap_class_trainer(seed_code: dict | None = None) -> Judgement:
         f'"{tried["FSDP1"]}", FSDP2 "{tried["FSDP2"]}" ({lines[0]}, {lines[1]}); the Trainer calls it '
         f"when it prepares the model ({source_line('accelerate.accelerator', 'set_auto_wrap_policy(model)')})."
     ]
+    refused = all(v.startswith("ValueError") for v in tried.values())
+    silent_loop = None
     if seed_code is not None:
         row = seed_code["seed2"]["seed, LlamaDecoderLayer"]
+        silent_loop = row["fsdp_units"] == 1
         evidence.append(
             f"A hand-written loop is silent: seed 2's `isinstance(module, LlamaDecoderLayer)` loop on "
             f"2 ranks left {row['fsdp_units']} FSDP unit (the root), which gathers "
@@ -146,7 +156,7 @@ def wrap_class_trainer(seed_code: dict | None = None) -> Judgement:
     return Judgement(
         "wrap_class_trainer", SEED1, CONFIG, "a wrong wrap class",
         "A wrap class the model does not have silently loses most of FSDP's memory savings.",
-        "partly",
+        "holds" if not refused else "partly" if silent_loop is not False else "wrong",
         evidence,
         "Through the Trainer (this seed's path) the pinned accelerate refuses a class name the model does not "
         "have, before training, so it is not silent. It is silent where the wrapping is hand-written, with "
@@ -175,8 +185,13 @@ def state_dict_comm(seed_code: dict) -> Judgement:
 
 
 def seed2_adapters(seed_code: dict) -> Judgement:
-    rows = seed_code["seed2"]
+    rows, ck = seed_code["seed2"], seed_code["seed2_checkpointing"]
     r = rows[OWN_CLASS]
+    trains = {k: v["adapters_nonzero_grad"] == v["adapters"] for k, v in ck.items()}
+    hooked = {k: v["input_grad_hooks"] for k, v in ck.items()}
+    # the reason the book gave (non-reentrant checkpointing) is the reason only if reentrant fails with the hooks
+    reason_is_hook = trains["use_reentrant=True"] and not trains["use_reentrant=True, hooks removed"]
+    default = source_line("transformers.modeling_utils", '{"use_reentrant": False}')
     return Judgement(
         "seed2_adapters", SEED2, "setting up LoRA + FSDP2", "the seed's LoRA set-up trains the adapters",
         "Enable gradient checkpointing, add LoRA, cast everything to bf16, freeze every parameter and unfreeze "
@@ -186,11 +201,23 @@ def seed2_adapters(seed_code: dict) -> Judgement:
          f"adapter tensors trainable, {r['adapters_with_grad']} with a gradient, {r['adapters_nonzero_grad']} "
          f"non-zero at the second step (at the first, every `lora_A` gradient is zero because `lora_B` starts at "
          f"zero); adapters and gradients in {', '.join(r['adapter_dtypes'])}; every parameter sharded "
-         f"({r['plain_tensor_params']} plain tensors left)."],
-        "Right on this stack (transformers' gradient checkpointing defaults to `use_reentrant=False`, so frozen "
-        "inputs do not cut the adapters off). The cast makes the adapters bf16, so each AdamW update is rounded "
-        "to bf16; the package keeps them fp32 on the bf16 base, which FSDP2 allows (the dtype rule above).",
-        {k: r[k] for k in ("adapters", "adapters_trainable", "adapters_nonzero_grad", "adapter_dtypes")},
+         f"({r['plain_tensor_params']} plain tensors left).",
+         "Why it trains, the same set-up with each checkpointing form (adapters with a non-zero gradient; "
+         "input-gradient hooks on the embedding): "
+         + "; ".join(f"{k}: {v['adapters_nonzero_grad']} of {v['adapters']} ({hooked[k]} hook"
+                     f"{'s' * (hooked[k] != 1)}{', removed' if v['input_grad_hooks_left'] == 0 and hooked[k] else ''}"
+                     f"{'; backward: ' + repr(v['error']) if v.get('error') else ''})"
+                     for k, v in ck.items())
+         + f". transformers' default form is set at {default}."],
+        ("Right on this stack, and not because of `use_reentrant=False`: reentrant checkpointing trains the "
+         "adapters too, because `gradient_checkpointing_enable` (transformers) and `get_peft_model` (peft) each "
+         "hook the input embeddings to make their output require a gradient; only with those hooks removed does "
+         "reentrant checkpointing cut the adapters off. " if reason_is_hook else
+         "Right on this stack; the checkpointing forms above say which mechanism carries the gradient. ")
+        + "The cast makes the adapters bf16, so each AdamW update is rounded to bf16; the package keeps them fp32 "
+        "on the bf16 base, which FSDP2 allows (the dtype rule above).",
+        {**{k: r[k] for k in ("adapters", "adapters_trainable", "adapters_nonzero_grad", "adapter_dtypes")},
+         "checkpointing_trains": trains, "input_grad_hooks": hooked, "reason_is_hook": reason_is_hook},
     )  # fmt: skip
 
 
@@ -199,7 +226,7 @@ def seed2_wrap(seed_code: dict) -> Judgement:
     return Judgement(
         "seed2_wrap", SEED2, "setting up LoRA + FSDP2", "wrapping by LlamaDecoderLayer",
         "Shard each `LlamaDecoderLayer` with `fully_shard`, then the whole model.",
-        "partly",
+        "holds" if bad["fsdp_units"] == good["fsdp_units"] else "partly",
         [f"As written, on the tiny SmolLM3: {bad['fsdp_units']} FSDP unit, the root gathers "
          f"{bad['root_group_share']:.0%} of the parameters at once, and training runs without a warning (loss "
          f"{bad['loss']:.4f}). With SmolLM3's own class: {good['fsdp_units']} units, the root holds "
@@ -211,23 +238,52 @@ def seed2_wrap(seed_code: dict) -> Judgement:
     )  # fmt: skip
 
 
-def bf16_reduce(seed_code: dict) -> Judgement:
+def bf16_reduce(seed_code: dict, reduce: dict | None = None) -> Judgement:
+    """``reduce``: :func:`smolfsdp.probes.reduce_precision.reduce_cost`'s result (run here when None)."""
+    from smolfsdp.probes.reduce_precision import reduce_cost  # deferred: gloo threads, one claim
+
     rows = seed_code["seed2"]
+    reduce = reduce or reduce_cost()
     err = {k: rows[k]["grad_error_vs_fp32"]["relative_l2"] for k in (OWN_CLASS, FP32_REDUCE, PACKAGE)}
-    same = err[OWN_CLASS] == err[FP32_REDUCE]
+    storage = {k: rows[k]["adapter_dtypes"] for k in (OWN_CLASS, PACKAGE)}  # both gather and compute in bf16
+    policy_stores = storage[PACKAGE] == ["bfloat16"]  # does param_dtype=bf16 make the sharded storage bf16?
+    costs = {w: r["relative_l2"]["bf16 reduce"] / r["relative_l2"]["fp32 reduce, bf16 gradient"]
+             for w, r in reduce.items() if not r["bf16_equals_fp32_bf16"]}  # fmt: skip
+    scale = "; ".join(
+        f"{w} ranks: bf16 {r['relative_l2']['bf16 reduce']:.2e}, fp32 then bf16 "
+        f"{r['relative_l2']['fp32 reduce, bf16 gradient']:.2e}, fp32 kept {r['relative_l2']['fp32 reduce, fp32 gradient']:.1e}"
+        f" ({'bit-equal' if r['bf16_equals_fp32_bf16'] else 'different'})"
+        for w, r in reduce.items()
+    )
+    worse = [w for w, c in costs.items() if c > 1.2]
+    verdict = ("holds" if policy_stores and not worse else
+               "partly: bf16 stores only because the seed casts the model; the bf16 reduction costs accuracy "
+               f"from {min(worse)} ranks" if worse else "partly: bf16 stores only because the seed casts the model")  # fmt: skip
+    n = next(iter(reduce.values()))["numel"]
     return Judgement(
         "bf16_reduce", SEED2, "setting up LoRA + FSDP2", "mixed precision with a bf16 reduction",
-        "`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)`: bf16 for the gathered weights and for the "
-        "communication saves memory and time.",
-        "partly: no cost measured on 2 ranks; open at scale",
-        [f"The adapters' gradients at the second step against an all-fp32 run of the same set-up (relative L2 "
-         f"error): seed's policy {err[OWN_CLASS]:.2%}, the same with `reduce_dtype=fp32` {err[FP32_REDUCE]:.2%}, "
-         f"the package's version (fp32 adapters, fp32 reduction) {err[PACKAGE]:.2%}. The bf16 and fp32 reductions "
-         f"give {'identical' if same else 'different'} gradients here: almost all of the error is bf16 compute."],
-        "On 2 ranks a bf16 reduction costs nothing measurable, since the sum of two bf16 values is exact in fp32 "
-        "and rounded to bf16 once either way. With more ranks the bf16 sum rounds at each step of the reduction, which is why the package "
-        "reduces in fp32; the speed gain needs GPUs to measure. Both are open here.",
-        {"relative_l2": err, "bf16_equals_fp32_reduce": same},
+        "`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)` makes bf16 the dtype of parameter storage "
+        "and of the communication, for less memory and faster computation.",
+        verdict,
+        [f"What the policy stores: under the same `param_dtype=bf16` the seed's sharded adapters are "
+         f"{', '.join(storage[OWN_CLASS])} and the package's {', '.join(storage[PACKAGE])} (2 gloo ranks): "
+         "`param_dtype` is the dtype FSDP2 gathers and computes the unsharded parameters in; the shards keep "
+         "the dtype the model had (bf16 in the seed because it casts the whole model first).",
+         f"Its cost on 2 ranks, the adapters' gradients at the second step against an all-fp32 run (relative L2): "
+         f"seed's policy {err[OWN_CLASS]:.2%}, the same with `reduce_dtype=fp32` {err[FP32_REDUCE]:.2%}, the "
+         f"package's version {err[PACKAGE]:.2%}: {'identical' if err[OWN_CLASS] == err[FP32_REDUCE] else 'different'}"
+         ", as they must be (a sum of two bf16 values is rounded once either way).",
+         f"FSDP2's reduce-scatter of bf16 gradients ({n:,} values per rank) on gloo ranks "
+         f"(`smolfsdp.probes.reduce_precision`), error of the mean against an fp64 sum: {scale}. Time is not measured: "
+         "CPU gloo threads on a shared CPU time the scheduler, and say nothing about NCCL on GPUs."],
+        "`param_dtype` sets the gathered compute copy, not the storage: cast the model (as the seed does) for bf16 "
+        "shards, or keep fp32 shards as a master copy (the package). A bf16 reduction is free on 2 ranks and rounds "
+        "at each step from 4 on"
+        + (f" (about {max(costs.values()):.0f} times the error of an fp32 one at {max(costs, key=costs.get)} ranks "
+           "here)" if costs else "") + ", which is why the package reduces in fp32; whether bf16 is faster on GPUs "
+        "(half the bytes on the link) needs a GPU run.",
+        {"relative_l2": err, "bf16_equals_fp32_reduce": err[OWN_CLASS] == err[FP32_REDUCE], "storage": storage,
+         "policy_sets_storage": policy_stores, "reduce": reduce, "error_ratio": costs},
     )  # fmt: skip
 
 
@@ -283,8 +339,20 @@ def plugin_args_side_by_side(name: str = "smollm3_3b_medical") -> pd.DataFrame:
     from smolfsdp.train.trl_engine import trainer_fsdp_config  # deferred: imports trl, the heaviest
 
     seed, seed_warn = trainer_fsdp_view(SEED_FSDP_CONFIG, SEED_FSDP_ARG)
-    ours, our_warn = trainer_fsdp_view(trainer_fsdp_config(load_config(recipe(name)), "SmolLM3DecoderLayer",
-                                                           on_cpu=False))  # fmt: skip
+    from smolfsdp.train.trl_engine import keep_fp32_buffers_and_reduce  # deferred with it
+
+    cfg = load_config(recipe(name))
+    ours, our_warn = trainer_fsdp_view(trainer_fsdp_config(cfg, "SmolLM3DecoderLayer", on_cpu=False))
+    added = SimpleNamespace(fsdp_plugin_args=dict(ours))
+    keep_fp32_buffers_and_reduce(added, cfg)  # what the package's engine adds to the plugin arguments
+    ours = added.fsdp_plugin_args
+    if "mixed_precision_policy" in ours:
+        mp = ours["mixed_precision_policy"]
+        ours["mixed_precision_policy"] = ", ".join(
+            f"{f.split('_')[0]} {str(getattr(mp, f, None)).removeprefix('torch.')}"
+            for f in ("param_dtype", "reduce_dtype", "buffer_dtype") if hasattr(mp, f)
+        )  # fmt: skip
+        seed["mixed_precision_policy"] = "(not set: accelerate fills bf16 for all from bf16=True)"
     keys = list(dict.fromkeys([*seed, *ours]))
     table = pd.DataFrame(
         {"seed 1 as written": [str(seed.get(k, "(not set)")) for k in keys],

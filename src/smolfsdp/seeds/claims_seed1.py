@@ -9,14 +9,16 @@ that need a run on 2 ranks are in ``claims_runs``. Every claim is in the book's 
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+import io
+import tempfile
 from pathlib import Path
 
 from smolfsdp.measure.hardware import GPUS, fits
 from smolfsdp.measure.memory import RECIPES, estimate_memory
 from smolfsdp.measure.params import count_parameters, resolve_model_config
 from smolfsdp.paths import repo_root
-from smolfsdp.seeds.claims_core import SEED1, Judgement, book_recipe_kwargs, gb, gib
+from smolfsdp.seeds.claims_core import GB, SEED1, Judgement, book_recipe_kwargs, gb, gib
 from smolfsdp.seeds.installed_stack import source_line, trainer_fsdp_view
 from smolfsdp.traces import analysis as trace_analysis
 from smolfsdp.traces.checks import exposed_share
@@ -46,7 +48,7 @@ def bf16_weights() -> Judgement:
     return Judgement(
         "bf16_weights", SEED1, "§1 introduction", "weights of a 3B model",
         "SmolLM3-3B's weights take about 6 GB in bf16.",
-        "holds",
+        "holds" if abs(2 * n / (6 * GB) - 1) < 0.1 else "wrong",
         [f"SmolLM3-3B has {n:,} parameters (counted from its config); at 2 bytes each that is {gb(2 * n)}."],
         f"{gb(2 * n)} ({gib(2 * n)}); the point of the seed stands: the weights are the small part of training.",
         {"params": n, "bf16_bytes": 2 * n},
@@ -61,7 +63,7 @@ def bytes_per_param() -> Judgement:
         "bytes_per_param", SEED1, MEMORY, "bytes per parameter",
         f"Full fine-tuning with AdamW in mixed precision costs {seed.trainable_bytes} bytes per parameter: "
         "2 for bf16 weights, 2 for bf16 gradients, 8 for fp32 Adam m and v.",
-        "wrong on this stack",
+        "holds" if ours.trainable_bytes == seed.trainable_bytes else "wrong on this stack",
         [f"The Trainer's recipe keeps {ours.param_bytes} + {ours.grad_bytes} + 2 x {ours.state_bytes} = "
          f"{ours.trainable_bytes} bytes per parameter (`RECIPES['hf-fsdp-bf16']`). With mixed precision on, "
          f"accelerate up-casts every trainable low-precision parameter to fp32 before the optimizer sees it "
@@ -83,7 +85,7 @@ def full_model_memory() -> Judgement:
         "full_model_memory", SEED1, MEMORY, "memory of a 3B full fine-tune",
         "SmolLM3-3B needs about 36 GB for weights, gradients and optimizer state, and 36-42 GB is the number "
         "to plan for once activations are added.",
-        "wrong",
+        "holds" if one.peak_bytes <= 42 * GB else "wrong",
         [f"SmolLM3-3B has {n:,} parameters. At the seed's 12 bytes that is {gb(seed)}; at the 16 bytes the "
          f"Trainer keeps, the estimator's static memory on one GPU is {gib(one.static_bytes)} "
          f"({gb(one.static_bytes)}), and the peak of one step of the book's recipe ({kw['micro_batch']} x "
@@ -103,7 +105,7 @@ def per_gpu_memory() -> Judgement:
     return Judgement(
         "per_gpu_memory", SEED1, "§3 what FSDP does", "memory per GPU, FULL_SHARD over 2",
         "Sharded over two GPUs, each GPU holds about 18 GB.",
-        "wrong",
+        "holds" if abs(two.peak_bytes / (18 * GB) - 1) < 0.15 else "wrong",
         [f"The seed halves its 12-byte total ({gb(seed)}). The estimator, for the book's recipe on 2 GPUs with "
          f"FULL_SHARD, gives {gib(two.static_bytes)} of sharded state per GPU and a peak of {gib(two.peak_bytes)} "
          "once the gathered units, gradient buffers, activations, logits, CUDA context and NCCL buffers are added."],
@@ -189,7 +191,7 @@ def static_divides() -> Judgement:
     return Judgement(
         "static_divides", SEED1, "§7 recommendations", "what sharding divides",
         "FULL_SHARD divides the static memory (weights, gradients, optimizer state) by the number of GPUs.",
-        "holds",
+        "holds" if all(abs(w * e.static_bytes / est[1].static_bytes - 1) < 0.01 for w, e in est.items()) else "wrong",
         [f"The estimator, the book's recipe: {text}. The static part falls as 1/N (up to FSDP1's padding of the "
          "flat shards); the peak falls less, because activations, logits, the gathered units and the CUDA "
          "context are per GPU and do not shard."],
@@ -228,7 +230,7 @@ def fsdp_config_as_written() -> Judgement:
         "fsdp_config_as_written", SEED1, CONFIG, "the seed's fsdp_config, key by key",
         f"The Trainer is configured with `fsdp=\"{SEED_FSDP_ARG}\"` and five `fsdp_*` keys: FSDP version 1, the "
         "SmolLM3 decoder layer as wrap class, backward prefetch, sharded state dicts, parameter offload off.",
-        "partly",
+        "holds" if landed["fsdp_offload_params"] and not dep else "partly",
         [f"Built by the installed TrainingArguments: transformers strips the `fsdp_` prefix ({strip}); what "
          f"reached accelerate's plugin arguments: {said} (the last one with the key set to true). It logs: "
          + " / ".join(f"\"{d}.\"" for d in dep)],
@@ -246,7 +248,7 @@ def offload_key() -> Judgement:
     return Judgement(
         "offload_key", SEED1, CONFIG, "turning on CPU offload",
         "`fsdp_offload_params: true` in the `fsdp_config` offloads parameters to the CPU.",
-        "wrong on this stack",
+        "holds" if "cpu_offload" in seed_args else "wrong on this stack",
         [f"transformers strips the `fsdp_` prefix ({strip}), so the key becomes `offload_params`, and the only "
          f"offload key it reads is `cpu_offload` ({read}). Built by the installed TrainingArguments, the plugin "
          f"arguments contain `cpu_offload`: {'cpu_offload' in seed_args} with the seed's key, "
@@ -264,7 +266,7 @@ def fsdp1_pin() -> Judgement:
     return Judgement(
         "fsdp1_pin", SEED1, "§5.1 gotcha 1 and §7", "FSDP1 on this stack",
         "Pin FSDP1 (the Trainer's FSDP path) for this run.",
-        "holds, but deprecated",
+        ("holds" if args.get("fsdp_version") == 1 else "wrong") + (", but deprecated" if deprecated else ""),
         [f"The installed transformers still builds an FSDP1 plugin (`fsdp_version` = {args.get('fsdp_version')}) "
          f"and logs, at {where}: \"{deprecated[0] if deprecated else 'no warning'}\""],
         "FSDP1 runs on transformers 5.24 (the book's smoke runs prove it) but is deprecated; FSDP2 is the default "
@@ -273,23 +275,50 @@ def fsdp1_pin() -> Judgement:
     )  # fmt: skip
 
 
-def save_strategy_no() -> Judgement:
-    from transformers import Trainer  # deferred: heavy, only this claim
+def run_save_strategy_no(out: str | Path) -> dict:
+    """Two steps of a ``transformers.Trainer`` on the tiny SmolLM3 (CPU, one process) with
+    ``save_strategy="no"``, then an explicit ``save_model(out/final)``: the files under ``out`` after each.
+    A few seconds."""
+    import torch  # deferred: heavy, only this claim
+    from transformers import PrinterCallback, Trainer, TrainingArguments  # deferred with it
 
-    body = inspect.getsource(Trainer.save_model)
+    from smolfsdp.gotchas.builders import rank_batch, tiny_model  # deferred: builds a model
+
+    out = Path(out)
+    model, _ = tiny_model()
+    batch = rank_batch(0)
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(len(batch["input_ids"]))]
+    args = TrainingArguments(str(out), max_steps=2, per_device_train_batch_size=2, save_strategy="no",
+                             report_to=[], use_cpu=True, logging_strategy="no", disable_tqdm=True)  # fmt: skip
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    trainer.remove_callback(PrinterCallback)  # its log lines are not evidence; the files are
+    torch.manual_seed(0)
+    with contextlib.redirect_stderr(io.StringIO()):  # the save's shard-writing progress bar
+        trainer.train()
+        during = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+        trainer.save_model(str(out / "final"))
+    return {"steps": trainer.state.global_step, "files_after_training": during,
+            "final_files": sorted(p.name for p in (out / "final").iterdir())}  # fmt: skip
+
+
+def save_strategy_no(out: str | Path | None = None) -> Judgement:
+    with tempfile.TemporaryDirectory(prefix="save-strategy-no-") as tmp:
+        run = run_save_strategy_no(out or Path(tmp) / "run")
+    ckpts = [f for f in run["files_after_training"] if f.startswith("checkpoint-")]
+    saved = any(f.endswith(".safetensors") for f in run["final_files"])
     gate = source_line("transformers.trainer_callback", "args.save_strategy == SaveStrategy.STEPS")
-    where = source_line("transformers.trainer", "def save_model(self")
     return Judgement(
         "save_strategy_no", SEED1, GOTCHA2, "turning periodic checkpoints off",
         "With `save_strategy=\"no\"` no checkpoint is written during training, and an explicit `save_model()` "
         "at the end still saves the final model.",
-        "holds" if "save_strategy" not in body else "partly",
-        [f"The periodic save is decided by the callback's `should_save` from `save_strategy` ({gate}); "
-         f"`Trainer.save_model` ({where}) mentions `save_strategy`: {'save_strategy' in body}."],
+        "holds" if not ckpts and saved else "partly" if saved or not ckpts else "wrong",
+        [f"Run: a `Trainer` on the tiny SmolLM3 (CPU), {run['steps']} steps with `save_strategy=\"no\"`: "
+         f"{len(ckpts)} `checkpoint-*` folder(s) after training (the periodic save is the callback's "
+         f"`should_save`, {gate}); then `save_model()` wrote {', '.join(run['final_files'])}."],
         "None; the book's runs turn periodic checkpoints off the same way (`save_steps: 0`) and write the final "
         "model explicitly. Crash resilience then needs checkpoints on a disk that is big enough "
         "(`smolfsdp.checkpoint.disk.check_disk_space` checks before training).",
-        {"save_model_reads_save_strategy": "save_strategy" in body, "gate": gate},
+        {"checkpoints_during_training": ckpts, "final_saved": saved, "final_files": run["final_files"], "gate": gate},
     )  # fmt: skip
 
 
@@ -308,7 +337,7 @@ def tracker_env() -> Judgement:
         "tracker_env", SEED1, GOTCHA3, "the tracker's environment variables",
         "The Trainer's tracker callback takes its destination from environment variables such as "
         "`TRACKIO_PROJECT` and `TRACKIO_SPACE_ID`; set those and let the one callback log.",
-        "partly",
+        {2: "holds", 1: "partly", 0: "wrong"}[sum(bool(v) for v in read.values())],
         [f"Searched in the installed transformers integration and trackio: `TRACKIO_PROJECT` is read in "
          f"{read['TRACKIO_PROJECT'] or 'no file'}; `TRACKIO_SPACE_ID` in {read['TRACKIO_SPACE_ID']} ({space}). "
          f"The callback passes the project from the arguments ({project}); its default is \"huggingface\"."],
@@ -326,21 +355,25 @@ def prefetch_overlap(trace: str | Path = GPU_TRACE) -> Judgement:
     """The seed's picture of prefetching, which no trace here can judge: the evidence says what exists."""
     trace = Path(trace)
     if trace.is_file():
-        share = exposed_share(trace_analysis.analyze(trace_analysis.load_trace(trace)))
+        report = trace_analysis.analyze(trace_analysis.load_trace(trace))
+        share = exposed_share(report)
         gpu = (
             f"the one real multi-GPU trace here is DDP on 2 A100s (HolisticTraceAnalysis's test data): "
             f"{share['exposed_pct']:.0f} % of its NCCL time is exposed, but its collectives are gradient "
             "all-reduces, with no all-gathers to prefetch"
         )
-        values = {"ddp_exposed_pct": share["exposed_pct"]}
+        values = {"ddp_exposed_pct": share["exposed_pct"], "all_gathers": len(report.gathers)}
     else:
         gpu, values = f"no multi-GPU trace is present (../shared/traces/{Path(trace).name} is absent)", {}
+    # a trace judges it only if it holds FSDP's all-gathers (DDP's all-reduces have nothing to prefetch)
+    verdict = ("open: needs an FSDP trace from 2+ GPUs" if not values.get("all_gathers") else
+               "holds" if values["ddp_exposed_pct"] < 10 else "partly")  # exposed % of a gathering run  # fmt: skip
     return Judgement(
         "prefetch_overlap", SEED1, TRACE, "prefetch hides communication",
         "With `backward_prefetch=BACKWARD_PRE`, the next unit's all-gather runs while the current unit "
         "computes, so communication is hidden behind compute; streams without gaps and a regular per-layer "
         "pattern say the run is compute-bound.",
-        "open: needs an FSDP trace from 2+ GPUs",
+        verdict,
         [f"On CPU, gloo runs the prefetched all-gathers one after another, so a CPU trace cannot show it; {gpu}; "
          "the book's GPU check runs at world size 1, where nothing is communicated."],
         "Read it as the mechanism's intent, not a measured fact: whether the all-gathers hide depends on the "

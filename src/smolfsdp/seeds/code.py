@@ -62,16 +62,31 @@ _CACHE: dict[str, dict[str, Any]] = {}
 
 
 def _seed2_model(
-    wrap: str, world: int, reduce_dtype: torch.dtype, dtype: torch.dtype
+    wrap: str,
+    world: int,
+    reduce_dtype: torch.dtype,
+    dtype: torch.dtype,
+    reentrant: bool | None = None,
+    hooks: bool = True,
 ) -> tuple[nn.Module, dict]:
-    """Seed 2's set-up in the seed's order (``dtype`` bf16 as written; fp32 for the reference run)."""
+    """Seed 2's set-up in the seed's order (``dtype`` bf16 as written; fp32 for the reference run).
+    ``reentrant``: ``use_reentrant`` of the checkpointing (None: transformers' default); ``hooks=False``
+    removes the input-gradient hook transformers and peft install (the control)."""
     model = tiny_model()[0].to(dtype)  # the seed loads in bf16 (torch_dtype=torch.bfloat16)
     model.config.use_cache = False
-    model.gradient_checkpointing_enable()  # before get_peft_model, as the seed does
+    ckpt = None if reentrant is None else {"use_reentrant": reentrant}
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs=ckpt
+    )  # before get_peft_model, as the seed
     torch.manual_seed(1)  # the adapters' initial values: the same in every form
     lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "k_proj", "o_proj"],
                       lora_dropout=0.05, bias="none", task_type="CAUSAL_LM")  # fmt: skip
     model = get_peft_model(model, lora).to(dtype)  # the seed's cast of the whole model, adapters included
+    emb = model.get_input_embeddings()
+    grad_hooks = [k for k, h in emb._forward_hooks.items() if "require_grads" in getattr(h, "__name__", "")]
+    if not hooks:  # the control: neither transformers' nor peft's hook
+        for k in grad_hooks:
+            del emb._forward_hooks[k]
     for p in model.parameters():
         p.requires_grad = False
     for name, p in model.named_parameters():
@@ -88,7 +103,9 @@ def _seed2_model(
         if isinstance(module, cls):
             fully_shard(module, mesh=mesh, **kw)
     fully_shard(model, mesh=mesh, **kw)
-    return model, {"root_group_share": (total - in_layers) / total}
+    left = sum("require_grads" in getattr(h, "__name__", "") for h in emb._forward_hooks.values())
+    return model, {"root_group_share": (total - in_layers) / total, "input_grad_hooks": len(grad_hooks),
+                   "input_grad_hooks_left": left}  # fmt: skip
 
 
 def _two_steps(model: nn.Module, rank: int) -> dict[str, Any]:
@@ -150,6 +167,66 @@ def seed2_as_written(rank: int, world: int) -> dict[str, Any]:
     for row in out.values():
         grads = row.pop("_grads")
         row["grad_error_vs_fp32"] = _rel_error(grads, ref) if set(grads) == set(ref) else None
+    return out
+
+
+def checkpointing_forms(rank: int, world: int) -> dict[str, Any]:
+    """Seed 2's SmolLM3 form with reentrant checkpointing, with and without the input-gradient hooks:
+    which one cuts the adapters off?"""
+    bf16 = torch.bfloat16
+    runs = {
+        "default checkpointing": _seed2_model("SmolLM3DecoderLayer", world, bf16, bf16),
+        "use_reentrant=False": _seed2_model("SmolLM3DecoderLayer", world, bf16, bf16, reentrant=False),
+        "use_reentrant=True": _seed2_model("SmolLM3DecoderLayer", world, bf16, bf16, reentrant=True),
+        "use_reentrant=True, hooks removed": _seed2_model(
+            "SmolLM3DecoderLayer", world, bf16, bf16, reentrant=True, hooks=False
+        ),  # fmt: skip
+    }
+    out = {}
+    for label, (model, facts) in runs.items():
+        try:
+            row = _two_steps(model, rank)
+            row.pop("_grads")
+            out[label] = {**facts, **row, "error": None}
+        except RuntimeError as err:  # the control: no gradient reaches anything, backward refuses
+            n = sum("lora" in name.lower() for name, _ in model.named_parameters())
+            out[label] = {
+                **facts,
+                "adapters": n,
+                "adapters_nonzero_grad": 0,
+                "error": str(err).splitlines()[0],
+            }
+    return out
+
+
+def meta_init(rank: int, world: int) -> dict[str, Any]:
+    """Seed 2's "simpler meta-device initialisation": the tiny SmolLM3 built on the meta device, sharded
+    with FSDP2 as it is, then ``to_empty`` + the model's own ``init_weights`` and one forward/backward; and
+    FSDP1 on the same meta model with no ``param_init_fn`` (what it does without one)."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # deferred: only this part builds from a config
+
+    config = tiny_model()[0].config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config.to_dict()))
+    fsdp2.apply_fsdp2(model, fsdp2.build_mesh("cpu", world), SmolLM3DecoderLayer)
+    on_meta = sum(p.is_meta for p in model.parameters())
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights()
+    loss = model(**rank_batch(rank)).loss
+    loss.backward()
+    out = {"fsdp2": {"params_on_meta_after_shard": on_meta, "calls_after_shard": ["to_empty", "init_weights"],
+                     "loss": float(loss.detach()), "finite": bool(torch.isfinite(loss)),
+                     "dtensor_params": sum(isinstance(p, DTensor) for p in model.parameters()),
+                     "params": sum(1 for _ in model.parameters())}}  # fmt: skip
+    with torch.device("meta"):
+        meta1 = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config.to_dict()))
+    try:
+        v1 = wrap_fsdp1(meta1, SmolLM3DecoderLayer)
+        still_meta = sum(p.is_meta for p in v1.parameters())
+        out["fsdp1"] = {"outcome": "wrapped", "params_on_meta": still_meta}
+    except Exception as err:  # FSDP1 needs param_init_fn or materialised weights: recorded, not hidden
+        out["fsdp1"] = {"outcome": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
     return out
 
 
@@ -224,13 +301,15 @@ def full_step_and_checkpoint(rank: int, world: int, out: Path) -> dict[str, Any]
 
 def trainer_fsdp2_eval(rank: int, world: int, out: Path) -> dict[str, Any]:
     """Seed 1's gotcha 1 on the Trainer's FSDP2 path: SFTTrainer, FSDP2, the tiny SmolLM3 (tied embeddings),
-    an evaluation after every step, four steps; did training go on after the first evaluation?"""
+    activation checkpointing, an evaluation after every step and a checkpoint every second one (the seed's
+    "eval/checkpoint cycle"), four steps; did training go on after the first evaluation and the first save?"""
     from accelerate.state import AcceleratorState  # deferred: only this form builds a Trainer
 
     from smolfsdp.train.trl_engine import run_trl  # deferred: imports trl, the heaviest
 
     cfg = TrainConfig(name="seed1-fsdp2-eval", output_dir=str(out), engine="trl", fsdp_version=2, max_steps=4,
-                      eval_steps=1, save_final_model=False, max_rows=64, per_device_train_batch_size=2,
+                      eval_steps=1, save_steps=2, save_total_limit=2, activation_checkpointing=True,
+                      save_final_model=False, max_rows=64, per_device_train_batch_size=2,
                       per_device_eval_batch_size=2, eval_on_start=False, accelerate_fsdp_on_cpu=True)  # fmt: skip
     AcceleratorState._reset_state()
     writer = RunWriter(cfg.run_dir, enabled=rank == 0)
@@ -244,8 +323,15 @@ def trainer_fsdp2_eval(rank: int, world: int, out: Path) -> dict[str, Any]:
         json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
     ]
     model = tiny_model()[0]
+    saved = sorted(
+        int(p.parent.name.split("-")[-1]) for p in (cfg.run_dir / "checkpoints").glob("step-*/COMPLETE")
+    )
     return {
         "outcome": "ok",
+        "activation_checkpointing": fields["effective"].get("activation_checkpointing", cfg.activation_checkpointing),
+        "checkpoints_saved_at": saved,
+        "train_steps_after_first_save": sum(r.get("split") == "train" and r.get("step", 0) > (saved or [99])[0]
+                                            for r in rows),  # fmt: skip
         "strategy": fields["effective"]["strategy"],
         "steps": fields["metrics"]["steps"],
         "evaluations": sum(r.get("split") == "eval" for r in rows),
@@ -260,8 +346,10 @@ def record(out: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     parts = {
         "seed2": lambda: seed2_as_written(rank, world),
+        "seed2_checkpointing": lambda: checkpointing_forms(rank, world),
         "state_dict_collectives": lambda: state_dict_collectives(world),
         "full_step": lambda: full_step_and_checkpoint(rank, world, out),
+        "meta_init": lambda: meta_init(rank, world),
         "trainer_fsdp2_eval": lambda: trainer_fsdp2_eval(rank, world, out),
     }
     result: dict[str, Any] = {"world_size": world, "seconds": {}}
