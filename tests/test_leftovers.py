@@ -129,7 +129,9 @@ def test_keep_last_k_after_an_older_resume_keeps_and_names_the_newer_step(tmp_pa
     save(3, keep=1)  # today's main deletes 4 and 6 without a word
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-000003", "step-000004", "step-000006"]
     err = capsys.readouterr().err
-    assert f"smolfsdp: kept {ckpts / 'step-000004'}" in err and f"smolfsdp: kept {ckpts / 'step-000006'}" in err
+    assert (
+        f"smolfsdp: kept {ckpts / 'step-000004'}" in err and f"smolfsdp: kept {ckpts / 'step-000006'}" in err
+    )
     save(4, keep=1)
     assert sorted(p.name for p in ckpts.iterdir()) == ["step-000004", "step-000006"]
     assert capsys.readouterr().err == ""  # named once

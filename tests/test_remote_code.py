@@ -26,7 +26,9 @@ def evil_folder(tmp_path):
     config = json.loads(SHIPPED.read_text())
     config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
     (folder / "config.json").write_text(json.dumps(config))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["evil.Tok", None]}})
+    )
     (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     return folder, marker
 

@@ -364,7 +364,9 @@ def convert_checkpoint(
     out.parent.mkdir(parents=True, exist_ok=True)
     # a fresh folder beside OUT (never a fixed name that could be someone's folder), moved in when complete
     for stale in remove_stale_tmps(out):  # a killed convert's leftovers (ours, their process gone)
-        print(f"smolfsdp convert: removed {stale}, left by an earlier convert that was killed", file=sys.stderr)
+        print(
+            f"smolfsdp convert: removed {stale}, left by an earlier convert that was killed", file=sys.stderr
+        )
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent))
     try:
         built.save_pretrained(tmp, safe_serialization=True)

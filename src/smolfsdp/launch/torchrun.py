@@ -236,6 +236,7 @@ def _alive(pid: int) -> bool:
         return True
     return True
 
+
 def launch(
     cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
 ) -> subprocess.CompletedProcess:

@@ -86,7 +86,9 @@ def check_model_size(config) -> None:
     for key in ("hidden_size", "intermediate_size", "vocab_size"):
         value = getattr(config, key, None)
         if isinstance(value, int) and not 1 <= value <= 2**20 * (8 if key == "vocab_size" else 1):
-            raise ConfigError(f"{key}={value:,} in the model's config is not a plausible size; fix config.json.")
+            raise ConfigError(
+                f"{key}={value:,} in the model's config is not a plausible size; fix config.json."
+            )
 
 
 def _resolve(model, local_files_only, trust_remote_code):

@@ -110,7 +110,7 @@ def _over(path: Path, what: str, limit: int, var: str) -> TraceError:
 class _Reader:
     """File-like view of a (possibly gzip'd) trace that counts bytes and feeds the progress bar."""
 
-    def __init__(self, path: Path, bar: tqdm | None = None, max_bytes: int | None = None, header: bool = False):
+    def __init__(self, path: Path, bar: tqdm | None = None, max_bytes: int | None = None, header=False):
         self.path, self.bar, self.pos, self.header = path, bar, 0, header
         self.max_bytes = limits()[0] if max_bytes is None else max_bytes
         self.raw = path.open("rb")
@@ -210,8 +210,8 @@ def read_trace(path: str | Path, progress: bool = False) -> tuple[dict[str, Any]
     path = Path(path)
     if path.is_dir():
         found = sorted(p.name for p in path.glob("*.json*"))[:3]
-        hint = f", e.g. {path / found[0]}" if found else "; it holds none"
-        raise FileNotFoundError(f"{path} is a folder, not a trace file; give one .json/.json.gz trace in it{hint}")
+        hint = f"one .json/.json.gz trace in it, e.g. {path / found[0]}" if found else "a trace file"
+        raise FileNotFoundError(f"{path} is a folder, not a trace file; give {hint}")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such trace file")
     if path.stat().st_size == 0:
