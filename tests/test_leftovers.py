@@ -47,11 +47,11 @@ def test_a_killed_converts_tmp_is_removed_only_when_its_process_is_gone(tmp_path
 
 
 def test_a_header_bomb_is_refused_within_the_byte_bound(tmp_path):
-    """A 48 MiB list in the header under a 64 MiB byte bound: refused, and the read's Python memory
+    """A 24 MiB list in the header under a 32 MiB byte bound: refused, and the read's Python memory
     (tracemalloc peak, in a fresh process) stays under the bound (today: ~4 bytes per byte, past it)."""
     trace = tmp_path / "bomb.json"
     with trace.open("w") as f:
-        f.write('{"big": [' + "0," * (24 * 2**20) + '0], "traceEvents": []}')
+        f.write('{"big": [' + "0," * (12 * 2**20) + '0], "traceEvents": []}')
     code = (
         "import sys, tracemalloc\n"
         "from smolfsdp.traces.load import read_trace, TraceError\n"
@@ -60,11 +60,11 @@ def test_a_header_bomb_is_refused_within_the_byte_bound(tmp_path):
         "except TraceError as err:\n    print('refused', err)\n"
         "print(tracemalloc.get_traced_memory()[1])\n"
     )
-    env = {**os.environ, "SMOLFSDP_TRACE_MAX_BYTES": str(64 * 2**20)}
+    env = {**os.environ, "SMOLFSDP_TRACE_MAX_BYTES": str(32 * 2**20)}
     proc = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, text=True, env=env)
     out = proc.stdout.splitlines()
     assert out[0].startswith(f"refused {trace}: more than 4,194,304 bytes before traceEvents"), proc.stderr
-    assert int(out[-1]) < 64 * 2**20
+    assert int(out[-1]) < 32 * 2**20
 
 
 def test_a_folder_given_as_a_trace_is_named_a_folder(tmp_path):

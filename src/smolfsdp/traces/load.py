@@ -133,7 +133,7 @@ class _Reader:
             ) from err
         self.pos += len(data)
         if self.pos > self.max_bytes:  # checked per read (ijson asks for 64 KiB at a time)
-            if self.header:
+            if self.header and self.max_bytes == MAX_HEADER_BYTES:  # else the user's lower limit stopped it
                 raise TraceError(
                     f"{self.path}: more than {self.max_bytes:,} bytes before traceEvents (a profiler's header "
                     "is a few KiB of metadata); refused to bound memory: not a PyTorch profiler trace"
