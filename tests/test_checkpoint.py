@@ -378,7 +378,9 @@ def test_keep_last_k_after_resuming_from_an_older_step_keeps_the_step_just_writt
         checkpoint.check_resume_settings(new6, cfg.replace(max_steps=6))
     assert "Its final model is in" not in str(err.value)
     _save(tmp_path, 6, keep=1, value=-6.0)  # the same save with --save_total_limit 1
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000006"]
+    # the left branch's higher step 8 is kept and named (issue 34; HF Trainer keeps it too), not resumed from
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000006", "step-000008"]
+    assert checkpoint.latest_checkpoint(tmp_path) == ckpts / "step-000006"
     state = {"w": torch.zeros(4)}
     checkpoint.dcp_load(state, ckpts / "step-000006")
     assert state["w"].tolist() == [-6.0] * 4  # the checkpoint just written, not the stale one

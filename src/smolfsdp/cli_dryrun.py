@@ -13,6 +13,7 @@ import sys
 
 from smolfsdp.cli_args import field_parser, overrides_from
 from smolfsdp.config import load_config
+from smolfsdp.errors import ConfigError
 
 GIB = 2**30
 
@@ -34,12 +35,12 @@ def add_dryrun_parser(sub: argparse._SubParsersAction, common: dict) -> None:
 
 def cmd_dryrun(args: argparse.Namespace) -> int:
     """Run the dry run, print the report and the estimator beside it."""
+    if args.gpus is not None and args.gpus < 1:  # before torch loads
+        raise ConfigError(f"--gpus {args.gpus}: the fake group needs at least 1 rank; give --gpus 1 or more.")
+    cfg = load_config(args.config, **overrides_from(args))
     from smolfsdp.dryrun.compare import compare_with_estimate  # deferred: torch, transformers
     from smolfsdp.dryrun.run import dry_run  # deferred: torch, transformers
 
-    cfg = load_config(args.config, **overrides_from(args))
-    if args.gpus is not None and args.gpus < 1:
-        raise ValueError("--gpus must be at least 1")
     out = sys.stderr if args.json else sys.stdout
     report = dry_run(cfg, args.gpus, progress=lambda msg: print(f"[dryrun] {msg}", file=out, flush=True))
     table = compare_with_estimate(report, cfg)

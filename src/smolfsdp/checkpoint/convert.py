@@ -23,8 +23,11 @@ recompute) says which model it was trained from. ``convert`` reads that as a nam
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +149,11 @@ def check_convert_out(ckpt: Path, out: Path, overwrite: bool) -> None:
                 f"OUT {out} is inside {folder}, a checkpoint or a run's checkpoints/ folder (keep-last-K and "
                 "resume manage it). Choose an output folder outside it, e.g. /tmp/exported."
             )
+    if out.is_symlink():  # the finished folder is renamed onto OUT: a link would be replaced, not followed
+        raise ConfigError(
+            f"OUT {out} is a symbolic link (to {out_r}); convert replaces the folder OUT itself, not what a "
+            f"link points to. Give the real folder instead: {out_r}"
+        )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} is a file; give convert a new or empty folder.")
     if not out.is_dir() or not any(out.iterdir()):
@@ -163,6 +171,32 @@ def check_convert_out(ckpt: Path, out: Path, overwrite: bool) -> None:
             f"{' ...' if len(foreign) > 5 else ''}); --overwrite replaces only an earlier convert's output "
             f"(listed in its {CONVERT_MARKER}). Nothing was deleted; choose a new or empty folder."
         )
+
+
+def remove_stale_tmps(out: Path) -> list[Path]:
+    """Remove the hidden ``.OUT.<pid>.<random>.tmp`` folders beside ``out`` that an earlier convert made
+    (owned by this user) whose process ``<pid>`` is gone (a SIGKILL skips the cleanup); returns them."""
+    removed = []
+    for tmp in sorted(out.parent.glob(f".{glob.escape(out.name)}.*.tmp")):
+        pid = tmp.name[len(out.name) + 2 :].split(".", 1)[0]
+        if not (pid.isdigit() and tmp.is_dir() and not tmp.is_symlink() and tmp.stat().st_uid == os.getuid()):
+            continue
+        if pid_alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0; a process of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _convert_files(out: Path) -> set[str] | None:
@@ -329,7 +363,11 @@ def convert_checkpoint(
         built = built.merge_and_unload()
     out.parent.mkdir(parents=True, exist_ok=True)
     # a fresh folder beside OUT (never a fixed name that could be someone's folder), moved in when complete
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    for stale in remove_stale_tmps(out):  # a killed convert's leftovers (ours, their process gone)
+        print(
+            f"smolfsdp convert: removed {stale}, left by an earlier convert that was killed", file=sys.stderr
+        )
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent))
     try:
         built.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,9 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
 _LAST: dict[Path, Path] = {}
 
 
+_TOLD: set[Path] = set()  # left-branch checkpoints already named as kept (once per process)
+
+
 def _lineage_key(run_dir: str | Path) -> Path:
     return checkpoint_dir(run_dir).resolve()
 
@@ -100,7 +104,8 @@ def atomic_save(
     renames. With ``keep``, only the newest ``keep`` complete checkpoints remain (the new one is
     complete before any old one is removed; only the newest ``keep`` of its lineage stay, see
     :func:`smolfsdp.checkpoint.verify.current_lineage`: the marker records the checkpoint this process
-    resumed from or saved last as the new one's parent). If ``write`` raises on any rank, no ``step-N/`` appears
+    resumed from or saved last as the new one's parent); a left branch's checkpoints of higher steps are
+    kept, as HF Trainer keeps them, and named once on stderr). If ``write`` raises on any rank, no ``step-N/`` appears
     and the previous checkpoint stays the latest. Returns ``step-N/``.
 
     Raises:
@@ -131,11 +136,21 @@ def atomic_save(
         if final.exists():
             shutil.rmtree(final)
         tmp.replace(final)
-        if keep is not None:  # the new one and its lineage's newest; a left branch's checkpoints go too
-            kept = current_lineage(checkpoint_dir(run_dir), head=final)[:keep]
+        if keep is not None:  # the new one and its lineage's newest, and a left branch's newer steps
+            kept = current_lineage(checkpoint_dir(run_dir), head=final)
             for old in complete_checkpoints(checkpoint_dir(run_dir)):
-                if old not in kept:
-                    shutil.rmtree(old)
+                if old in kept[:keep]:
+                    continue
+                if old not in kept and int(old.name[5:]) > step:  # HF Trainer never prunes a higher step
+                    if old not in _TOLD:
+                        _TOLD.add(old)
+                        print(
+                            f"smolfsdp: kept {old} (saved by the run before this resume; keep-last-K prunes "
+                            "only this run's line): this run replaces it when it saves that step, or delete it",
+                            file=sys.stderr,
+                        )
+                    continue
+                shutil.rmtree(old)
     _LAST[_lineage_key(run_dir)] = final
     dist.barrier()
     return final

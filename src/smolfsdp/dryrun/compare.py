@@ -29,7 +29,7 @@ def estimate_for(cfg: TrainConfig, world_size: int):
         else None
     )
     return estimate_memory(
-        resolve_model_config(cfg.model),
+        resolve_model_config(cfg.model, trust_remote_code=cfg.trust_remote_code),
         world_size=world_size,
         strategy=cfg.sharding_strategy,
         recipe="hf-fsdp-bf16" if cfg.mixed_precision == "bf16" else "fp32",

@@ -126,7 +126,7 @@ def build_meta_model(cfg: TrainConfig):
     """
     from transformers import AutoModelForCausalLM  # deferred: transformers takes seconds to import
 
-    config = resolve_model_config(cfg.model)
+    config = resolve_model_config(cfg.model, trust_remote_code=cfg.trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.train()

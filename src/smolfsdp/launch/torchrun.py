@@ -29,6 +29,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -204,6 +205,38 @@ def launch_env(nproc: int, max_restarts: int = 0) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------ running
+TMP_PREFIX = "smolfsdp-"  # + launcher pid + "-": the private folder of the ranks' unredacted config.yaml
+
+
+def remove_stale_configs(base: str | Path | None = None) -> list[Path]:
+    """Remove ``smolfsdp-<pid>-*`` folders in ``base`` (the temporary folder) that a launcher of this
+    user made and whose process ``<pid>`` is gone (a SIGKILL skips the cleanup); returns them. A folder
+    holding anything but ``config.yaml`` is not ours and is kept."""
+    removed = []
+    for folder in sorted(Path(base or tempfile.gettempdir()).glob(f"{TMP_PREFIX}*-*")):
+        pid = folder.name[len(TMP_PREFIX) :].split("-", 1)[0]
+        try:
+            ours = folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid()
+            ours = ours and pid.isdigit() and {p.name for p in folder.iterdir()} <= {"config.yaml"}
+        except OSError:
+            continue
+        if not ours or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def launch(
     cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
 ) -> subprocess.CompletedProcess:
@@ -224,7 +257,9 @@ def launch(
         wait_for_endpoint(cfg.rdzv_endpoint, cfg.rdzv_timeout_s)
     check_resources(cfg)
     # held for the run's life: a second launch of this name and output_dir is refused, not interleaved
-    with run_lock(cfg), sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="smolfsdp-") as tmp:
+    remove_stale_configs()  # a SIGKILLed launcher's unredacted config (its process gone)
+    tmp_dir = tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-")
+    with run_lock(cfg), sigterm_as_interrupt(), tmp_dir as tmp:
         cfg_path = Path(tmp) / "config.yaml"
         # the ranks train with the config as resolved; redaction is for the files people read (the
         # run folder's and each checkpoint's config.yaml); this private folder is removed afterwards

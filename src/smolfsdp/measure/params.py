@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig
 
 from smolfsdp.errors import ConfigError, nearest
-from smolfsdp.models.modeling import load_tokenizer, tiny_config
+from smolfsdp.models.modeling import load_tokenizer, refuse_remote_code, tiny_config
 from smolfsdp.paths import repo_root
 
 SHIPPED_MODELS = {
@@ -57,22 +57,53 @@ class ParamCounts:
     largest_unit_name: str
 
 
-def resolve_model_config(model, local_files_only: bool | None = None):
+def resolve_model_config(model, local_files_only: bool | None = None, trust_remote_code: bool = False):
     """A ``PretrainedConfig`` from ``"smollm3-3b"`` (shipped), ``"tiny"``, a directory or a hub id.
 
-    Raises ConfigError when a hub id cannot be resolved (offline): the config is needed, not weights.
+    Raises ConfigError when a hub id cannot be resolved (offline): the config is needed, not weights;
+    and when the folder or hub repo names its own Python (``auto_map``) and ``trust_remote_code`` is off
+    (:func:`smolfsdp.models.modeling.refuse_remote_code`): its code is never run or asked about.
     """
+    config = _resolve(model, local_files_only, trust_remote_code)
+    check_model_size(config)
+    return config
+
+
+#: Most decoder layers a config may ask for: the largest open models have ~126 (Llama-3.1-405B); a
+#: meta-device build holds a Python module per layer, so 10**6 layers exhaust host memory before any check.
+MAX_LAYERS = 2048
+
+
+def check_model_size(config) -> None:
+    """Raise ConfigError when ``config`` asks for more than ``MAX_LAYERS`` layers or a non-positive
+    geometry: checked from the numbers alone, before any module is built."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and not 1 <= layers <= MAX_LAYERS:
+        raise ConfigError(
+            f"num_hidden_layers={layers:,} in the model's config is outside 1..{MAX_LAYERS:,} (the largest "
+            "open models have ~126); fix config.json."
+        )
+    for key in ("hidden_size", "intermediate_size", "vocab_size"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not 1 <= value <= 2**20 * (8 if key == "vocab_size" else 1):
+            raise ConfigError(
+                f"{key}={value:,} in the model's config is not a plausible size; fix config.json."
+            )
+
+
+def _resolve(model, local_files_only, trust_remote_code):
     if isinstance(model, PretrainedConfig):
         return model
     if model == "tiny":
         return tiny_config(load_tokenizer("tiny"))
     if model in SHIPPED_MODELS:
-        return AutoConfig.from_pretrained(repo_root() / SHIPPED_MODELS[model])
+        return AutoConfig.from_pretrained(repo_root() / SHIPPED_MODELS[model], trust_remote_code=False)
     path = Path(str(model)).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ConfigError(f"{path} has no config.json; give a directory with the model's config.json.")
-        return AutoConfig.from_pretrained(path)
+        refuse_remote_code(path, trust_remote_code)
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     if "/" not in str(model):
         hint = nearest(model, ["tiny", *SHIPPED_MODELS])
         raise ConfigError(
@@ -83,13 +114,21 @@ def resolve_model_config(model, local_files_only: bool | None = None):
     if local_files_only is None:
         local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
     try:
-        return AutoConfig.from_pretrained(model, local_files_only=local_files_only)
+        config = AutoConfig.from_pretrained(
+            model, local_files_only=local_files_only, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as err:
+        if "trust_remote_code" in str(err):
+            raise ConfigError(
+                f"{model!r} names its own Python (auto_map); refused: pass --trust_remote_code true only "
+                "after reading that code."
+            ) from err
         raise ConfigError(
             f"Could not resolve {model!r} offline: the estimate needs only its config.json (no weights). "
             f"Download it where there is network (huggingface-cli download {model} config.json "
             "--local-dir DIR) and pass --model DIR."
         ) from err
+    return config
 
 
 def llama3_70b_config():

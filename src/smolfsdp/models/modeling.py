@@ -48,6 +48,32 @@ def check_model_name(model: str) -> str:
     )
 
 
+#: Files of a model folder whose ``auto_map`` makes transformers import the folder's own Python.
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json")
+
+
+def refuse_remote_code(model, trust_remote_code: bool = False) -> None:
+    """Raise ConfigError when the local folder ``model`` names its own Python (``auto_map`` in
+    config.json or tokenizer_config.json) and ``trust_remote_code`` is off: before transformers asks
+    on standard input or imports the folder's ``.py`` files. Hub ids and presets pass (transformers
+    itself refuses their code with ``trust_remote_code=False``, which every caller passes)."""
+    if trust_remote_code or not isinstance(model, (str, Path)):
+        return
+    folder = Path(str(model)).expanduser()
+    if not folder.is_dir():
+        return
+    for name in REMOTE_CODE_FILES:
+        try:
+            auto_map = json.loads((folder / name).read_text()).get("auto_map")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if auto_map:
+            raise ConfigError(
+                f"{folder / name} has auto_map (the folder's own Python: {sorted(auto_map)}); refused: pass "
+                "--trust_remote_code true only after reading that code, or give a folder without auto_map."
+            )
+
+
 def load_tokenizer(model: str = "tiny", tokenizer: str | None = None, trust_remote_code: bool = False):
     """The tokenizer for ``model``: the bundled byte-level BPE for ``tiny``, else the model's own.
 
@@ -59,6 +85,7 @@ def load_tokenizer(model: str = "tiny", tokenizer: str | None = None, trust_remo
 
     check_model_name(model)
     source = tokenizer or (str(bundled_tokenizer_path()) if model == "tiny" else model)
+    refuse_remote_code(source, trust_remote_code)
     try:
         tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -127,6 +154,7 @@ def build_model(
         if dtype is not None:
             net = net.to(dtype)
     else:
+        refuse_remote_code(model, trust_remote_code)
         try:
             net = AutoModelForCausalLM.from_pretrained(
                 model, dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, device_map=None
@@ -148,6 +176,7 @@ def build_meta_model(model: str, tokenizer=None, trust_remote_code: bool = False
     if model == "tiny":
         config = tiny_config(tokenizer)
     else:
+        refuse_remote_code(model, trust_remote_code)
         try:
             config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as err:

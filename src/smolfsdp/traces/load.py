@@ -50,22 +50,18 @@ except ImportError:  # the lent GPU machine's image has none: json_stream reads 
 #: What a broken JSON raises: ijson's errors and the standard-library scanner's.
 JSON_ERRORS = (json_stream.StreamError,) + ((ijson.JSONError,) if ijson else ())
 
-PROGRESS_DELAY_S = 2.0  # the bar appears only on reads that take longer than this
-# Input bounds (a trace is data from elsewhere: a gzip bomb must not take the machine). Memory is
-# about 60 bytes per event in the columns, plus at most the byte limit for one value held whole by the
-# parser (a huge string or header list); the largest real traces seen are far below both.
+PROGRESS_DELAY_S = 2.0  # the bar appears only on reads longer than this
+# Input bounds (a trace is data from elsewhere: a gzip bomb must not take the machine). Memory: ~60 B
+# per event in the columns; the header (held whole by the parser) has its own small bound.
 MAX_BYTES = 4 * 2**30  # decompressed JSON bytes read; env SMOLFSDP_TRACE_MAX_BYTES raises or lowers it
+MAX_HEADER_BYTES = 4 * 2**20  # before traceEvents (Kineto: a few KiB), held whole at ~4 B/byte
 MAX_EVENTS = 20_000_000  # traceEvents items; env SMOLFSDP_TRACE_MAX_EVENTS
 CHUNK = 16_384  # events folded into numpy columns at a time (bounds the Python objects alive)
 # PyTorch 1.8-1.9 wrote capitalised categories; later Kineto (CUDA and ROCm) writes these
 CAT_ALIASES = {
-    "Kernel": "kernel",
-    "Memcpy": "gpu_memcpy",
-    "Memset": "gpu_memset",
-    "Runtime": "cuda_runtime",
-    "Operator": "cpu_op",
-    "Python": "python_function",
-}
+    "Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
+    "Operator": "cpu_op", "Python": "python_function",
+}  # fmt: skip
 
 
 class Shared(dict):
@@ -114,8 +110,8 @@ def _over(path: Path, what: str, limit: int, var: str) -> TraceError:
 class _Reader:
     """File-like view of a (possibly gzip'd) trace that counts bytes and feeds the progress bar."""
 
-    def __init__(self, path: Path, bar: tqdm | None = None, max_bytes: int | None = None):
-        self.path, self.bar, self.pos = path, bar, 0
+    def __init__(self, path: Path, bar: tqdm | None = None, max_bytes: int | None = None, header=False):
+        self.path, self.bar, self.pos, self.header = path, bar, 0, header
         self.max_bytes = limits()[0] if max_bytes is None else max_bytes
         self.raw = path.open("rb")
         gz = self.raw.read(2) == b"\x1f\x8b"
@@ -137,6 +133,11 @@ class _Reader:
             ) from err
         self.pos += len(data)
         if self.pos > self.max_bytes:  # checked per read (ijson asks for 64 KiB at a time)
+            if self.header and self.max_bytes == MAX_HEADER_BYTES:  # else the user's lower limit stopped it
+                raise TraceError(
+                    f"{self.path}: more than {self.max_bytes:,} bytes before traceEvents (a profiler's header "
+                    "is a few KiB of metadata); refused to bound memory: not a PyTorch profiler trace"
+                )
             raise _over(self.path, "bytes once decompressed", self.max_bytes, "SMOLFSDP_TRACE_MAX_BYTES")
         if self.bar is not None:
             self.bar.update(self.raw.tell() - self.bar.n)
@@ -207,11 +208,15 @@ def read_trace(path: str | Path, progress: bool = False) -> tuple[dict[str, Any]
     list items that are not objects, or more bytes or events than :func:`limits` allows.
     """
     path = Path(path)
+    if path.is_dir():
+        found = sorted(p.name for p in path.glob("*.json*"))[:3]
+        hint = f"one .json/.json.gz trace in it, e.g. {path / found[0]}" if found else "a trace file"
+        raise FileNotFoundError(f"{path} is a folder, not a trace file; give {hint}")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such trace file")
     if path.stat().st_size == 0:
         raise TraceError(f"{path}: empty file (0 bytes), not a trace")
-    first = _Reader(path)
+    first = _Reader(path, max_bytes=min(limits()[0], MAX_HEADER_BYTES), header=True)
     try:
         header, prefix = _header(first)
     except JSON_ERRORS as err:
