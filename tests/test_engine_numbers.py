@@ -40,7 +40,9 @@ def both(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     return {
         engine: runner.run(
-            load_config(recipe(name), **KW).replace(name=engine, output_dir=str(out)), capture=True, timeout=600
+            load_config(recipe(name), **KW).replace(name=engine, output_dir=str(out)),
+            capture=True,
+            timeout=600,
         )
         for engine, name in (("native", "smoke"), ("trl", "smoke_trl"))
     }
@@ -98,7 +100,9 @@ def _model():
 
 
 def _evaluate_on_ranks(rank, world_size):
-    info = DistInfo(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo")
+    info = DistInfo(
+        rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"), backend="gloo"
+    )
     return steps.evaluate(_model(), ROWS, _collate, 2, info)
 
 
@@ -111,7 +115,9 @@ def _reference() -> float:
             logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[0, :-1]
             target = b["labels"][0, 1:]
             keep = target != -100
-            total += float(torch.nn.functional.cross_entropy(logits[keep].double(), target[keep], reduction="sum"))
+            total += float(
+                torch.nn.functional.cross_entropy(logits[keep].double(), target[keep], reduction="sum")
+            )
             count += int(keep.sum())
     return total / count
 

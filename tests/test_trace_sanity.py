@@ -162,7 +162,9 @@ def test_zeroed_half_names_lost_events_and_vanished_steps(tmp_path):
     unplaced, and a ProfilerStep range that was zeroed is named as a step not analysed."""
     raw = _raw(DDP)
     xs = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
-    gone = sorted(int(e["name"].split("#")[1]) for e in xs[len(xs) // 2 :] if e["name"].startswith("ProfilerStep#"))
+    gone = sorted(
+        int(e["name"].split("#")[1]) for e in xs[len(xs) // 2 :] if e["name"].startswith("ProfilerStep#")
+    )
     zeroed_corr = {(e.get("args") or {}).get("correlation") for e in xs[len(xs) // 2 :]}
     sound_corr = {(e.get("args") or {}).get("correlation") for e in xs[: len(xs) // 2]}
     linked = (zeroed_corr & sound_corr) - {None, -1}  # a zeroed event whose partner kept its time
@@ -173,9 +175,14 @@ def test_zeroed_half_names_lost_events_and_vanished_steps(tmp_path):
     s = ta.summarize_trace(path)
     dq, notes = s["data_quality"], " | ".join(s["notes"])
     assert gone and dq["missing_steps"] == gone and {r["step"] for r in s["steps"]}.isdisjoint(gone)
-    assert f"step{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}: the ProfilerStep range has" in notes
+    assert (
+        f"step{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}: the ProfilerStep range has" in notes
+    )
     assert linked and sum(r["excluded_events"] for r in s["steps"]) >= len(linked)
-    assert dq["unplaced_events"] > 0 and f"{dq['unplaced_events']:,} of the events with impossible times" in notes
+    assert (
+        dq["unplaced_events"] > 0
+        and f"{dq['unplaced_events']:,} of the events with impossible times" in notes
+    )
 
 
 def test_overlapping_steps_noted_with_their_sum(tmp_path):

@@ -172,7 +172,9 @@ def attribute_steps(impossible: pd.DataFrame, events: pd.DataFrame, windows: pd.
     return counts
 
 
-def step_notes(windows: pd.DataFrame, impossible: pd.DataFrame, unplaced: int) -> tuple[dict[str, Any], list[str]]:
+def step_notes(
+    windows: pd.DataFrame, impossible: pd.DataFrame, unplaced: int
+) -> tuple[dict[str, Any], list[str]]:
     """What the step windows hide: ``overlapping_steps`` {"pairs", "overlap_us", "steps"} (consecutive
     windows, their GPU work included, that overlap: per-step durations then add up past the span the steps
     cover), ``missing_steps`` (step numbers whose ``ProfilerStep#N`` range was removed for an impossible
@@ -183,8 +185,14 @@ def step_notes(windows: pd.DataFrame, impossible: pd.DataFrame, unplaced: int) -
     w = windows.sort_values("start_us")
     if len(w) > 1 and int(w["step"].iloc[0]) != -1:
         lap = np.maximum.accumulate(w["end_us"].to_numpy())[:-1] - w["start_us"].to_numpy()[1:]
-        pairs = [(int(a), int(b)) for a, b, x in zip(w["step"][:-1], w["step"][1:], lap, strict=True) if x > 0]
-        o = found["overlapping_steps"] = {"pairs": len(pairs), "overlap_us": float(lap[lap > 0].sum()), "steps": pairs}
+        pairs = [
+            (int(a), int(b)) for a, b, x in zip(w["step"][:-1], w["step"][1:], lap, strict=True) if x > 0
+        ]
+        o = found["overlapping_steps"] = {
+            "pairs": len(pairs),
+            "overlap_us": float(lap[lap > 0].sum()),
+            "steps": pairs,
+        }
         if pairs:
             span = float(w["end_us"].max() - w["start_us"].min())
             notes.append(

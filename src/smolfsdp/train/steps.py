@@ -19,7 +19,6 @@ from smolfsdp.data.chat import IGNORE_INDEX
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.train.batches import count_label_tokens
 
-
 #: the batch keys a causal LM's forward takes (a collator may add others, e.g. TRL's ``completion_mask``)
 MODEL_INPUTS = ("input_ids", "attention_mask", "labels", "position_ids")
 

@@ -78,7 +78,9 @@ class SmolSFTTrainer(SFTTrainer):
         finally:
             self.args.dataloader_drop_last = drop
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
         """Eval loss as the native engine computes it (``steps.evaluate``): every row once, the token-weighted
         mean over all label tokens. The Trainer's own loop pads the ranks' shards by repeating rows
         (accelerate's ``even_batches``) and averages per-batch means, so with 7 rows on 2 ranks it counted one
