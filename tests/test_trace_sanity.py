@@ -162,13 +162,9 @@ def test_zeroed_half_names_lost_events_and_vanished_steps(tmp_path):
     unplaced, and a ProfilerStep range that was zeroed is named as a step not analysed."""
     raw = _raw(DDP)
     xs = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
-    gone = sorted(
-        int(e["name"].split("#")[1]) for e in xs[len(xs) // 2 :] if e["name"].startswith("ProfilerStep#")
-    )
-    zeroed_corr = {(e.get("args") or {}).get("correlation") for e in xs[len(xs) // 2 :]}
-    sound_corr = {(e.get("args") or {}).get("correlation") for e in xs[: len(xs) // 2]}
-    linked = (zeroed_corr & sound_corr) - {None, -1}  # a zeroed event whose partner kept its time
-    for e in xs[len(xs) // 2 :]:
+    zeroed = xs[len(xs) // 2 :] + [e for e in xs if e["name"] == "ProfilerStep#5"]  # and one step's range
+    gone = sorted(int(e["name"].split("#")[1]) for e in zeroed if e["name"].startswith("ProfilerStep#"))
+    for e in zeroed:
         e["ts"], e["dur"] = 0, 0
     path = tmp_path / "zeroed.json"
     path.write_text(json.dumps(raw))
@@ -178,7 +174,9 @@ def test_zeroed_half_names_lost_events_and_vanished_steps(tmp_path):
     assert (
         f"step{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}: the ProfilerStep range has" in notes
     )
-    assert linked and sum(r["excluded_events"] for r in s["steps"]) >= len(linked)
+    # every zeroed event is either counted by a step or counted as unplaced (main: 0 everywhere, unnamed)
+    zero = dq["impossible_times"]["zero"]["events"]
+    assert sum(r["excluded_events"] for r in s["steps"]) + dq["unplaced_events"] == zero
     assert (
         dq["unplaced_events"] > 0
         and f"{dq['unplaced_events']:,} of the events with impossible times" in notes
@@ -197,10 +195,11 @@ def test_overlapping_steps_noted_with_their_sum(tmp_path):
     path.write_text(json.dumps(raw))
     s = ta.summarize_trace(path)
     o = s["data_quality"]["overlapping_steps"]
-    assert (4, 5) in [tuple(p) for p in o["steps"]] and o["overlap_us"] >= shift - 1e-6
+    # step 5 now claims the launches in the shared part, so step 4's GPU tail shrinks a little
+    assert (4, 5) in [tuple(p) for p in o["steps"]] and 0.99 * shift <= o["overlap_us"] <= shift
     durs = sum(r["dur_us"] for r in s["steps"])
     span = max(r["start_us"] + r["dur_us"] for r in s["steps"]) - min(r["start_us"] for r in s["steps"])
-    assert durs == pytest.approx(span + o["overlap_us"], rel=1e-9)  # what the overlap adds, exactly
+    assert durs > span and durs == pytest.approx(span + o["overlap_us"], abs=100.0)  # (gaps: tens of µs)
     assert "of steps overlap (" in " | ".join(s["notes"])
 
 
