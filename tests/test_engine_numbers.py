@@ -11,14 +11,13 @@ import math
 
 import pytest
 import torch
+from _dist import run_distributed
 
 from smolfsdp.config import load_config
 from smolfsdp.launch import runner
 from smolfsdp.paths import recipe
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.train import native, steps
-
-from ._dist import run_distributed
 
 KW = dict(
     max_steps=3,
