@@ -244,6 +244,24 @@ def test_smoke_trace_reduce_scatters_and_comm_time(smoke_trace):
     assert (r.steps["forward_backward_us"] > 0).all()  # the record_function phases are in the trace
     if version == 2:
         assert r.prefetch["annotated_layers"] == [0, 1, 2, 3]  # FSDP::backward_prefetch for model.layers.N
+    else:  # BACKWARD_PRE: in backward every unit but the first gathered prefetches the next one's parameters
+        assert 0 < r.prefetch["annotated"] < r.prefetch["hook_ranges"]
+
+
+def test_fsdp1_no_prefetch_trace_counts_no_prefetch(tmp_path):
+    """FSDP1 enters its ``_pre_backward_prefetch`` / ``_pre_forward_prefetch`` hooks at every unit whatever
+    the policy (issue 33: 45 "prefetches" under NO_PREFETCH); with ``NO_PREFETCH`` none of them gathers."""
+    from smolfsdp.config import load_config
+    from smolfsdp.launch.runner import run_benchmark
+    from smolfsdp.paths import recipe
+
+    cfg = load_config(
+        recipe("smoke"), name="nopf", output_dir=str(tmp_path), fsdp_version=1, backward_prefetch="NO_PREFETCH",
+        benchmark_steps=4, profile=True,
+    )  # fmt: skip
+    r = ta.analyze(ta.load_trace(run_benchmark(cfg, timeout=300)["traces"][0]))
+    assert r.prefetch["hook_ranges"] > 0  # the hooks ran (and were recorded)
+    assert r.prefetch["annotated"] == 0 and r.prefetch["annotated_layers"] == []
 
 
 # ------------------------------------------------------------- NCCL kernels -> the code that ran them

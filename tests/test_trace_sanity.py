@@ -156,6 +156,67 @@ def test_issue_zeroed_second_half_is_not_analysed_as_sound(tmp_path):
     assert "no step recorded compute or communication that could be analysed" in s["notes"]
 
 
+def test_zeroed_half_names_lost_events_and_vanished_steps(tmp_path):
+    """The zeroed second half again (issue 34): the steps whose events were zeroed count them under
+    ``excluded_events`` where a sound partner (launch or kernel) names the step, the rest are counted as
+    unplaced, and a ProfilerStep range that was zeroed is named as a step not analysed."""
+    raw = _raw(DDP)
+    xs = [e for e in raw["traceEvents"] if e.get("ph") == "X"]
+    zeroed = xs[len(xs) // 2 :] + [e for e in xs if e["name"] == "ProfilerStep#5"]  # and one step's range
+    gone = sorted(int(e["name"].split("#")[1]) for e in zeroed if e["name"].startswith("ProfilerStep#"))
+    for e in zeroed:
+        e["ts"], e["dur"] = 0, 0
+    path = tmp_path / "zeroed.json"
+    path.write_text(json.dumps(raw))
+    s = ta.summarize_trace(path)
+    dq, notes = s["data_quality"], " | ".join(s["notes"])
+    assert gone and dq["missing_steps"] == gone and {r["step"] for r in s["steps"]}.isdisjoint(gone)
+    assert (
+        f"step{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}: the ProfilerStep range has" in notes
+    )
+    # every zeroed event is either counted by a step or counted as unplaced (main: 0 everywhere, unnamed)
+    zero = dq["impossible_times"]["zero"]["events"]
+    assert sum(r["excluded_events"] for r in s["steps"]) + dq["unplaced_events"] == zero
+    assert (
+        dq["unplaced_events"] > 0
+        and f"{dq['unplaced_events']:,} of the events with impossible times" in notes
+    )
+
+
+def test_overlapping_steps_noted_with_their_sum(tmp_path):
+    """ProfilerStep#5 moved to start inside step 4: the two windows overlap, and the step durations add up
+    past the span the steps cover; the note and ``overlapping_steps`` say by how much."""
+    raw = _raw(DDP)
+    marks = {e["name"]: e for e in raw["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")}
+    m4, m5 = marks["ProfilerStep#4"], marks["ProfilerStep#5"]
+    shift = m4["dur"] / 2
+    m5["ts"], m5["dur"] = m5["ts"] - shift, m5["dur"] + shift
+    path = tmp_path / "overlap.json"
+    path.write_text(json.dumps(raw))
+    s = ta.summarize_trace(path)
+    o = s["data_quality"]["overlapping_steps"]
+    # step 5 now claims the launches in the shared part, so step 4's GPU tail shrinks a little
+    assert (4, 5) in [tuple(p) for p in o["steps"]] and 0.99 * shift <= o["overlap_us"] <= shift
+    durs = sum(r["dur_us"] for r in s["steps"])
+    span = max(r["start_us"] + r["dur_us"] for r in s["steps"]) - min(r["start_us"] for r in s["steps"])
+    assert durs > span and durs == pytest.approx(span + o["overlap_us"], abs=100.0)  # (gaps: tens of µs)
+    assert "of steps overlap (" in " | ".join(s["notes"])
+
+
+def test_all_steps_figures_leave_out_kernels_launched_before_recording(crafted):
+    """The crafted trace's kernels launched before recording (no launch in the trace, correlation ids below
+    the first recorded one) are in no step; the whole-trace ("all steps") figures leave them out too: equal
+    to the figures of the same trace with those kernels deleted."""
+    s, expect = crafted
+    df = ta.load_trace(s["path"])
+    launched = df.loc[df["category"].eq("runtime") & df["correlation"].ge(0), "correlation"]
+    early = df["device"].eq("gpu") & df["correlation"].ge(0) & df["correlation"].lt(launched.min())
+    assert int(early.sum()) == expect["before_recording"] > 0
+    with_early, without = ta.analyze(df).overall, ta.analyze(df[~early].reset_index(drop=True)).overall
+    assert with_early == pytest.approx(without, rel=1e-12, nan_ok=True)
+    assert with_early["compute_us"] > 0
+
+
 # ------------------------------------------------------------------------------ input bounds
 def _bomb(path, body: bytes, copies: int, head=b'{"traceEvents": [', tail=b"]}"):
     with gzip.open(path, "wb", compresslevel=9) as f:

@@ -231,7 +231,7 @@ def format_trace(s: dict) -> str:
         "",
         f"Prefetch: {p['concurrent_gathers']:,} pairs of all-gathers in flight together (at most "
         f"{p['max_in_flight']:,} at once, of {p['transfers']:,} transfers); {p['annotated']:,} prefetch "
-        f"ranges (layers: {layers}){'' if p['fsdp'] else '; no FSDP range in this trace'}",
+        f"ranges that issued an all-gather (of {p.get('hook_ranges', p['annotated']):,}; layers: {layers}){'' if p['fsdp'] else '; no FSDP range in this trace'}",
     ]
     out += [f"note: {n}" for n in s["notes"]]
     return "\n".join(out)

@@ -48,7 +48,7 @@ from smolfsdp.traces.classify import (
 from smolfsdp.traces.collectives import all_gathers, assign_steps, collective_kernels, prefetch
 from smolfsdp.traces.intervals import intersection_length, merge_intervals, union_length
 from smolfsdp.traces.load import TraceError, load_trace, read_trace
-from smolfsdp.traces.sanity import attribute_steps, screen
+from smolfsdp.traces.sanity import attribute_steps, screen, step_notes
 
 __all__ = [
     "CATEGORIES", "CPU_COMM_RE", "FSDP_RE", "KINDS", "LAYER_RE", "NCCL_RE", "TraceError", "TraceReport",
@@ -148,10 +148,14 @@ def analyze(df: pd.DataFrame, *, boundary_frac: float = 0.1) -> TraceReport:
     df, found = screen(df)
     if df.empty:
         raise ValueError(f"analyze: no event of the trace can be analysed ({'; '.join(found['notes'])})")
-    comm, comp = _comm_compute(df, mode)
-    overall = _overlap(comm, comp)
     df, windows, notes = assign_steps(df)
-    excluded = attribute_steps(found.pop("impossible_frame"), df, windows)
+    # the whole trace's figures leave out the kernels launched before recording, as every step's do
+    overall = _overlap(*_comm_compute(df[~df["before_recording"]], mode))
+    impossible = found.pop("impossible_frame")
+    excluded = attribute_steps(impossible, df, windows)
+    step_found, step_found_notes = step_notes(windows, impossible, excluded.attrs.get("unplaced", 0))
+    found.update(step_found)
+    notes += step_found_notes
     step_rows, row_rows = [], []
     a = _Arrays(df, mode)
     for w in windows.itertuples(index=False):

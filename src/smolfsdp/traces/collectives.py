@@ -20,7 +20,8 @@ def assign_steps(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str
 
     Step windows: ``step, start_us, end_us, dur_us``, one per ``ProfilerStep#N`` CPU range, its end
     stretched to the end of the GPU work launched in it. Events launched outside every step get -2;
-    a trace without ``ProfilerStep#N`` is one step numbered -1 (a note says so).
+    a trace without ``ProfilerStep#N`` is one step numbered -1 (a note says so). ``before_recording``
+    marks the GPU events launched before the profiler recorded (step -2 too).
     """
     notes: list[str] = []
     marks = df[df["category"].eq("step") & df["device"].eq("cpu")].sort_values("ts")
@@ -44,7 +45,9 @@ def assign_steps(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str
     launch[early] = -np.inf  # their step is unknown: not the one their kernel ran in
     k = np.searchsorted(windows["start_us"].to_numpy(), launch, side="right") - 1
     inside = (k >= 0) & (launch <= windows["end_us"].to_numpy()[np.clip(k, 0, None)])
-    df = df.assign(step=np.where(inside, windows["step"].to_numpy()[np.clip(k, 0, None)], -2))
+    df = df.assign(
+        step=np.where(inside, windows["step"].to_numpy()[np.clip(k, 0, None)], -2), before_recording=early
+    )
     if len(windows) == 1 and marks.empty:
         df["step"] = -1
     if early.any():
@@ -242,8 +245,10 @@ def prefetch(df: pd.DataFrame, gathers: pd.DataFrame) -> dict[str, Any]:
 
     ``concurrent_gathers``: pairs of all-gather transfers in flight together (NCCL all-gather kernels
     on GPU; ``gloo:all_gather`` on the gloo threads on CPU); ``max_in_flight``. ``annotated``: FSDP2's
-    ``FSDP::backward_prefetch for model.layers.N`` ranges (layers listed), FSDP1's
-    ``_pre_backward_prefetch`` / ``_pre_forward_prefetch`` ranges counted. ``fsdp``: whether the trace
+    ``FSDP::backward_prefetch for model.layers.N`` ranges (layers listed) and FSDP1's
+    ``_pre_backward_prefetch`` / ``_pre_forward_prefetch`` ranges that issued an all-gather (one starts
+    inside the range, on its thread), counted; ``hook_ranges``: every such range, empty or not (FSDP1
+    enters its hooks under ``NO_PREFETCH`` too). ``fsdp``: whether the trace
     holds any FSDP range at all; when it does not (a DDP run) the transfers are not FSDP's parameters.
     """
     mode_gpu = (df["device"].eq("gpu") & df["category"].eq("communication")).any()
@@ -257,13 +262,30 @@ def prefetch(df: pd.DataFrame, gathers: pd.DataFrame) -> dict[str, Any]:
     d = np.concatenate([np.ones(len(s)), -np.ones(len(e))])
     order = np.lexsort((d, ev))  # at a tie, an end counts before a start
     in_flight = int(np.cumsum(d[order]).max()) if len(ev) else 0
-    names = df.loc[df["name"].str.contains("prefetch", regex=False), "name"]
-    layers = sorted({int(m) for m in names.str.extract(r"model\.layers\.(\d+)")[0].dropna()})
+    ranges = df[df["name"].str.contains("prefetch", regex=False) & df["device"].eq("cpu")]
+    issued = ranges[_issues_gather(ranges, df)]
+    layers = sorted({int(m) for m in issued["name"].str.extract(r"model\.layers\.(\d+)")[0].dropna()})
     return {
         "fsdp": bool(df["category"].eq("fsdp").any()),
         "transfers": int(len(xfer)),
         "concurrent_gathers": concurrent,
         "max_in_flight": in_flight,
-        "annotated": int(len(names)),
+        "annotated": int(len(issued)),
+        "hook_ranges": int(len(ranges)),
         "annotated_layers": layers,
     }
+
+
+def _issues_gather(ranges: pd.DataFrame, df: pd.DataFrame) -> np.ndarray:
+    """Which prefetch ranges issued an all-gather: one starts inside the range on its thread. FSDP1 enters
+    ``_pre_backward_prefetch`` / ``_pre_forward_prefetch`` at every unit whatever the policy (with
+    ``NO_PREFETCH`` the range is empty); only a range that gathered the next unit's parameters prefetched."""
+    ops = df[df["category"].eq("communication") & df["kind"].eq("all-gather") & df["device"].eq("cpu")]
+    found = np.zeros(len(ranges), dtype=bool)
+    by_tid = {tid: np.sort(g["ts"].to_numpy()) for tid, g in ops.groupby("tid")}
+    for i, (tid, ts, end) in enumerate(zip(ranges["tid"], ranges["ts"], ranges["end"], strict=True)):
+        starts = by_tid.get(tid)
+        if starts is not None:
+            k = np.searchsorted(starts, ts, side="left")
+            found[i] = k < len(starts) and starts[k] <= end
+    return found

@@ -155,8 +155,10 @@ def attribute_steps(impossible: pd.DataFrame, events: pd.DataFrame, windows: pd.
     by its start when that is sound; events that cannot be placed count nowhere (the note has them)."""
     if impossible.empty:
         return pd.Series(dtype=np.int64)
-    rt = events[events["category"].eq("runtime") & events["correlation"].ge(0)]
-    by_corr = rt.drop_duplicates("correlation").set_index("correlation")["step"]
+    # a GPU event by its launch's step; a launch (or kernel) whose own time is gone by its sound partner's
+    linked = events[events["correlation"].ge(0) & events["step"].ge(-1)]
+    linked = linked.sort_values("category", key=lambda c: c.ne("runtime"), kind="stable")
+    by_corr = linked.drop_duplicates("correlation").set_index("correlation")["step"]
     corr = impossible["correlation"].to_numpy()
     step = pd.Series(corr).map(by_corr).to_numpy(dtype=float, copy=True)
     ts = impossible["ts"].to_numpy()
@@ -165,5 +167,52 @@ def attribute_steps(impossible: pd.DataFrame, events: pd.DataFrame, windows: pd.
     k = np.searchsorted(windows["start_us"].to_numpy(), ts, side="right") - 1
     ok = placeable & (k >= 0) & (ts <= windows["end_us"].to_numpy()[np.clip(k, 0, None)])
     step[ok] = windows["step"].to_numpy()[k[ok]]
-    step = step[~np.isnan(step) & (step >= -1)]
-    return pd.Series(step.astype(np.int64)).value_counts()
+    counts = pd.Series(step[~np.isnan(step) & (step >= -1)].astype(np.int64)).value_counts()
+    counts.attrs["unplaced"] = int(np.isnan(step).sum())  # removed events no step can claim
+    return counts
+
+
+def step_notes(
+    windows: pd.DataFrame, impossible: pd.DataFrame, unplaced: int
+) -> tuple[dict[str, Any], list[str]]:
+    """What the step windows hide: ``overlapping_steps`` {"pairs", "overlap_us", "steps"} (consecutive
+    windows, their GPU work included, that overlap: per-step durations then add up past the span the steps
+    cover), ``missing_steps`` (step numbers whose ``ProfilerStep#N`` range was removed for an impossible
+    time: the step is not analysed) and ``unplaced_events`` (removed events no step could claim, so no
+    step's ``excluded_events`` counts them); one note per finding."""
+    found: dict[str, Any] = {"overlapping_steps": {"pairs": 0, "overlap_us": 0.0, "steps": []}}
+    notes: list[str] = []
+    w = windows.sort_values("start_us")
+    if len(w) > 1 and int(w["step"].iloc[0]) != -1:
+        lap = np.maximum.accumulate(w["end_us"].to_numpy())[:-1] - w["start_us"].to_numpy()[1:]
+        pairs = [
+            (int(a), int(b)) for a, b, x in zip(w["step"][:-1], w["step"][1:], lap, strict=True) if x > 0
+        ]
+        o = found["overlapping_steps"] = {
+            "pairs": len(pairs),
+            "overlap_us": float(lap[lap > 0].sum()),
+            "steps": pairs,
+        }
+        if pairs:
+            span = float(w["end_us"].max() - w["start_us"].min())
+            notes.append(
+                f"{len(pairs)} pair{'s' if len(pairs) > 1 else ''} of steps overlap "
+                f"({', '.join(f'{a}/{b}' for a, b in pairs)}; {o['overlap_us']:,.1f} µs in all, a step's GPU work "
+                f"included): the step durations add up to {float(w['dur_us'].sum()):,.1f} µs over a "
+                f"{span:,.1f} µs span, the overlap counted in both steps"
+            )
+    names = impossible["name"].astype(str) if len(impossible) else pd.Series(dtype=str)
+    gone = sorted({int(n) for n in names.str.extract(r"^ProfilerStep#(\d+)$")[0].dropna()})
+    found["missing_steps"] = gone
+    if gone:
+        notes.append(
+            f"step{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}: the ProfilerStep range has an "
+            "impossible time, so the step is not analysed (its events count toward no step)"
+        )
+    found["unplaced_events"] = unplaced
+    if unplaced:
+        notes.append(
+            f"{unplaced:,} of the events with impossible times could not be placed in any step (their time is "
+            "gone and no sound launch names their step): no step's excluded_events counts them"
+        )
+    return found, notes

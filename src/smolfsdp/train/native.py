@@ -227,6 +227,9 @@ class NativeTrainer:
         with benchmark.phase("clip", cfg.profile):
             grad_norm = steps.clip_grad_norm(model, cfg.max_grad_norm, cfg.fsdp_version)
         with benchmark.phase("optimizer", cfg.profile):
+            # the lr this step applied, read before the scheduler moves on (what the Trainer logs since
+            # transformers PR #36973; logging after ``scheduler.step()`` shows the next step's lr)
+            lr = float(self.optimizer.param_groups[0]["lr"])
             self.optimizer.step()
             self.scheduler.step()
             scan_s = 0.0
@@ -247,7 +250,7 @@ class NativeTrainer:
             "step": step,
             "epoch": round(step / max(self.steps_per_epoch, 1), 4),
             "loss": float(stats[0]),
-            "learning_rate": self.scheduler.get_last_lr()[0],
+            "learning_rate": lr,
             "grad_norm": grad_norm,
             "step_time_ms": step_ms,
             "tokens": int(stats[1]),

@@ -19,6 +19,9 @@ from smolfsdp.data.chat import IGNORE_INDEX
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.train.batches import count_label_tokens
 
+#: the batch keys a causal LM's forward takes (a collator may add others, e.g. TRL's ``completion_mask``)
+MODEL_INPUTS = ("input_ids", "attention_mask", "labels", "position_ids")
+
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
@@ -100,17 +103,21 @@ def eval_metrics(evals: list[tuple[int, float]]) -> dict[str, float | int | None
 
 @torch.no_grad()
 def evaluate(model: nn.Module, eval_ds, collator, batch_size: int, info: DistInfo) -> float:
-    """Mean token loss over the whole eval split. Rows are split over ranks; ranks with fewer rows
-    run fully-masked batches so every rank makes the same number of FSDP forward calls."""
+    """Mean token loss over the whole eval split: summed token loss over every label token of every row, each
+    row once, divided by the number of label tokens (what one process evaluating all rows gives). Rows are
+    split over ranks; ranks with fewer rows run fully-masked batches so every rank makes the same number of
+    FSDP forward calls. Both engines call this (the TRL engine from ``SmolSFTTrainer.evaluate``, with the
+    Trainer's collator: the padding row's labels are masked after collating, whatever keys it builds)."""
     model.eval()
     idx = list(range(info.rank, len(eval_ds), info.world_size))
     n_batches = math.ceil(math.ceil(len(eval_ds) / info.world_size) / batch_size)
     sums = torch.zeros(2, device=info.device, dtype=torch.float64)
     for b in range(n_batches):
         rows = [eval_ds[i] for i in idx[b * batch_size : (b + 1) * batch_size]]
+        batch = dict(collator(rows or [eval_ds[0]]))
         if not rows:  # keep collectives in step: one row, no labels
-            rows = [{**eval_ds[0], "labels": [IGNORE_INDEX] * len(eval_ds[0]["labels"])}]
-        batch = collator(rows)
+            batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
+        batch = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
         n = count_label_tokens(batch)
         out = model(**_to(batch, info.device), num_items_in_batch=1)  # loss = summed token loss
         sums += torch.tensor(

@@ -41,6 +41,8 @@ from trl import SFTTrainer
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.measure.benchmark import StepMeter
+from smolfsdp.sharding.distributed import DistInfo
+from smolfsdp.train import steps
 
 SCHEDULER_FILE = "scheduler.json"
 
@@ -75,6 +77,31 @@ class SmolSFTTrainer(SFTTrainer):
             return super().get_eval_dataloader(eval_dataset)
         finally:
             self.args.dataloader_drop_last = drop
+
+    def evaluate(
+        self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """Eval loss as the native engine computes it (``steps.evaluate``): every row once, the token-weighted
+        mean over all label tokens. The Trainer's own loop pads the ranks' shards by repeating rows
+        (accelerate's ``even_batches``) and averages per-batch means, so with 7 rows on 2 ranks it counted one
+        row twice and gave 6.950521 for 6.951163. Logged as ``{metric_key_prefix}_loss``; the callbacks'
+        ``on_evaluate`` runs as in the Trainer's ``evaluate``."""
+        info = DistInfo(
+            rank=self.args.process_index,
+            world_size=self.args.world_size,
+            local_rank=self.args.local_process_index,
+            device=self.args.device,
+            backend="",
+        )
+        ds = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if self.args.remove_unused_columns:  # what get_eval_dataloader would hand the collator
+            ds = self._remove_unused_columns(ds, description="evaluation")
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        loss = steps.evaluate(model, ds, self.data_collator, self.args.per_device_eval_batch_size, info)
+        metrics = {f"{metric_key_prefix}_loss": loss}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial) -> None:
