@@ -54,7 +54,7 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
 def _allowance_line(setup: dict) -> str:
     """What the traced peak leaves out (fake tensors have no CUDA context or NCCL buffers) and what
     ``smolfsdp memory``'s device peak adds for them, so the two numbers are not read as one."""
-    from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES
+    from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES  # deferred: measure loads torch
 
     extra = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if setup["world_size"] > 1 else 0)
     return (

@@ -10,6 +10,7 @@ innermost module), every collective with its bytes, and the total after each mod
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Any
@@ -81,8 +82,6 @@ def fake_data_pointer_quiet():
     ``flat_param.data_ptr()``; on fake tensors every pointer is 0, which :func:`fsdp1_reshard_by_storage` and
     ``smolfsdp.sharding.shards.storage_bytes`` (storage identity, not pointers) already allow for, so the
     warning says nothing about the traced run. Only this message, only inside the dry run."""
-    import warnings
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
         yield

@@ -192,7 +192,6 @@ def estimate_memory(
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
     ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`.
-
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
     ``fused`` none), held to the full-size dry run, plus constants.
