@@ -75,3 +75,14 @@ def umask_modes(folder: str | Path) -> None:
     for path in Path(folder).rglob("*"):
         if path.is_file() and not path.is_symlink():
             path.chmod(0o666 & ~mask)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (signal 0; a process of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -54,7 +54,7 @@ from smolfsdp.models.modeling import (
     check_safetensors_folder,
     load_tokenizer,
 )
-from smolfsdp.paths import umask_modes
+from smolfsdp.paths import pid_alive, umask_modes
 from smolfsdp.sharding.lora import apply_lora
 
 #: The file ``convert`` writes last into its output: where the weights came from and every file it wrote.
@@ -186,17 +186,6 @@ def remove_stale_tmps(out: Path) -> list[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         removed.append(tmp)
     return removed
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (signal 0; a process of another user counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _convert_files(out: Path) -> set[str] | None:

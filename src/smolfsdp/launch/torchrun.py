@@ -45,6 +45,7 @@ from smolfsdp.errors import ConfigError
 from smolfsdp.launch.checks import check_resources, run_lock
 from smolfsdp.launch.failures import explain_failure
 from smolfsdp.launch.processes import spawn, stop_group
+from smolfsdp.paths import pid_alive
 
 #: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
 #: names the collective in a timeout error (smolfsdp.sharding.distributed.name_collective_errors).
@@ -220,21 +221,11 @@ def remove_stale_configs(base: str | Path | None = None) -> list[Path]:
             ours = ours and pid.isdigit() and {p.name for p in folder.iterdir()} <= {"config.yaml"}
         except OSError:
             continue
-        if not ours or _alive(int(pid)):
+        if not ours or pid_alive(int(pid)):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def launch(
