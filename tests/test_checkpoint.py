@@ -384,7 +384,9 @@ def test_keep_last_k_after_resuming_from_an_older_step_keeps_the_step_just_writt
     state = {"w": torch.zeros(4)}
     checkpoint.dcp_load(state, ckpts / "step-000006")
     assert state["w"].tolist() == [-6.0] * 4  # the checkpoint just written, not the stale one
-    # markers written before lineage was recorded keep the old rule (every lower step continues)
+    # markers written before lineage was recorded keep the old rule (every lower step continues); the kept
+    # stale step 8 is deleted first, as its note says, so only the step just written is left
+    shutil.rmtree(ckpts / "step-000008")
     marker = json.loads((new6 / checkpoint.MARKER).read_text())
     del marker["parent"], marker["saved_at"]
     (new6 / checkpoint.MARKER).write_text(json.dumps(marker))
