@@ -63,7 +63,10 @@ def injected(tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     env = {**os.environ, "PYTHONPATH": f"{hide}{os.pathsep}{ROOT / 'src'}", "CUDA_VISIBLE_DEVICES": "",
            "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", FAIL_SHAPE_ENV: SIM_SHAPES[0].name}  # fmt: skip
-    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--simulate-cpu", "--out", str(out)]
+    # SMOLFSDP_SIM_PYTHON: another interpreter, e.g. a venv with the GPU image's versions
+    # (scripts/device_stack_sim.sh); by default this venv's, with the image's missing modules hidden.
+    python = os.environ.get("SMOLFSDP_SIM_PYTHON", sys.executable)
+    cmd = [python, str(ROOT / "scripts" / "gpu_check.py"), "--simulate-cpu", "--out", str(out)]
     cmd += ["--warmup-steps", "1", "--timed-steps", "1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     return out, proc
@@ -91,6 +94,32 @@ def test_one_failing_shape_keeps_every_other_shapes_results(injected):
         assert mem["phases"]["optimizer"]["estimated_bytes"] == held
         assert mem["phases"]["backward"]["moments"] == ["loss", "layer", "last layer"]
     assert "mb1_seq32: FAILED (RuntimeError: injected failure" in proc.stdout
+
+
+DEVICE_SIM = ROOT / "data" / "results" / "gpu_check_sim"
+
+
+def test_the_simulation_ran_on_the_gpu_images_versions():
+    """The record scripts/device_stack_sim.sh wrote: the same simulation, with a failure injected in the first
+    shape, on torch 2.11 / transformers 5.17 / accelerate 1.15 (the GPU image's versions), kept every other
+    shape's results."""
+    prov = json.loads((DEVICE_SIM / "provenance.json").read_text())
+    versions = prov["versions"]
+    assert (versions["torch"], versions["transformers"], versions["accelerate"]) == (
+        "2.11.0",
+        "5.17.0",
+        "1.15.0",
+    )
+    assert versions["trl"] == versions["datasets"] == "not installed"  # as on the GPU image
+    bench = json.loads((DEVICE_SIM / "bench.json").read_text())
+    assert bench["simulated_cpu"] and bench["process_group"]["backend"] == "gloo"
+    bad, *good = bench["configs"]
+    assert [c["name"] for c in bench["configs"]] == [s.name for s in SIM_SHAPES]
+    assert bad["error"].startswith("RuntimeError: injected failure in mb1_seq32")
+    assert good and all(c["summary"]["step_time_ms_median"] > 0 for c in good)
+    summary = json.loads((DEVICE_SIM / "trace_summary.json").read_text())
+    assert set(summary["checks"]) == {c["name"] for c in good}
+    assert (DEVICE_SIM / summary["trace_file"]).stat().st_size > 0
 
 
 def test_world_size_one_runs_on_gloo(injected):
