@@ -238,3 +238,44 @@ def test_the_real_run_is_refused_in_one_line_without_gpus_or_hub(monkeypatch, tm
                    "--output_dir", str(tmp_path / "runs")])  # fmt: skip
     assert rc == 2 and "trains on CUDA GPUs" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_accelerate_launch_runs_after_the_same_checks(monkeypatch, tmp_path, capsys):
+    """``smolfsdp train --accelerate_config F``: the one-line refusals first, then ``accelerate launch``."""
+    from smolfsdp.cli import main as cli_main
+    from smolfsdp.config import load_config
+    from smolfsdp.launch import torchrun
+
+    recipe = str(ROOT / "configs" / "runs" / "smollm3_3b_medical.yaml")
+    gpu2 = ROOT / "configs" / "accelerate" / "2gpu.yaml"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.chdir(tmp_path)
+    rc = cli_main(["train", "--config", recipe, "--accelerate_config", str(gpu2)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "trains on CUDA GPUs" in err[-1] and "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "runs").exists()  # no rank started, no run folder
+
+    smoke = load_config(ROOT / "configs" / "runs" / "smoke.yaml")
+    assert torchrun.check_accelerate_config(smoke, gpu2) == 2
+    with pytest.raises(ConfigError, match=r"num_processes=2 on num_machines=1, but the run has nproc=4"):
+        torchrun.check_accelerate_config(smoke.replace(nproc=4), gpu2)
+    with pytest.raises(ConfigError, match=r"distributed_type=MULTI_CPU: accelerate launches that with its simple"):
+        torchrun.check_accelerate_config(smoke, ROOT / "configs" / "accelerate" / "2cpu.yaml")
+    with pytest.raises(ConfigError, match=r"cannot read it"):
+        torchrun.check_accelerate_config(smoke, tmp_path / "missing.yaml")
+
+    seen = {}
+
+    def fake_spawn(cmd, **kw):
+        seen["cmd"] = cmd
+        raise _Spawned
+
+    class _Spawned(Exception):
+        pass
+
+    monkeypatch.setattr(torchrun, "spawn", fake_spawn)
+    with pytest.raises(_Spawned):
+        torchrun.launch(smoke.replace(output_dir=str(tmp_path / "runs")), accelerate_config=gpu2)
+    cmd = seen["cmd"]
+    assert cmd[1:5] == ["-m", "accelerate.commands.launch", "--config_file", str(gpu2)]
+    assert cmd[5:8] == ["-m", "smolfsdp.cli", "train"]

@@ -53,6 +53,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if args.resume is not None:  # --resume: the latest complete checkpoint; --resume PATH: that one
         overrides["resume_from"] = args.resume
     cfg = validate(load_config(args.config, **overrides))  # model, mesh, launch fields: before any work
+    accelerate = getattr(args, "accelerate_config", None)
+    if accelerate is not None and not is_launched():
+        from smolfsdp.launch.torchrun import check_accelerate_config  # deferred: torch
+
+        check_accelerate_config(cfg, accelerate)  # its process count, before any rank starts
     check_runs_here(
         cfg
     )  # GPUs for a 3B model, the Hub for an uncached one: one line, before any rank or folder
@@ -79,7 +84,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         flush=True,
     )
     with contextlib.redirect_stdout(log):
-        proc = launch(cfg)
+        proc = launch(cfg, accelerate_config=accelerate)
     summary = _summary(cfg) if proc.returncode == 0 else None
     resume = stop_message(summary, cfg, args.config, argv) if summary else None
     if args.json:
@@ -282,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="print the run's summary.json (the log goes to stderr)"
     )
+    p.add_argument(
+        "--accelerate_config", default=None, metavar="YAML",
+        help="launch with `accelerate launch --config_file YAML` instead of torchrun, after the same checks",
+    )  # fmt: skip
     p = sub.add_parser(
         "bench",
         parents=[bench_fields],

@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+import yaml
+
 from smolfsdp.checkpoint.dcp import latest_checkpoint
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
@@ -120,6 +122,44 @@ def command_for(cfg: TrainConfig, args: list[str], module: str = "smolfsdp.cli")
         max_restarts=cfg.max_restarts,
         rdzv_timeout_s=cfg.rdzv_timeout_s,
     )
+
+
+def check_accelerate_config(cfg: TrainConfig, path: str | Path) -> int:
+    """The process count of an ``accelerate launch`` config file, checked against ``cfg.nproc`` and ``nnodes``.
+
+    ``smolfsdp train --accelerate_config F`` runs every check ``smolfsdp train`` runs (GPUs, the Hub, cores,
+    memory, disk) and only then ``accelerate launch --config_file F``: started by hand, accelerate starts the
+    ranks first, so a refusal arrives once per rank inside accelerate's ChildFailedError report.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, its ``distributed_type`` is not MULTI_GPU / FSDP (or
+            ``use_cpu`` is set: accelerate would start one process), or its ``num_processes`` (accelerate's total over all
+            machines) or ``num_machines`` differs from ``cfg.nproc`` / ``cfg.nnodes``.
+    """
+    try:
+        conf = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(
+            f"--accelerate_config {path}: cannot read it ({err}); give an accelerate YAML"
+        ) from err
+    if (
+        not isinstance(conf, dict)
+        or conf.get("distributed_type") not in ("MULTI_GPU", "FSDP")
+        or conf.get("use_cpu")
+    ):
+        kind = conf.get("distributed_type") if isinstance(conf, dict) else type(conf).__name__
+        raise ConfigError(  # accelerate.commands.launch.launch_command: only these reach multi_gpu_launcher
+            f"--accelerate_config {path} has distributed_type={kind}: accelerate launches that with its simple "
+            "launcher (one process; MULTI_CPU ranks need mpirun). Give a MULTI_GPU config (configs/accelerate/"
+            "2gpu.yaml), or leave --accelerate_config out: smolfsdp train starts CPU ranks with torchrun"
+        )
+    got, machines = conf.get("num_processes", 1), conf.get("num_machines", 1)
+    if (got, machines) != (cfg.nproc, cfg.nnodes):  # accelerate's num_processes is the total, as nproc
+        raise ConfigError(
+            f"--accelerate_config {path} starts num_processes={got} on num_machines={machines}, but the run has "
+            f"nproc={cfg.nproc} on nnodes={cfg.nnodes}; make them equal (e.g. --nproc {got} --nnodes {machines})"
+        )
+    return got
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -229,13 +269,19 @@ def remove_stale_configs(base: str | Path | None = None) -> list[Path]:
 
 
 def launch(
-    cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
+    cfg: TrainConfig,
+    *,
+    capture: bool = False,
+    timeout: float | None = None,
+    accelerate_config: str | Path | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``smolfsdp train`` on this node's ``cfg.nproc // cfg.nnodes`` processes and wait for it.
 
     The combined output streams to this process's ``sys.stdout``; with ``capture`` it is also
     returned in ``.stdout`` (for notebooks and tests). A failed run ends with one line from
-    :func:`explain_failure` (on stderr, and at the end of ``.stdout`` when capturing).
+    :func:`explain_failure` (on stderr, and at the end of ``.stdout`` when capturing). With
+    ``accelerate_config`` the processes are started by ``accelerate launch --config_file`` (which runs
+    torch.distributed.run itself) instead of torchrun: :func:`check_accelerate_config` first.
 
     Raises:
         ConfigError: on a node other than node_rank 0, the rendezvous endpoint did not answer; more ranks
@@ -256,6 +302,16 @@ def launch(
         # run folder's and each checkpoint's config.yaml); this private folder is removed afterwards
         cfg.save(cfg_path, redact_secrets=False)
         cmd = command_for(cfg, ["train", "--config", str(cfg_path)])
+        if accelerate_config is not None:
+            check_accelerate_config(cfg, accelerate_config)
+            cmd = [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--config_file",
+                str(accelerate_config),
+            ]
+            cmd += ["-m", "smolfsdp.cli", "train", "--config", str(cfg_path)]
         proc = spawn(  # its own process group, SIGTERMed if this process dies (smolfsdp.launch.processes)
             cmd,
             env=launch_env(cfg.nproc // cfg.nnodes, cfg.max_restarts),
