@@ -30,9 +30,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/smolfsdp train --config configs/runs/smoke.yaml
 
+# Two pytest-xdist workers: while one test runs a single CPU-bound process (a dry run, a trace analysis) the
+# other core runs another file. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	@echo "[test] collecting the tests (imports torch and transformers: about 20-40 s before the first dot)"
-	$(BIN)/python -m pytest
+	@echo "[test] $(TEST_WORKERS) workers collecting the tests (each imports torch and transformers: about 20-40 s before the first dot)"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts && $(BIN)/ruff format --check src tests scripts

@@ -20,6 +20,21 @@ SHARED = ROOT.parent / "shared"
 MEDQUAD = SHARED / "data" / "medquad_cancergov_niddk.jsonl"
 
 
+#: Test files that share the session fixture ``executed`` (every chapter executed once, ~25 min here).
+BOOK_FILES = ("test_notebooks", "test_site")
+
+
+def pytest_collection_modifyitems(config, items):
+    """For ``make test``'s ``pytest -n 2 --dist loadgroup`` (pytest-xdist): every test file is one group, so a
+    file runs on one worker and its module fixtures are built once (as ``--dist loadfile``); the two book files
+    are one group, so the chapters are executed once, and they are queued first, being the longest group.
+    Without xdist the marks do nothing and only the order changes (the book files first)."""
+    for item in items:
+        name = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group("book" if name in BOOK_FILES else name))
+    items.sort(key=lambda item: item.module.__name__ not in BOOK_FILES)  # stable: file order kept otherwise
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from smolfsdp.models.modeling import load_tokenizer
