@@ -35,7 +35,7 @@ demo: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@echo "[test] $(TEST_WORKERS) workers collecting the tests (each imports torch and transformers: about 20-40 s before the first dot)"
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts && $(BIN)/ruff format --check src tests scripts

@@ -25,14 +25,24 @@ BOOK_FILES = ("test_notebooks", "test_site")
 
 
 def pytest_collection_modifyitems(config, items):
-    """For ``make test``'s ``pytest -n 2 --dist loadgroup`` (pytest-xdist): every test file is one group, so a
-    file runs on one worker and its module fixtures are built once (as ``--dist loadfile``); the two book files
-    are one group, so the chapters are executed once, and they are queued first, being the longest group.
-    Without xdist the marks do nothing and only the order changes (the book files first)."""
-    for item in items:
-        name = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group("book" if name in BOOK_FILES else name))
+    """The book files first: under ``make test``'s two workers they are the longest group (see below)."""
     items.sort(key=lambda item: item.module.__name__ not in BOOK_FILES)  # stable: file order kept otherwise
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist (-p no:xdist) it is never called
+def pytest_xdist_make_scheduler(config, log):
+    """``make test``'s ``pytest -n 2``: each test file runs whole on one worker (xdist's ``--dist loadfile``: its
+    module fixtures are built once), and the two book files are one unit, so the chapters execute once.
+    Our own scheduler because xdist 3.8's ``--dist loadgroup`` renames ``item._nodeid``, which pytest 9.2's
+    nodes no longer read (``Node.nodeid`` is ``str(self._id)``): its groups are silently ignored."""
+    from xdist.scheduler import LoadFileScheduling  # deferred: only under pytest -n
+
+    class BookTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "book" if Path(file).stem in BOOK_FILES else file
+
+    return BookTogether(config, log)
 
 
 @pytest.fixture(scope="session")
