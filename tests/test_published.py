@@ -102,6 +102,28 @@ def test_step_time_mfu_is_calibrated_on_published_rows(table):
         estimate_step(n_gpus=8, gpu="L4", mfu="calibrated")
 
 
+def test_step_time_takes_the_calibrated_mfu_by_default(table):
+    """Issue 31: estimate_step's default MFU is the published calibration of its GPU (H100 0.351 from two rows,
+    their tokens/s -1.3 % and +1.4 % off), pooled over all five rows for a GPU without any; a number overrides."""
+    from smolfsdp.book.scaling_views import assumptions_markdown, book_assumptions
+    from smolfsdp.measure.scaling import estimate_step
+
+    h100 = published.mfu_calibration("H100 SXM", table["mfu"])
+    assert (h100["mfu"], h100["rows"], h100["error_pct"]) == (0.351, 2, (-1.3, 1.4))
+    assert (
+        estimate_step(n_gpus=8, gpu="H100 SXM")["step_s"]
+        == estimate_step(n_gpus=8, gpu="H100 SXM", mfu=0.351)["step_s"]
+    )
+    assert estimate_step(n_gpus=8, gpu="H100 SXM")["mfu"] == 0.351
+    pooled = published.mfu_calibration("L4", table["mfu"])
+    assert (pooled["basis"], pooled["rows"], pooled["mfu"]) == ("all GPUs", 5, 0.517)
+    assert estimate_step(n_gpus=8, gpu="L4")["mfu"] == 0.517
+    assert estimate_step(n_gpus=8, gpu="L4", mfu=0.4)["mfu"] == 0.4
+    a = book_assumptions()
+    assert a["mfu"] == 0.351 and "median of 2 published H100 SXM rows" in assumptions_markdown(a)
+    assert "-1.3 % to +1.4 %" in assumptions_markdown(a)
+
+
 def test_adapter_units_drop_the_base_gradient():
     """FSDP1 + LoRA with each adapter its own unit (fsdp_qlora, llama-recipes): gradients and Adam state only
     for the adapters, half of them per rank on 2 GPUs; smolfsdp's in-unit wrap gives the frozen base a gradient."""
