@@ -51,3 +51,32 @@ def test_why_the_dry_run_shows_them_equal():
     pairs = [(k, k.replace("FSDP1", "FSDP2", 1)) for k in peaks if k.startswith("FSDP1 full")]
     assert len(pairs) >= 6
     assert all(abs(peaks[a] - peaks[b]) <= 16 for a, b in pairs if b in peaks)
+
+
+def _record_stream_of_sharded_tiny() -> dict:
+    """In a fresh process (its own fake process group): the tiny smoke model wrapped by the package's FSDP1
+    on a fake world of 2, bf16 compute, and what ``dryrun.streams`` reads off its FlatParameters."""
+    from smolfsdp.config import load_config
+    from smolfsdp.dryrun.run import build_meta_model, fake_world, materialize
+    from smolfsdp.dryrun.streams import record_stream_bytes
+    from smolfsdp.sharding.distributed import DistInfo
+    from smolfsdp.train import native
+
+    cfg = load_config(None, fsdp_version=1, engine="native", mixed_precision="bf16")
+    info = DistInfo(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="fake")
+    model = build_meta_model(cfg)
+    with fake_world(2):
+        model, _ = native.shard_model(materialize(model), cfg, info)
+        return {"model": cfg.model, **record_stream_bytes(model)}
+
+
+def test_dry_run_names_the_record_stream_blocks_the_estimator_models():
+    """The FlatParameters the dry run builds give the same two blocks as the estimator's layout (tiny, 2 ranks)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        got = pool.submit(_record_stream_of_sharded_tiny).result(timeout=300)
+    assert got.pop("model") == "tiny"
+    assert got == fs.fsdp1_stream_held("tiny", world_size=2)
+    assert got["gathered unit (record_stream)"] == 369_152
