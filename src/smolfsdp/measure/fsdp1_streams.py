@@ -43,10 +43,11 @@ Held to the one published FSDP1/FSDP2 pair found (:data:`TORCHTITAN_PR165`); acc
 
 from __future__ import annotations
 
-from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.params import LoraSpec, resolve_model_config
-from smolfsdp.measure.recipes import RECIPES
+from smolfsdp.measure.params import LoraSpec
+from smolfsdp.measure.record_stream import fsdp1_stream_held
+
+__all__ = ["TORCHTITAN_PR165", "fsdp1_minus_fsdp2", "fsdp1_stream_held", "published_difference_gib"]
 
 #: The published FSDP1-vs-FSDP2 pair: pytorch/torchtitan commit 83c879f18763611bda68586c45f0082fd568d646
 #: ("Used per-parameter FSDP (#165)", Andrew Gu, 2024-03-28), its message: "1k steps of minipile on 8 H100
@@ -69,29 +70,6 @@ def published_difference_gib(ac: str = "AC") -> float:
     """FSDP1 - FSDP2 peak active GiB of :data:`TORCHTITAN_PR165` (``ac``: "AC" or "SAC")."""
     pct = TORCHTITAN_PR165["peak_active_pct"][ac]
     return (pct["fsdp1"] - pct["fsdp2"]) / 100 * TORCHTITAN_PR165["gpu_gib"]
-
-
-def fsdp1_stream_held(
-    model, *, world_size: int, recipe: str = "hf-fsdp-bf16", lora: LoraSpec | None = None
-) -> dict[str, int]:
-    """Bytes per rank FSDP1's ``record_stream`` keeps active at the backward peak, FSDP2 not (module docstring):
-
-    * ``unsharded gradient (record_stream)``: the largest trainable layer unit's unsharded gradient, padded
-      FlatParameter numel x the compute dtype's bytes;
-    * ``gathered unit (record_stream)``: the largest layer unit gathered, same size.
-
-    0 for both on one rank or ``NO_SHARD`` (no reduce-scatter, no free). Counted in peak active/reserved,
-    not in allocated. Raises what ``resolve_model_config`` raises; KeyError for an unknown recipe."""
-    if world_size < 2:
-        return {"unsharded gradient (record_stream)": 0, "gathered unit (record_stream)": 0}
-    rec = RECIPES[recipe]
-    full = sharded_state(resolve_model_config(model), rec, world_size, 0, 1, lora)["full_units"]
-    layers = {k: v for k, v in full.items() if k != "root"}
-    grad = max((n for n, trains in layers.values() if trains), default=0)
-    return {
-        "unsharded gradient (record_stream)": grad * rec.compute_bytes,
-        "gathered unit (record_stream)": max(n for n, _ in layers.values()) * rec.compute_bytes,
-    }
 
 
 def fsdp1_minus_fsdp2(model, *, world_size: int, **kwargs) -> dict[str, int]:
