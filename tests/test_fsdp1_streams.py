@@ -21,9 +21,14 @@ def test_difference_is_the_named_components_of_a_small_config():
     d = fs.fsdp1_minus_fsdp2("tiny", world_size=2, seq_len=64)
     padded = max(n for k, (n, _) in unit_sizes(resolve_model_config("tiny"), 2, 1, 2).items() if k != "root")
     assert d["unsharded gradient (record_stream)"] == d["gathered unit (record_stream)"] == padded * 2
-    assert d["padding and layout"] == d["allocated"] == 0
-    assert d["active"] == 4 * padded
-    assert fs.fsdp1_minus_fsdp2("tiny", world_size=2, seq_len=64, strategy="NO_SHARD")["active"] == 0
+    assert d["padding and layout"] == d["allocated, loss moment"] == 0
+    assert d["active, loss moment"] == 4 * padded
+    # FSDP2 keeps the last reduce-scatter input (fp32 gradients of the largest layer, dim-0 padded)
+    v2 = max(n for k, (n, _) in unit_sizes(resolve_model_config("tiny"), 2, 2, 2).items() if k != "root")
+    assert d["FSDP2 reduce-scatter input kept"] == 4 * v2
+    assert d["allocated, layer backward"] == -4 * v2 and d["active, layer backward"] == 4 * padded - 4 * v2
+    no_shard = fs.fsdp1_minus_fsdp2("tiny", world_size=2, seq_len=64, strategy="NO_SHARD")
+    assert no_shard["active, loss moment"] == no_shard["active, layer backward"] == 0
 
 
 def test_llama_7b_on_8_gpus_against_torchtitan_pr165():
@@ -36,8 +41,23 @@ def test_llama_7b_on_8_gpus_against_torchtitan_pr165():
     d = fs.fsdp1_minus_fsdp2(model, world_size=t["world_size"], seq_len=t["seq_len"], micro_batch=t["micro_batch"],
                              activation_checkpointing=True)  # fmt: skip
     assert d["gathered unit (record_stream)"] == 202_383_360 * 2
-    assert d["active"] / GIB == pytest.approx(0.7539, abs=1e-4)
-    assert -12 < 100 * (d["active"] / GIB / fs.published_difference_gib("AC") - 1) < -10
+    assert d["active, loss moment"] / GIB == pytest.approx(0.7539, abs=1e-4)
+    assert -12 < 100 * (d["active, loss moment"] / GIB / fs.published_difference_gib("AC") - 1) < -10
+    assert d["active, layer backward"] == 0  # FSDP2's kept fp32 reduce-scatter input cancels it there
+
+
+def test_qwen25_shape_matches_the_dry_runs_fsdp2_minus_fsdp1():
+    """The Qwen2.5-1.5B shape (its published config.json dimensions) on 8 ranks at 2 x 128 tokens: the dry run
+    traced FSDP1 4,922,869,844 and FSDP2 5,110,061,140 peak bytes, both in a layer's backward; the modelled
+    allocated difference there is the kept reduce-scatter input, 46,797,824 x 4 bytes."""
+    from transformers import Qwen2Config
+
+    qwen = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                       num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                       tie_word_embeddings=True, rms_norm_eps=1e-6)  # fmt: skip
+    d = fs.fsdp1_minus_fsdp2(qwen, world_size=8, seq_len=128, micro_batch=2)
+    assert d["allocated, layer backward"] == 4_922_869_844 - 5_110_061_140 == -46_797_824 * 4
+    assert d["active, loss moment"] == 2 * 46_797_824 * 2
 
 
 def test_why_the_dry_run_shows_them_equal():

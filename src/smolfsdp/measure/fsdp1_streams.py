@@ -35,6 +35,15 @@ Why the dry run shows FSDP1 and FSDP2 equal: it runs FSDP1 for real (``FlatParam
 (``torch/distributed/fsdp/_common_utils.py``) returns at once for a device that is not cuda/mtia/xpu: the
 dry run's live tensor bytes are what ``max_memory_allocated`` would count, where the two versions agree.
 
+FSDP2 has its own lifetime extension, in *allocated* bytes: instead of ``record_stream`` it keeps the last
+reduce-scatter input (one layer's gradients in the reduce dtype) referenced until the next layer's
+post-backward (``_fsdp_param_group.py``, ``reduce_scatter_states``). The dry run sees it where a layer's backward
+is the peak: the Qwen2.5-1.5B shape on 8 fake ranks at 2 x 128 tokens, FSDP2's peak is 5,110,061,140 bytes and
+FSDP1's 4,922,869,844, FSDP2 higher by 187,191,296 = 46,797,824 layer parameters x 4 (fp32 reduce); the
+estimator's ``moments`` do not hold it yet (both 4,539,798,784 there). With fp32 reduction it is as large as
+FSDP1's two bf16 record_stream blocks, so during a layer's backward the active totals cancel; at the ``loss``
+moment (no reduce-scatter yet) FSDP1's blocks stand alone.
+
 Held to the one published FSDP1/FSDP2 pair found (:data:`TORCHTITAN_PR165`); accelerate's benchmark
 (``benchmarks/fsdp2/``) compares FSDP2 set-ups only (optimizer created before/after ``fully_shard``), no FSDP1.
 
@@ -45,7 +54,7 @@ from __future__ import annotations
 
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import LoraSpec
-from smolfsdp.measure.record_stream import fsdp1_stream_held
+from smolfsdp.measure.record_stream import fsdp1_stream_held, fsdp2_reduce_scatter_kept
 
 __all__ = ["TORCHTITAN_PR165", "fsdp1_minus_fsdp2", "fsdp1_stream_held", "published_difference_gib"]
 
@@ -77,13 +86,24 @@ def fsdp1_minus_fsdp2(model, *, world_size: int, **kwargs) -> dict[str, int]:
     world_size=..., **kwargs)`` (FULL_SHARD unless ``strategy`` says otherwise):
 
     * ``padding and layout``: the estimator's tensor peak (``moments``), FSDP1 minus FSDP2 (exact padding);
-    * the two :func:`fsdp1_stream_held` blocks;
-    * ``allocated``: the first alone (what ``max_memory_allocated`` and the dry run see);
-    * ``active``: all three (what ``memory_stats()["active_bytes.all.peak"]`` sees, torchtitan's counter)."""
+    * the two :func:`fsdp1_stream_held` blocks (FSDP1 holds them, active only);
+    * ``FSDP2 reduce-scatter input kept``: ``record_stream.fsdp2_reduce_scatter_kept`` (FSDP2 holds it,
+      allocated and active, from the first reduce-scatter of a backward on);
+    * totals at the ``loss`` moment (no reduce-scatter yet) and during a layer's backward, ``allocated`` (what
+      ``max_memory_allocated`` and the dry run see) and ``active`` (``memory_stats()["active_bytes.all.peak"]``,
+      torchtitan's counter)."""
     one, two = (estimate_memory(model, world_size=world_size, fsdp_version=v, **kwargs) for v in (1, 2))
     layout = one.moments[one.peak_moment] - two.moments[two.peak_moment]
     strategy = kwargs.get("strategy", "FULL_SHARD")
     group = 1 if strategy == "NO_SHARD" else one.shard_group
     lora = LoraSpec() if kwargs.get("lora") is True else (kwargs.get("lora") or None)
     held = fsdp1_stream_held(model, world_size=group, recipe=kwargs.get("recipe", "hf-fsdp-bf16"), lora=lora)
-    return {"padding and layout": layout, **held, "allocated": layout, "active": layout + sum(held.values())}
+    kept = fsdp2_reduce_scatter_kept(
+        model, world_size=group, recipe=kwargs.get("recipe", "hf-fsdp-bf16"), lora=lora
+    )
+    active = layout + sum(held.values())
+    return {
+        "padding and layout": layout, **held, "FSDP2 reduce-scatter input kept": kept,
+        "allocated, loss moment": layout, "active, loss moment": active,
+        "allocated, layer backward": layout - kept, "active, layer backward": active - kept,
+    }  # fmt: skip

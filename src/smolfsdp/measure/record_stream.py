@@ -50,3 +50,21 @@ def fsdp1_stream_held(
 def sharded_units(config, lora):
     """The layer units' parameters (``params.model_units`` without the root)."""
     return [ps for k, ps in model_units(config, lora).items() if k != "root"]
+
+
+def fsdp2_reduce_scatter_kept(
+    model, *, world_size: int, recipe: str | Recipe = "hf-fsdp-bf16", lora: LoraSpec | None = None
+) -> int:
+    """Bytes per rank FSDP2 keeps allocated instead of calling ``record_stream``: the last reduce-scatter input
+    (the largest trainable layer's gradients, dim-0 padded, in the reduce dtype: ``recipe.grad_bytes``), held
+    in ``comm_ctx.reduce_scatter_states`` until the next layer's post-backward waits on its event
+    (``_fully_shard/_fsdp_param_group.py``; ``reduce_scatter_max_input_buffers`` defaults to 1). Alive from
+    the first reduce-scatter of a backward on, so not at the ``loss`` moment. 0 on one rank."""
+    if world_size < 2:
+        return 0
+    rec = RECIPES[recipe] if isinstance(recipe, str) else recipe
+    sizes = [
+        sum(-(-p.dim0 // world_size) * world_size * (p.numel // p.dim0) for p in ps if p.trainable)
+        for ps in sharded_units(resolve_model_config(model), lora)
+    ]
+    return max(sizes, default=0) * rec.grad_bytes
