@@ -63,6 +63,17 @@ def _allowance_line(setup: dict) -> str:
     )
 
 
+def _record_stream_lines(setup: dict) -> list[str]:
+    """FSDP1 only: the blocks ``record_stream`` keeps active on a GPU that fake tensors cannot trace."""
+    held = setup.get("fsdp1_record_stream_bytes")
+    if not held or not sum(held.values()):
+        return []
+    parts = ", ".join(f"{k} {v / GIB:.3f} GiB" for k, v in held.items())
+    return [
+        f"(FSDP1 on a GPU also keeps active, not allocated: {parts}; not traced, record_stream is a no-op here)"
+    ]
+
+
 def format_dryrun(report, table) -> str:
     """The report for people: the setup, the peak and its moment, collectives, FLOPs, the estimate beside it."""
     s = report.setup
@@ -78,6 +89,7 @@ def format_dryrun(report, table) -> str:
     ]
     lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
     lines += [_allowance_line(s)]
+    lines += _record_stream_lines(s)
     from smolfsdp.measure.reserved import margin_text, reserved_from_allocated  # light: no torch
 
     lines += [

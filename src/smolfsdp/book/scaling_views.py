@@ -15,7 +15,8 @@ import pandas as pd
 
 from smolfsdp.config import load_config
 from smolfsdp.measure.memory import GIB, estimate_memory
-from smolfsdp.measure.scaling import estimate_step, scaling_table
+from smolfsdp.measure.published import mfu_calibration
+from smolfsdp.measure.scaling import estimate_step, mfu_text, scaling_table
 from smolfsdp.paths import recipe
 
 STRATEGY_NAMES = {
@@ -32,12 +33,14 @@ def book_assumptions(
     gpu: str = "H100 SXM",
     gpus_per_node: int = 8,
     network: str = "InfiniBand NDR 400 Gb/s",
-    mfu: float = 0.4,
+    mfu: float | None = None,
 ) -> dict:
     """``scaling_table`` arguments for the committed run recipe: its ``max_length`` as the sequence, its
-    micro-batch, gradient accumulation, FSDP version and activation checkpointing; the cluster and the MFU
-    are assumptions (an MFU of 0.4 is typical of well-tuned bf16 training, not measured here)."""
+    micro-batch, gradient accumulation, FSDP version and activation checkpointing; the cluster is an
+    assumption; the MFU (a fraction) the published calibration for ``gpu`` unless given
+    (``smolfsdp.measure.published.mfu_calibration``: torchtitan's published rows, error % stated)."""
     cfg = load_config(recipe(recipe_name))
+    mfu = mfu if mfu is not None else mfu_calibration(gpu)["mfu"]
     return dict(
         gpu=gpu, gpus_per_node=gpus_per_node, network=network, mfu=mfu, seq_len=cfg.max_length,
         micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
@@ -53,7 +56,7 @@ def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> st
         f"micro-batches per optimizer step ({tokens * a['gradient_accumulation_steps']:,} tokens per GPU and step), "
         f"FSDP{a['fsdp_version']}, activation checkpointing {'on' if a['activation_checkpointing'] else 'off'}, "
         f"bf16 compute with fp32 gradient reduction, AdamW. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
-        f"{a['network']} between nodes, MFU {a['mfu']:.0%}; weak scaling (tokens per GPU fixed). DDP (NO_SHARD) "
+        f"{a['network']} between nodes, {mfu_text(a['mfu'], a['gpu'])}; weak scaling (tokens per GPU fixed). DDP (NO_SHARD) "
         "all-reduces the gradients once per optimizer step, as it is run under gradient accumulation (`no_sync()` "
         "on the other micro-batches: accelerate's `accumulate()` and the Trainer do this); the FSDP strategies "
         "reduce after every micro-batch, their default."

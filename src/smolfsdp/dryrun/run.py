@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from smolfsdp.config import TrainConfig
+from smolfsdp.dryrun.streams import record_stream_bytes
 from smolfsdp.dryrun.tracker import (
     FSDP2Tracker,
     ModuleTracker,
@@ -196,6 +197,8 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
             h.remove()
         held = tracker.held
         setup = _setup(cfg, world, evidence, total, trainable, tracker_cls)
+        if cfg.fsdp_version == 1:  # on a GPU, active beyond the traced bytes (dryrun.streams)
+            setup["fsdp1_record_stream_bytes"] = record_stream_bytes(model)
     tokens = cfg.per_device_train_batch_size * cfg.max_length * cfg.gradient_accumulation_steps
     geo = model_geometry(model)
     formula = tokens * flops_per_token(total, seq_len=cfg.max_length, trainable_params=trainable, **geo)

@@ -21,6 +21,7 @@ from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
+from smolfsdp.measure.record_stream import fsdp1_stream_held
 from smolfsdp.measure.reserved import reserved_from_allocated
 
 #: CUDA context + kernel images per process. Not visible to ``torch.cuda.memory_allocated``; with lazy
@@ -94,6 +95,9 @@ class MemoryEstimate:
     # fp32 [tokens, vocab] tensors alive at the loss: 2 (the upcast and log_softmax's output), 3 with the
     # transformers < 4.45 causal-LM loss (``logits.float()`` then ``logits[..., :-1, :].contiguous()``)
     loss_fp32_copies: int = 2
+    # FSDP1 sharded strategies: the blocks record_stream keeps active past their frees (one layer's unsharded
+    # gradient, one gathered layer; ``smolfsdp.measure.record_stream``): in reserved, not in allocated
+    record_stream_bytes: int = 0
 
     @property
     def base_grads(self) -> bool:
@@ -103,8 +107,9 @@ class MemoryEstimate:
     @property
     def reserved_bytes(self) -> int:
         """What ``torch.cuda.max_memory_reserved`` would read: the tensor peak x the fitted fragmentation
-        factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, each constant with its source)."""
-        return reserved_from_allocated(self.moments[self.peak_moment])
+        factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, each constant with its source); for FSDP1
+        the tensor peak includes ``record_stream_bytes``, the blocks its frees keep busy."""
+        return reserved_from_allocated(self.moments[self.peak_moment] + self.record_stream_bytes)
 
     @property
     def device_need_bytes(self) -> int:
@@ -232,7 +237,17 @@ def estimate_memory(
         notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss,
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
     )  # fmt: skip
+    est.record_stream_bytes = _record_stream_bytes(config, rec, group, fsdp_version, spec, lora_layout)
     return _with_moments(est, config, gradient_accumulation_steps, spec, adamw)
+
+
+def _record_stream_bytes(config, rec: Recipe, group: int, fsdp_version: int, spec, lora_layout: str) -> int:
+    """FSDP1 only: the two ``record_stream`` blocks of ``smolfsdp.measure.record_stream.fsdp1_stream_held``."""
+    if fsdp_version != 1:
+        return 0
+    units = spec is not None and lora_layout == "adapter-units"
+    held = fsdp1_stream_held(config, world_size=group, recipe=rec, lora=spec, adapter_units=units)
+    return sum(held.values())
 
 
 def _with_moments(est: MemoryEstimate, config, steps: int, spec, adamw: str = "foreach") -> MemoryEstimate:

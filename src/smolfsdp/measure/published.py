@@ -127,3 +127,30 @@ def check_table(path: str | Path | None = None) -> dict:
     ]
     mfu = mfu_rows(rows)
     return {"memory": memory, "mfu": mfu, "calibrated_mfu": calibrated_mfu(mfu)}
+
+
+def mfu_calibration(gpu_name: str, mfu_table: list[dict] | None = None) -> dict:
+    """The MFU the step-time model uses by default on ``gpu_name`` (``scaling.estimate_step(mfu=None)``), with
+    its provenance and its error against the published rows it comes from.
+
+    ``mfu``: the median formula MFU (a fraction, 3 places) of the published rows on that GPU
+    (``calibrated_mfu``); for a GPU with no published row, the median of every published row, pooled over GPUs
+    (a stated fallback, not a calibration of that GPU). ``basis``: the GPU's name or ``"all GPUs"``. ``rows``:
+    how many rows. ``error_pct``: (lowest, highest) error of the tokens/s this MFU gives against each of those
+    rows, ``100 * (mfu / row MFU - 1)`` (in-sample residuals, not a prediction's error). ``text``: one line
+    for the book."""
+    table = mfu_table if mfu_table is not None else mfu_rows(load_rows()["rows"])
+    rows = [r for r in table if r["gpu"] == gpu_name]
+    basis = gpu_name if rows else "all GPUs"
+    rows = rows or table
+    mfu = round(statistics.median(r["formula_mfu_pct"] / 100 for r in rows), 3)
+    errors = [100 * (100 * mfu / r["formula_mfu_pct"] - 1) for r in rows]
+    lo, hi = round(min(errors), 1), round(max(errors), 1)
+    where = f"{len(rows)} published {gpu_name} rows" if basis == gpu_name else (
+        f"all {len(rows)} published rows (none on {gpu_name})"
+    )  # fmt: skip
+    text = (
+        f"MFU {100 * mfu:.1f} %, the median of {where} (torchtitan, data/results/published/rows.json); "
+        f"tokens/s at this MFU are {lo:+.1f} % to {hi:+.1f} % off those rows' (in-sample)"
+    )
+    return {"mfu": mfu, "basis": basis, "rows": len(rows), "error_pct": (lo, hi), "text": text}

@@ -28,7 +28,7 @@ from smolfsdp.measure.cluster import (
 from smolfsdp.measure.comm import estimate_collectives
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import count_parameters, resolve_model_config
-from smolfsdp.measure.published import calibrated_mfu
+from smolfsdp.measure.published import calibrated_mfu, mfu_calibration
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, get_recipe
 
 
@@ -47,7 +47,7 @@ def estimate_step(
     seq_len: int = 4096,
     micro_batch: int = 1,
     gradient_accumulation_steps: int = 1,
-    mfu: float | str = 0.4,
+    mfu: float | str | None = None,
     **kwargs,
 ) -> dict:
     """Projected time of one optimizer step on one rank, with and without overlap (weak scaling:
@@ -67,7 +67,10 @@ def estimate_step(
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
     efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and
     the keywords of ``cluster.CLUSTER_KEYS`` in ``kwargs``, as ``cluster.resolve_cluster`` builds it;
-    other ``kwargs`` go to ``comm.estimate_collectives``. ``mfu="calibrated"``: the median MFU of published
+    other ``kwargs`` go to ``comm.estimate_collectives``. ``mfu=None`` (the default): the published calibration
+    for the cluster's GPU, pooled over every published row for a GPU without any
+    (``smolfsdp.measure.published.mfu_calibration``, which states its error %); a number overrides it;
+    ``mfu="calibrated"``: the median MFU of published
     runs on the cluster's GPU (``smolfsdp.measure.published.calibrated_mfu``: torchtitan's A100 and H100 rows;
     ConfigError for a GPU without published rows). Raises ConfigError for mfu outside (0, 1],
     sizes < 1 or not whole, a sequence longer than the model allows, and ``estimate_collectives``'
@@ -111,6 +114,7 @@ def estimate_step(
         "hidden_share": (compute + comm - step) / comm if comm else 1.0,
         "efficiency": compute / step,
         "tokens_per_s_per_gpu": tokens / step,
+        "mfu": mfu,
         "sent_bytes": float((coll["sent_bytes"] * coll["count"]).sum()),
         "logical_bytes": float((coll["logical_bytes"] * coll["count"]).sum()),
     }
@@ -220,7 +224,7 @@ def scaling_table(
     activation_checkpointing: bool = True,
     seq_len: int = 4096,
     micro_batch: int = 1,
-    mfu: float = 0.4,
+    mfu: float | None = None,
     **kwargs,
 ) -> pd.DataFrame:
     """One row per (model, strategy, GPU count): :func:`estimate_step` plus the per-GPU memory of
@@ -276,21 +280,33 @@ def scaling_table(
         f"({'bf16' if dtypes['mixed_precision'] == 'bf16' else 'fp32'} all-gathers, "
         f"{dtypes['reduce_dtype']} reductions), "
         f"seq {seq_len} x micro-batch {micro_batch} per GPU, "
-        f"MFU {mfu:.0%}, activation checkpointing {'on' if activation_checkpointing else 'off'}; "
+        f"{mfu_text(mfu, getattr(gpu, 'name', gpu))}, activation checkpointing {'on' if activation_checkpointing else 'off'}; "
         "NCCL ring bandwidth and latency, overlap as in scaling.estimate_step"
     )
     return df
 
 
 def _resolve_mfu(mfu, cluster, n_gpus, kwargs) -> float:
-    """``mfu`` as a fraction; ``"calibrated"``: the published calibration for the cluster's GPU."""
-    if mfu != "calibrated":
+    """``mfu`` as a fraction; ``"calibrated"``: the published calibration for the cluster's GPU (ConfigError
+    without one); ``None``: ``mfu_calibration`` (that calibration, or the pooled one)."""
+    if mfu is not None and mfu != "calibrated":
         return mfu
     spec, _ = split_cluster_kwargs(kwargs)
     gpu = resolve_cluster(cluster, n_gpus, **spec).gpu
+    if mfu is None:
+        return mfu_calibration(gpu.name)["mfu"]
     table = calibrated_mfu()
     if gpu.name not in table:
         raise ConfigError(
             f"mfu='calibrated': no published rows on {gpu.name} (calibrated: {', '.join(table)}); give mfu=0.4."
         )
     return table[gpu.name]
+
+
+def mfu_text(mfu: float | None, gpu_name: str) -> str:
+    """How the book states the MFU a projection used: the calibration's line (``mfu_calibration``: its source
+    and error % against the published rows) when ``mfu`` is None or equals it, else ``MFU x % (given)``."""
+    cal = mfu_calibration(gpu_name)
+    if mfu is None or mfu == cal["mfu"]:
+        return cal["text"]
+    return f"MFU {100 * mfu:.1f} % (given; the published calibration would be {100 * cal['mfu']:.1f} %)"
