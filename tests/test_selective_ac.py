@@ -1,0 +1,83 @@
+"""Selective activation checkpointing (every k-th layer, op-level): config checks, gradients equal to no
+checkpointing, and the estimate between no and full checkpointing, held to a small fake-tensor dry run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+from smolfsdp.ac_options import checkpointed_layers
+from smolfsdp.config import TrainConfig
+from smolfsdp.errors import ConfigError
+from smolfsdp.measure.memory import estimate_memory
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"ac_mode": "op"}, "activation_checkpointing is false"),
+        ({"activation_checkpointing": True, "ac_mode": "layers"}, "Did you mean 'layer'"),
+        ({"activation_checkpointing": True, "ac_mode": "layer"}, "needs ac_every"),
+        ({"activation_checkpointing": True, "ac_mode": "layer", "ac_every": 0}, "must be >= 1"),
+        ({"activation_checkpointing": True, "ac_mode": "op", "ac_every": 2}, "applies to ac_mode: layer only"),
+        ({"activation_checkpointing": True, "ac_mode": "op", "engine": "trl"}, "native engine only"),
+    ],
+)
+def test_config_refuses_policies_that_cannot_run(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**kw)
+
+
+def test_config_keeps_full_checkpointing_the_default():
+    assert TrainConfig(activation_checkpointing=True).ac_mode == "full"
+    assert TrainConfig(activation_checkpointing=True, ac_mode="layer", ac_every=2).ac_every == 2
+    assert checkpointed_layers(36, "layer", 2) == list(range(1, 36, 2))  # torchtitan: layers k-1, 2k-1, ...
+    assert checkpointed_layers(4, "op") == checkpointed_layers(4, "full") == [0, 1, 2, 3]
+
+
+def _grads(mode: str | None, every: int | None = None):
+    """One forward and backward of the tiny SmolLM3 on 2 padded rows, checkpointed as ``mode`` says."""
+    from smolfsdp.data.prepare import prepare_data
+    from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
+    from smolfsdp.sharding.selective_ac import apply_selective_activation_checkpointing
+    from smolfsdp.sharding.shards import apply_activation_checkpointing
+
+    tok = load_tokenizer("tiny")
+    data = prepare_data(TrainConfig(eval_size=0, max_rows=2, max_length=512), tok)
+    batch = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)([data.train[i] for i in range(2)])
+    model = build_model("tiny", tok, seed=0)
+    model.config.use_cache = False
+    wrap = resolve_wrap_class(model, None)
+    if mode == "full":
+        apply_activation_checkpointing(model, wrap)
+    elif mode is not None:
+        apply_selective_activation_checkpointing(model, wrap, mode, every)
+    wrapped = sum(type(m).__name__ == "CheckpointWrapper" for m in model.modules())
+    model(**batch).loss.backward()
+    clean = lambda n: n.replace("_checkpoint_wrapped_module.", "")  # noqa: E731
+    return wrapped, {clean(n): p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode,every", [("layer", 2), ("op", None)])
+def test_selective_checkpointing_gives_the_gradients_of_no_checkpointing(mode, every):
+    _, reference = _grads(None)
+    wrapped, grads = _grads(mode, every)
+    n_layers = 4  # the tiny preset
+    assert wrapped == len(checkpointed_layers(n_layers, mode, every)) > 0
+    assert grads.keys() == reference.keys()
+    for name, g in reference.items():
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_selective_estimate_lies_between_no_and_full_checkpointing():
+    kw = dict(world_size=8, strategy="FULL_SHARD", recipe="hf-fsdp-bf16", seq_len=4096, micro_batch=2)
+    off = estimate_memory("smollm3-3b", **kw)
+    full = estimate_memory("smollm3-3b", **kw, activation_checkpointing=True)
+    for mode, every in (("layer", 2), ("op", None)):
+        sel = estimate_memory("smollm3-3b", **kw, activation_checkpointing=True, ac_mode=mode, ac_every=every)
+        assert full.activations_bytes < sel.activations_bytes < off.activations_bytes, mode
+        assert full.peak_bytes < sel.peak_bytes < off.peak_bytes, mode
+    with pytest.raises(ConfigError, match="activation_checkpointing is false"):
+        estimate_memory("smollm3-3b", **kw, ac_mode="op")
