@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.layout import sharded_state
@@ -22,6 +23,7 @@ from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
 from smolfsdp.measure.reserved import reserved_from_allocated
+from smolfsdp.measure.selective_ac import checkpointed_bytes
 
 #: CUDA context + kernel images per process. Not visible to ``torch.cuda.memory_allocated``; with lazy
 #: module loading (the default since CUDA 11.7) it is typically 0.3-1 GiB depending on GPU, driver and
@@ -94,6 +96,9 @@ class MemoryEstimate:
     # fp32 [tokens, vocab] tensors alive at the loss: 2 (the upcast and log_softmax's output), 3 with the
     # transformers < 4.45 causal-LM loss (``logits.float()`` then ``logits[..., :-1, :].contiguous()``)
     loss_fp32_copies: int = 2
+    # activation checkpointing's policy (``smolfsdp.ac_options``): ``full``, every ``ac_every``-th ``layer``, ``op``
+    ac_mode: str = "full"
+    ac_every: int | None = None
 
     @property
     def base_grads(self) -> bool:
@@ -173,6 +178,8 @@ def estimate_memory(
     lora_layout: str = "in-unit",
     legacy_hf_loss: bool = False,
     adamw: str = "foreach",
+    ac_mode: str = "full",
+    ac_every: int | None = None,
 ) -> MemoryEstimate:
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -192,6 +199,8 @@ def estimate_memory(
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
     ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`.
+    ``ac_mode`` / ``ac_every``: with ``activation_checkpointing``, which layers or ops are recomputed
+    (``smolfsdp.ac_options``; bytes by ``smolfsdp.measure.selective_ac``); ``activations_ac_bytes`` stays full's.
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
     ``fused`` none), held to the full-size dry run, plus constants.
@@ -208,6 +217,9 @@ def estimate_memory(
     st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch)
     full, c = st["full_units"], rec.compute_bytes
     no_ac = act["layers"] + act["head"] + act["rope"] + act["loss"]
+    check_ac_options(activation_checkpointing, ac_mode, ac_every)
+    mode = ac_mode if activation_checkpointing else None
+    kept, recompute = checkpointed_bytes(config, act, micro_batch * seq_len, c, mode, ac_every, spec)
     with_ac = act["layer_inputs"] + act["per_layer"] + act["head"] + act["rope"] + act["loss"]
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
     host = sum(static.values()) if offload else 0
@@ -222,7 +234,7 @@ def estimate_memory(
         params_bytes=static["params"], grads_bytes=static["grads"], master_bytes=static["master"],
         optimizer_bytes=static["optimizer"], gathered_bytes=_gathered_bytes(strategy, group, rec, full),
         grad_buffer_bytes=_grad_buffer_bytes(config, rec, full, 2 if units else fsdp_version, spec),
-        activations_bytes=with_ac if activation_checkpointing else no_ac,
+        activations_bytes=kept + recompute + act["head"] + act["rope"] + act["loss"],
         activations_no_ac_bytes=no_ac, activations_ac_bytes=with_ac, logits_bytes=act["logits"],
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
         host_bytes=host, n_step_tensors=st["n_step_tensors"],
@@ -231,6 +243,7 @@ def estimate_memory(
         * counts.total * rec.param_bytes,
         notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss,
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
+        ac_mode=ac_mode, ac_every=ac_every,
     )  # fmt: skip
     return _with_moments(est, config, gradient_accumulation_steps, spec, adamw)
 
@@ -346,8 +359,13 @@ def format_table(est: MemoryEstimate) -> str:
         f"{est.model}: {est.strategy} over {est.world_size} GPU(s) (shard group {est.shard_group}), "
         f"recipe {est.recipe}, FSDP{est.fsdp_version}, seq {est.seq_len} x micro-batch {est.micro_batch}"
         f"{', LoRA' if est.lora else ''}{', offload' if est.offload else ''}"
-        f"{', activation checkpointing' if est.activation_checkpointing else ''}"
+        f"{', activation checkpointing' + _ac_label(est) if est.activation_checkpointing else ''}"
     )
     width = max(len(k) for k, _ in rows)
     lines = [head, "-" * len(head)] + [f"{k:<{width}}  {v / GIB:10.3f} GiB" for k, v in rows]
     return "\n".join(lines + [f"note: {n}" for n in est.notes])
+
+
+def _ac_label(est: MemoryEstimate) -> str:
+    """`` (every 2-th layer)`` or `` (op-level selective)`` after "activation checkpointing"; nothing for full."""
+    return {"layer": f" (every {est.ac_every}-th layer)", "op": " (op-level selective)"}.get(est.ac_mode, "")
