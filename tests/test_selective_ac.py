@@ -88,7 +88,7 @@ def test_estimate_is_held_to_a_small_dry_run_in_each_mode(tmp_path):
     runs the same selective checkpointing: the estimate's peak within 3 % of its traced peak in each mode.
     (Every 2nd layer is the loosest, about -2 %: the layers left unchecked take the attention path only fake
     tensors take with the cache off, a 4-D mask and K/V expanded to every head; issue 31.)"""
-    from test_dryrun import LORA, _dry, _mid_config, _row, _run_all
+    from test_dryrun import LORA, _mid_config, _row, _run_all
 
     mid = _mid_config(tmp_path / "mid")
     base = {"model": mid, "max_length": 512, "gradient_accumulation_steps": 1, "fsdp_version": 2, "lora": False}
