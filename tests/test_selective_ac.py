@@ -20,7 +20,10 @@ from smolfsdp.measure.memory import estimate_memory
         ({"activation_checkpointing": True, "ac_mode": "layers"}, "Did you mean 'layer'"),
         ({"activation_checkpointing": True, "ac_mode": "layer"}, "needs ac_every"),
         ({"activation_checkpointing": True, "ac_mode": "layer", "ac_every": 0}, "must be >= 1"),
-        ({"activation_checkpointing": True, "ac_mode": "op", "ac_every": 2}, "applies to ac_mode: layer only"),
+        (
+            {"activation_checkpointing": True, "ac_mode": "op", "ac_every": 2},
+            "applies to ac_mode: layer only",
+        ),
         ({"activation_checkpointing": True, "ac_mode": "op", "engine": "trl"}, "native engine only"),
     ],
 )
@@ -91,7 +94,13 @@ def test_estimate_is_held_to_a_small_dry_run_in_each_mode(tmp_path):
     from test_dryrun import LORA, _mid_config, _row, _run_all
 
     mid = _mid_config(tmp_path / "mid")
-    base = {"model": mid, "max_length": 512, "gradient_accumulation_steps": 1, "fsdp_version": 2, "lora": False}
+    base = {
+        "model": mid,
+        "max_length": 512,
+        "gradient_accumulation_steps": 1,
+        "fsdp_version": 2,
+        "lora": False,
+    }
     modes = [("layer", 2), ("op", None)]
     jobs = [(LORA, {**base, "activation_checkpointing": True, "ac_mode": m, "ac_every": k}) for m, k in modes]
     for (mode, _), result in zip(modes, _run_all(jobs), strict=True):
