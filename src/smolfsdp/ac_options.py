@@ -31,7 +31,8 @@ def check_ac_options(enabled: bool, mode: str, every: int | None, engine: str = 
     if mode != "full" and not enabled:
         raise ConfigError(
             f"ac_mode={mode!r} selects which activations are recomputed, but activation_checkpointing is false; "
-            "set activation_checkpointing: true (or leave ac_mode: full)."
+            "turn activation_checkpointing on (YAML: true; smolfsdp train: --activation_checkpointing; smolfsdp memory: "
+            "--activation-checkpointing), or leave ac_mode: full."
         )
     if mode == "layer" and every is None:
         raise ConfigError("ac_mode: layer needs ac_every: k (checkpoint every k-th decoder layer, e.g. 2).")

@@ -367,5 +367,5 @@ def format_table(est: MemoryEstimate) -> str:
 
 
 def _ac_label(est: MemoryEstimate) -> str:
-    """`` (every 2-th layer)`` or `` (op-level selective)`` after "activation checkpointing"; nothing for full."""
-    return {"layer": f" (every {est.ac_every}-th layer)", "op": " (op-level selective)"}.get(est.ac_mode, "")
+    """`` (one layer in 2)`` or `` (op-level selective)`` after "activation checkpointing"; nothing for full."""
+    return {"layer": f" (one layer in {est.ac_every})", "op": " (op-level selective)"}.get(est.ac_mode, "")
