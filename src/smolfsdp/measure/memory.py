@@ -178,9 +178,8 @@ def estimate_memory(
     lora_layout: str = "in-unit",
     legacy_hf_loss: bool = False,
     adamw: str = "foreach",
-    ac_mode: str = "full",
-    ac_every: int | None = None,
-) -> MemoryEstimate:
+    ac_mode: str = "full", ac_every: int | None = None,
+) -> MemoryEstimate:  # fmt: skip
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
     ``strategy``: NO_SHARD (DDP-like replica), SHARD_GRAD_OP (ZeRO-2: units stay gathered from
@@ -198,9 +197,7 @@ def estimate_memory(
     ``smolfsdp.train.trl_engine.accumulates_under_no_sync``): every rank then also holds the whole unsharded
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
-    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`.
-    ``ac_mode`` / ``ac_every``: with ``activation_checkpointing``, which layers or ops are recomputed
-    (``smolfsdp.ac_options``; bytes by ``smolfsdp.measure.selective_ac``); ``activations_ac_bytes`` stays full's.
+    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``: :func:`_activations`.
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
     ``fused`` none), held to the full-size dry run, plus constants.
@@ -216,11 +213,6 @@ def estimate_memory(
     group = shard_group_size(strategy, world_size, gpus_per_node)
     st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch)
     full, c = st["full_units"], rec.compute_bytes
-    no_ac = act["layers"] + act["head"] + act["rope"] + act["loss"]
-    check_ac_options(activation_checkpointing, ac_mode, ac_every)
-    mode = ac_mode if activation_checkpointing else None
-    kept, recompute = checkpointed_bytes(config, act, micro_batch * seq_len, c, mode, ac_every, spec)
-    with_ac = act["layer_inputs"] + act["per_layer"] + act["head"] + act["rope"] + act["loss"]
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
     host = sum(static.values()) if offload else 0
     static = dict.fromkeys(static, 0) if offload else static
@@ -234,18 +226,38 @@ def estimate_memory(
         params_bytes=static["params"], grads_bytes=static["grads"], master_bytes=static["master"],
         optimizer_bytes=static["optimizer"], gathered_bytes=_gathered_bytes(strategy, group, rec, full),
         grad_buffer_bytes=_grad_buffer_bytes(config, rec, full, 2 if units else fsdp_version, spec),
-        activations_bytes=kept + recompute + act["head"] + act["rope"] + act["loss"],
-        activations_no_ac_bytes=no_ac, activations_ac_bytes=with_ac, logits_bytes=act["logits"],
+        **_activations(config, act, micro_batch * seq_len, c, spec, activation_checkpointing, ac_mode, ac_every),
+        logits_bytes=act["logits"],
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
         host_bytes=host, n_step_tensors=st["n_step_tensors"],
         load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading]
         * counts.total * rec.param_bytes,
         notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss,
-        no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
-        ac_mode=ac_mode, ac_every=ac_every,
+        no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0, ac_mode=ac_mode, ac_every=ac_every,
     )  # fmt: skip
     return _with_moments(est, config, gradient_accumulation_steps, spec, adamw)
+
+
+def _activations(
+    config, act: dict, tokens: int, c: int, spec, enabled: bool, mode: str, every
+) -> dict[str, int]:
+    """``MemoryEstimate``'s bytes saved for backward: ``activations_no_ac_bytes`` (no checkpointing),
+    ``activations_ac_bytes`` (every layer) and ``activations_bytes`` (``mode`` and ``every`` when ``enabled``:
+    ``smolfsdp.ac_options``, modelled by ``smolfsdp.measure.selective_ac``). Raises ConfigError for a policy
+    ``check_ac_options`` refuses."""
+    check_ac_options(enabled, mode, every)
+    rest = act["head"] + act["rope"] + act["loss"]
+    out = {}
+    asked = mode if enabled else None
+    for name, m in (
+        ("activations_no_ac_bytes", None),
+        ("activations_ac_bytes", "full"),
+        ("activations_bytes", asked),
+    ):
+        kept, recompute = checkpointed_bytes(config, act, tokens, c, m, every, spec)
+        out[name] = kept + recompute + rest
+    return out
 
 
 def _with_moments(est: MemoryEstimate, config, steps: int, spec, adamw: str = "foreach") -> MemoryEstimate:
