@@ -108,3 +108,22 @@ def test_estimate_is_held_to_a_small_dry_run_in_each_mode(tmp_path):
         for name in ("parameters", "gradients", "optimizer state"):
             assert _row(result, name)["error_pct"] == 0, (mode, name)
         assert abs(_row(result, "peak")["error_pct"]) <= 3.0, (mode, _row(result, "peak"))
+
+
+def test_memory_command_takes_the_policy(capsys):
+    """``smolfsdp memory --ac-mode op`` reports the op-level estimate; a selective mode without
+    ``--activation-checkpointing`` is refused with the fix."""
+    import json
+
+    from smolfsdp import cli
+
+    args = ["memory", "--gpus", "8", "--seq-len", "4096", "--micro-batch", "2", "--json"]
+    assert cli.main([*args, "--activation-checkpointing", "--ac-mode", "op"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    want = estimate_memory(
+        "smollm3-3b", world_size=8, seq_len=4096, micro_batch=2, fsdp_version=1,
+        activation_checkpointing=True, ac_mode="op",
+    )  # fmt: skip
+    assert (est["ac_mode"], est["activations_bytes"]) == ("op", want.activations_bytes)
+    assert cli.main([*args, "--ac-mode", "layer", "--ac-every", "2"]) != 0
+    assert "activation_checkpointing is false" in capsys.readouterr().err
