@@ -81,7 +81,7 @@ def format_dryrun(report, table) -> str:
         f"{s['model']}: {s['engine']} engine, FSDP{s['fsdp_version']} {s['sharding_strategy']} over {s['world_size']} "
         f"ranks (fake), {s['gradient_accumulation_steps']} x {s['per_device_train_batch_size']} x {s['max_length']} "
         f"tokens per step, mixed precision {s['mixed_precision']}, activation checkpointing "
-        f"{'on' if s['activation_checkpointing'] else 'off'}{', LoRA' if s['lora'] else ''}",
+        f"{_ac_words(s) if s['activation_checkpointing'] else 'off'}{', LoRA' if s['lora'] else ''}",
         f"({report.label})",
         "",
         f"peak {report.peak_bytes / GIB:,.2f} GiB on rank 0, during {report.peak_moment.get('phase', '?')} "
@@ -118,3 +118,11 @@ def format_dryrun(report, table) -> str:
         f"took {report.seconds:.0f} s",
     ]
     return "\n".join(lines)
+
+
+def _ac_words(setup: dict) -> str:
+    """``on`` (every layer), ``on, one layer in k`` or ``on, op-level selective`` (``smolfsdp.ac_options``)."""
+    mode = setup.get("ac_mode", "full")  # reports written before ac_mode existed: full
+    return {"layer": f"on, one layer in {setup.get('ac_every')}", "op": "on, op-level selective"}.get(
+        mode, "on"
+    )

@@ -1,6 +1,7 @@
 """``smolfsdp memory``: the per-GPU memory estimate, the fit verdict and the recommendation.
 
     smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096 [--json]
+    smolfsdp memory --model smollm3-3b --gpus 8 --activation-checkpointing --ac-mode layer --ac-every 2
 
 Light at import (the parser answers a misspelt option before torch loads).
 """
@@ -29,6 +30,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     common["gpus_per_node"] = args.gpus_per_node
     common["lora"] = lora_spec(args)
     common["lora_layout"] = args.lora_layout
+    common.update(ac_mode=args.ac_mode, ac_every=args.ac_every)  # checked by estimate_memory
     est = estimate_memory(
         args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
     )
@@ -108,6 +110,11 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     p.add_argument(
         "--activation-checkpointing", action="store_true", help="recompute activations in backward"
     )
+    p.add_argument(
+        "--ac-mode", default="full", choices=["full", "layer", "op"],
+        help="with --activation-checkpointing: every layer, every --ac-every-th layer, or op-level selective",
+    )  # fmt: skip
+    p.add_argument("--ac-every", type=int, default=None, help="--ac-mode layer: checkpoint every k-th layer")
     p.add_argument(
         "--fsdp-version", type=int, default=1, help="1 (the README's Trainer run, the default) or 2"
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError, did_you_mean
 from smolfsdp.secrets import redact
 from smolfsdp.yaml_files import read_recipe
@@ -46,8 +47,7 @@ GROUPS = (MODEL, SHARDING, LORA, OPTIM, RUN, CHECKPOINTS, BENCH, LAUNCH)
 
 
 def _field(default: Any, group: str, help: str, factory: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field whose metadata holds its ``--help`` line and help section (one of ``GROUPS``);
-    ``factory`` replaces ``default`` for mutable defaults."""
+    """A field with its ``--help`` line and section (one of ``GROUPS``); ``factory``: a mutable default."""
     if factory is not dataclasses.MISSING:
         return field(default_factory=factory, metadata={"help": help, "group": group})
     return field(default=default, metadata={"help": help, "group": group})
@@ -57,8 +57,7 @@ def _field(default: Any, group: str, help: str, factory: Any = dataclasses.MISSI
 class TrainConfig:
     """What to train and how to shard it. Defaults = the CPU smoke run (``make demo``)."""
 
-    # _field(default, group, help): each field's help line and help section, the one source of
-    # `smolfsdp train --help` (smolfsdp.cli_args builds the options from them).
+    # _field(default, group, help): each field's --help line and section (cli_args builds the options)
     name: str = _field("smoke", RUN, "run name: the folder runs/<name>/ (one plain folder name)")
     output_dir: str = _field("runs", RUN, "parent folder of the run folders")
     seed: int = _field(0, OPTIM, "seed of model init, data shuffle and dropout")
@@ -85,8 +84,9 @@ class TrainConfig:
     state_dict_type: str = _field("SHARDED_STATE_DICT", CHECKPOINTS, "DCP shards per rank or FULL_STATE_DICT")
     cpu_offload: bool = _field(False, SHARDING, "keep parameters, gradients, optimizer state in CPU memory")
     mixed_precision: str = _field("no", SHARDING, "'no' (fp32) or 'bf16'")
-    # activation checkpointing: less memory for about one more forward per step
     activation_checkpointing: bool = _field(False, SHARDING, "recompute each layer's activations in backward")
+    ac_mode: str = _field("full", SHARDING, "'full', 'layer' (each ac_every-th) or 'op' (selective)")
+    ac_every: int | None = _field(None, SHARDING, "ac_mode layer: checkpoint every k-th decoder layer")
     reshard_after_forward: bool = _field(True, SHARDING, "FSDP2: free gathered layers after forward (ZeRO-3)")
     use_orig_params: bool = _field(True, SHARDING, "FSDP1: original parameters as views (LoRA needs it)")
     # false = accelerate as shipped, which keeps the FSDP plugin only on accelerators and runs DDP on CPU
@@ -166,6 +166,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
         self._check_lora()
+        check_ac_options(self.activation_checkpointing, self.ac_mode, self.ac_every, self.engine)
         if not self.name or self.name != self.name.strip() or "/" in self.name or self.name.startswith("."):
             raise ConfigError(
                 f"name={self.name!r}: a run name is one plain folder name (no '/', not empty, "
@@ -326,14 +327,13 @@ class TrainConfig:
     def save(self, path: str | Path, redact_secrets: bool = True) -> None:
         """Write this config as flat YAML to ``path``.
 
-        With ``redact_secrets`` (the default, for every file a person or a later run reads: the run
-        folder's and each checkpoint's ``config.yaml``) values under secret-looking keys, values of secret
-        environment variables and token-shaped substrings become ``<redacted>``
-        (:func:`smolfsdp.secrets.redact`). That also hits a token-shaped part of a file path (a dataset
-        named ``hf_medicalquestionanswers2024.jsonl`` is written as ``<redacted>.jsonl``): a deliberate
-        trade, since a written config must never leak a real token, at the price of a path that no longer
-        loads as written. ``redact_secrets=False`` writes the config exactly as resolved; only the launcher
-        uses it, for the short-lived file its ranks TRAIN with (a private temporary folder).
+        With ``redact_secrets`` (the default, for every file a person or a later run reads: the run folder's and
+        each checkpoint's ``config.yaml``) values under secret-looking keys, values of secret environment
+        variables and token-shaped substrings become ``<redacted>`` (:func:`smolfsdp.secrets.redact`). That also
+        hits a token-shaped part of a file path (a dataset named ``hf_medicalquestionanswers2024.jsonl`` is
+        written as ``<redacted>.jsonl``): a deliberate trade, since a written config must never leak a real
+        token, at the price of a path that no longer loads as written. ``redact_secrets=False`` writes the config
+        exactly as resolved; only the launcher uses it, for the short-lived private file its ranks TRAIN with.
         """
         data = self.to_dict()
         if redact_secrets:  # tokens and secrets never reach a written config

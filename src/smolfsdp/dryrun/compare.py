@@ -38,6 +38,8 @@ def estimate_for(cfg: TrainConfig, world_size: int):
         lora=spec,
         offload=cfg.cpu_offload,
         activation_checkpointing=cfg.activation_checkpointing,
+        ac_mode=cfg.ac_mode,
+        ac_every=cfg.ac_every,
         fsdp_version=cfg.fsdp_version,
         gpus_per_node=world_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,

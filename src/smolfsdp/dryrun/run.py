@@ -311,6 +311,8 @@ def _setup(
         "sharding_strategy",
         "mixed_precision",
         "activation_checkpointing",
+        "ac_mode",
+        "ac_every",
         "cpu_offload",
         "lora",
         "max_length",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.layout import sharded_state
@@ -23,6 +24,7 @@ from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, res
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
 from smolfsdp.measure.record_stream import fsdp1_stream_held
 from smolfsdp.measure.reserved import reserved_from_allocated
+from smolfsdp.measure.selective_ac import checkpointed_bytes
 
 #: CUDA context + kernel images per process. Not visible to ``torch.cuda.memory_allocated``; with lazy
 #: module loading (the default since CUDA 11.7) it is typically 0.3-1 GiB depending on GPU, driver and
@@ -98,6 +100,9 @@ class MemoryEstimate:
     # FSDP1 sharded strategies: the blocks record_stream keeps active past their frees (one layer's unsharded
     # gradient, one gathered layer; ``smolfsdp.measure.record_stream``): in reserved, not in allocated
     record_stream_bytes: int = 0
+    # activation checkpointing's policy (``smolfsdp.ac_options``): ``full``, every ``ac_every``-th ``layer``, ``op``
+    ac_mode: str = "full"
+    ac_every: int | None = None
 
     @property
     def base_grads(self) -> bool:
@@ -178,7 +183,8 @@ def estimate_memory(
     lora_layout: str = "in-unit",
     legacy_hf_loss: bool = False,
     adamw: str = "foreach",
-) -> MemoryEstimate:
+    ac_mode: str = "full", ac_every: int | None = None,
+) -> MemoryEstimate:  # fmt: skip
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
     ``strategy``: NO_SHARD (DDP-like replica), SHARD_GRAD_OP (ZeRO-2: units stay gathered from
@@ -196,7 +202,7 @@ def estimate_memory(
     ``smolfsdp.train.trl_engine.accumulates_under_no_sync``): every rank then also holds the whole unsharded
     gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
     FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
-    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`.
+    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``: :func:`_activations`.
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
     ``fused`` none), held to the full-size dry run, plus constants.
@@ -212,8 +218,6 @@ def estimate_memory(
     group = shard_group_size(strategy, world_size, gpus_per_node)
     st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch)
     full, c = st["full_units"], rec.compute_bytes
-    no_ac = act["layers"] + act["head"] + act["rope"] + act["loss"]
-    with_ac = act["layer_inputs"] + act["per_layer"] + act["head"] + act["rope"] + act["loss"]
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
     host = sum(static.values()) if offload else 0
     static = dict.fromkeys(static, 0) if offload else static
@@ -227,15 +231,15 @@ def estimate_memory(
         params_bytes=static["params"], grads_bytes=static["grads"], master_bytes=static["master"],
         optimizer_bytes=static["optimizer"], gathered_bytes=_gathered_bytes(strategy, group, rec, full),
         grad_buffer_bytes=_grad_buffer_bytes(config, rec, full, 2 if units else fsdp_version, spec),
-        activations_bytes=with_ac if activation_checkpointing else no_ac,
-        activations_no_ac_bytes=no_ac, activations_ac_bytes=with_ac, logits_bytes=act["logits"],
+        **_activations(config, act, micro_batch * seq_len, c, spec, activation_checkpointing, ac_mode, ac_every),
+        logits_bytes=act["logits"],
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
         host_bytes=host, n_step_tensors=st["n_step_tensors"],
         load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading]
         * counts.total * rec.param_bytes,
         notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss,
-        no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0,
+        no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0, ac_mode=ac_mode, ac_every=ac_every,
     )  # fmt: skip
     est.record_stream_bytes = _record_stream_bytes(config, rec, group, fsdp_version, spec, lora_layout)
     return _with_moments(est, config, gradient_accumulation_steps, spec, adamw)
@@ -248,6 +252,27 @@ def _record_stream_bytes(config, rec: Recipe, group: int, fsdp_version: int, spe
     units = spec is not None and lora_layout == "adapter-units"
     held = fsdp1_stream_held(config, world_size=group, recipe=rec, lora=spec, adapter_units=units)
     return sum(held.values())
+
+
+def _activations(
+    config, act: dict, tokens: int, c: int, spec, enabled: bool, mode: str, every
+) -> dict[str, int]:
+    """``MemoryEstimate``'s bytes saved for backward: ``activations_no_ac_bytes`` (no checkpointing),
+    ``activations_ac_bytes`` (every layer) and ``activations_bytes`` (``mode`` and ``every`` when ``enabled``:
+    ``smolfsdp.ac_options``, modelled by ``smolfsdp.measure.selective_ac``). Raises ConfigError for a policy
+    ``check_ac_options`` refuses."""
+    check_ac_options(enabled, mode, every)
+    rest = act["head"] + act["rope"] + act["loss"]
+    out = {}
+    asked = mode if enabled else None
+    for name, m in (
+        ("activations_no_ac_bytes", None),
+        ("activations_ac_bytes", "full"),
+        ("activations_bytes", asked),
+    ):
+        kept, recompute = checkpointed_bytes(config, act, tokens, c, m, every, spec)
+        out[name] = kept + recompute + rest
+    return out
 
 
 def _with_moments(est: MemoryEstimate, config, steps: int, spec, adamw: str = "foreach") -> MemoryEstimate:
@@ -361,8 +386,13 @@ def format_table(est: MemoryEstimate) -> str:
         f"{est.model}: {est.strategy} over {est.world_size} GPU(s) (shard group {est.shard_group}), "
         f"recipe {est.recipe}, FSDP{est.fsdp_version}, seq {est.seq_len} x micro-batch {est.micro_batch}"
         f"{', LoRA' if est.lora else ''}{', offload' if est.offload else ''}"
-        f"{', activation checkpointing' if est.activation_checkpointing else ''}"
+        f"{', activation checkpointing' + _ac_label(est) if est.activation_checkpointing else ''}"
     )
     width = max(len(k) for k, _ in rows)
     lines = [head, "-" * len(head)] + [f"{k:<{width}}  {v / GIB:10.3f} GiB" for k, v in rows]
     return "\n".join(lines + [f"note: {n}" for n in est.notes])
+
+
+def _ac_label(est: MemoryEstimate) -> str:
+    """`` (one layer in 2)`` or `` (op-level selective)`` after "activation checkpointing"; nothing for full."""
+    return {"layer": f" (one layer in {est.ac_every})", "op": " (op-level selective)"}.get(est.ac_mode, "")

@@ -40,6 +40,7 @@ from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
+from smolfsdp.measure.selective_ac import checkpointed_bytes
 
 #: AdamW step implementations the ``optimizer`` moment models: ``foreach`` (torch's default on CUDA: a
 #: v-sized ``sqrt(v)`` temporary) and ``fused`` (``AdamW(fused=True)``, the Trainer's ``adamw_torch_fused``:
@@ -73,7 +74,8 @@ def peak_moments(
     root_full, root_trains = full["root"]
     layer_full = max(n for k, (n, _) in full.items() if k != "root")
     act = activation_breakdown(config, tokens, est.seq_len, c, spec, base_grads=est.base_grads)
-    saved_inputs = act["layer_inputs"] if est.activation_checkpointing else act["layers"]
+    mode = est.ac_mode if est.activation_checkpointing else None  # full, every k-th layer or op-level
+    saved_inputs, recompute = checkpointed_bytes(config, act, tokens, c, mode, est.ac_every, spec)
     saved = saved_inputs + act["head"] + act["rope"] + act["loss"]
     logits_held = tokens * config.vocab_size * c
     state = est.params_bytes + est.master_bytes + est.optimizer_bytes
@@ -97,7 +99,6 @@ def peak_moments(
         + logits_held
         + est.loss_fp32_copies * 4 * tokens * config.vocab_size
     )
-    recompute = act["per_layer"] if est.activation_checkpointing else 0
     layer = (
         state + grads_then + no_sync + root_grad + layer_units + saved - act["loss"] + recompute
         + est.grad_buffer_bytes + logits_held

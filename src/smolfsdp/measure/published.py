@@ -52,7 +52,7 @@ def estimate_row(row: dict):
     return estimate_memory(
         model, world_size=row["world_size"], strategy=row["strategy"], recipe=row["recipe"],
         seq_len=row["seq_len"], micro_batch=row["micro_batch"], lora=spec,
-        activation_checkpointing=row.get("activation_checkpointing", False),
+        activation_checkpointing=row.get("activation_checkpointing", False), ac_mode=row.get("ac_mode", "full"),
         fsdp_version=row["fsdp_version"], offload=row.get("offload", False),
         lora_layout="adapter-units" if row.get("layout") == "adapter-units" else "in-unit",
         legacy_hf_loss=row.get("hf_loss") == "legacy",

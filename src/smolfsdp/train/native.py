@@ -42,6 +42,7 @@ from smolfsdp.models.modeling import (
 from smolfsdp.sharding import fsdp1, fsdp2
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
 from smolfsdp.sharding.lora import apply_lora, save_adapter
+from smolfsdp.sharding.selective_ac import apply_selective_activation_checkpointing
 from smolfsdp.sharding.shards import apply_activation_checkpointing, local_tensors, storage_bytes
 from smolfsdp.train import steps
 from smolfsdp.train.batches import BatchStream, build_loader, count_steps
@@ -84,7 +85,7 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
     reshard = cfg.reshard_after_forward and strategy != "SHARD_GRAD_OP"
     two_d_fsdp1 = strategy == "HYBRID_SHARD"  # FSDP1 takes NO_SHARD by name, on the default group
     if cfg.activation_checkpointing and cfg.fsdp_version == 2:
-        apply_activation_checkpointing(model, wrap_cls)
+        _apply_ac(model, wrap_cls, cfg)
     if cfg.fsdp_version == 1:
         model = fsdp1.wrap_fsdp1(
             model,
@@ -117,7 +118,7 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         units, local = len(fsdp2.fsdp_units(model)), fsdp2.local_numel(model)
         param_type = "DTensor"
     if cfg.activation_checkpointing and cfg.fsdp_version == 1:
-        apply_activation_checkpointing(model, wrap_cls)
+        _apply_ac(model, wrap_cls, cfg)
     evidence = {
         "wrap_class": wrap_cls.__name__,
         "decoder_layers": n_layers,
@@ -130,6 +131,15 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         "reshard_after_forward": reshard,
     }
     return model, {**evidence, "local_numel": local}
+
+
+def _apply_ac(model: nn.Module, wrap_cls, cfg: TrainConfig) -> None:
+    """Activation checkpointing as ``cfg.ac_mode`` says: every layer (``full``), every ``ac_every``-th
+    (``layer``) or op-level selective (``op``: ``smolfsdp.sharding.selective_ac``)."""
+    if cfg.ac_mode == "full":
+        apply_activation_checkpointing(model, wrap_cls)
+    else:
+        apply_selective_activation_checkpointing(model, wrap_cls, cfg.ac_mode, cfg.ac_every)
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, foreach: bool | None = None) -> torch.optim.Optimizer:
