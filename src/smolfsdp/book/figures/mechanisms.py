@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from smolfsdp.book.figures import plotting  # noqa: F401  (sets the notebook renderer)
-from smolfsdp.book.tables import placement_text
+from smolfsdp.book.tables import gib_text, placement_text
 from smolfsdp.measure.benchmark import flops_per_token
 from smolfsdp.measure.comm import estimate_collectives
 from smolfsdp.measure.memory import estimate_memory
@@ -361,11 +361,15 @@ def shard_shapes_table(ranks: list[dict], n: int = 12) -> pd.DataFrame:
 
 
 def unit_table(df: pd.DataFrame) -> pd.DataFrame:
-    """``mechanics.fsdp_unit_table`` for reading: parameters with separators, bytes in KiB or MiB."""
-    scale, unit = (2**20, "MiB") if df["full_bytes"].max() > 2**30 else (1024, "KiB")
+    """``mechanics.fsdp_unit_table`` for reading: parameters with separators, bytes by the book's unit rule
+    (``smolfsdp.book.tables.UNIT_RULE``): GiB for a full-size model (over 1 GiB in all), KiB for the tiny one."""
+    full_size = df["full_bytes"].max() > 2**30
+    unit, text = (
+        ("GiB", lambda v: gib_text(v / 2**30)) if full_size else ("KiB", lambda v: f"{v / 1024:,.0f}")
+    )
     out = pd.DataFrame(index=df.index)
     out["parameters"] = df["parameters"].map(lambda v: f"{int(v):,}")
     for col, label in (("full_bytes", "full"), ("shard_bytes_per_rank", "shard per rank"),
                        ("held_while_computing_bytes", "held while it computes")):  # fmt: skip
-        out[f"{label} ({unit})"] = df[col].map(lambda v: f"{v / scale:,.0f}")
+        out[f"{label} ({unit})"] = df[col].map(text)
     return out
