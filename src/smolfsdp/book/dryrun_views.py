@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from smolfsdp.book.figures import palette
 from smolfsdp.measure.recipe_peak import (
     moment_words,
     recipe_peak,
@@ -27,7 +28,7 @@ GIB = 2**30
 GRID = Path("data/results/dryrun/grid.json")
 #: What the grid's numbers come from: a change here since the traced commit may change a row.
 TRACED_CODE = ("src/smolfsdp/dryrun", "src/smolfsdp/sharding", "src/smolfsdp/models", "src/smolfsdp/measure")
-PHASE_COLOURS = {"forward": "#1f77b4", "backward": "#d62728", "clip": "#7f7f7f", "optimizer": "#2ca02c"}
+PHASE_COLOURS = palette.PHASE  # the same phase colours as every other figure
 
 
 def load_grid(path: str | Path | None = None) -> dict | None:
@@ -174,7 +175,7 @@ def plot_step_memory(run: dict) -> go.Figure:
     for phase, part in series.groupby("phase", sort=False):
         fig.add_trace(go.Scatter(
             x=part["i"], y=part["bytes"] / GIB, mode="markers", name=phase,
-            marker={"color": PHASE_COLOURS.get(phase, "#444"), "size": 6},
+            marker={"color": PHASE_COLOURS.get(phase, palette.TRACE_CATEGORY["other"]), "size": 6},
             text=part["module"] + " " + part["event"], hovertemplate="%{text}: %{y:.2f} GiB<extra></extra>",
         ))  # fmt: skip
     fig.add_hline(y=run["peak_bytes"] / GIB, line_dash="dot", annotation_text="traced peak")
