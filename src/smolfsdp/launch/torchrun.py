@@ -29,6 +29,8 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import queue
+import re
 import shutil
 import signal
 import socket
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from smolfsdp.checkpoint.dcp import latest_checkpoint
@@ -229,12 +232,18 @@ def remove_stale_configs(base: str | Path | None = None) -> list[Path]:
 
 
 def launch(
-    cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None
+    cfg: TrainConfig,
+    *,
+    capture: bool = False,
+    timeout: float | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``smolfsdp train`` on this node's ``cfg.nproc // cfg.nnodes`` processes and wait for it.
 
     The combined output streams to this process's ``sys.stdout``; with ``capture`` it is also
-    returned in ``.stdout`` (for notebooks and tests). A failed run ends with one line from
+    returned in ``.stdout`` (for notebooks and tests). ``on_line`` is called with each line of that output
+    (a progress bar's ``\r`` updates each count as a line) as it arrives, in this thread (so a notebook cell
+    shows what it prints while the run goes on). A failed run ends with one line from
     :func:`explain_failure` (on stderr, and at the end of ``.stdout`` when capturing).
 
     Raises:
@@ -263,8 +272,9 @@ def launch(
             stderr=subprocess.STDOUT,
         )
         try:  # from the moment torchrun exists: a signal in any later line must still stop it
-            out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
-            proc.wait(timeout=timeout)
+            lines = queue.Queue() if on_line else None
+            out = _Tee(proc.stdout, echo=not capture, keep_all=capture, lines=lines)
+            _wait(proc, timeout, lines, on_line)
         except BaseException as err:
             # Ctrl-C, SIGTERM, a timeout or any error here: pass SIGINT on so torchrun stops its workers
             # (subprocess.run would SIGKILL torchrun and leave the ranks training as orphans).
@@ -273,6 +283,7 @@ def launch(
                 err.output = out.join()  # what the run printed before it timed out
             raise
         text = out.join()
+        _drain(lines, on_line)  # what the pump read after the last poll
     if proc.returncode != 0:
         line = "[smolfsdp] " + explain_failure(text, proc.returncode, cfg)
         print(line, file=sys.stderr, flush=True)
@@ -304,24 +315,54 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Tee:
-    """Copy a child's output to ``sys.stdout`` (``echo``) while keeping it (all, or the last 1 MB)."""
+def _drain(lines: queue.Queue | None, on_line: Callable[[str], None] | None) -> None:
+    while lines is not None and on_line is not None and not lines.empty():
+        on_line(lines.get_nowait())
 
-    def __init__(self, stream, echo: bool, keep_all: bool, tail_bytes: int = 1 << 20):
+
+def _wait(proc: subprocess.Popen, timeout: float | None, lines, on_line, poll_s: float = 0.2) -> int:
+    """``proc.wait(timeout)``, handing the lines the pump has read to ``on_line`` every ``poll_s`` meanwhile;
+    raises ``subprocess.TimeoutExpired`` as ``wait`` does."""
+    if lines is None:
+        return proc.wait(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        _drain(lines, on_line)
+        left = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+        try:
+            return proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout) from None
+
+
+class _Tee:
+    """Copy a child's output to ``sys.stdout`` (``echo``) while keeping it (all, or the last 1 MB); with
+    ``lines``, also put each finished line (ended by ``\n`` or ``\r``) on that queue."""
+
+    def __init__(self, stream, echo: bool, keep_all: bool, tail_bytes: int = 1 << 20, lines=None):
         self.stream, self.echo, self.keep_all, self.tail_bytes = stream, echo, keep_all, tail_bytes
-        self.buf = bytearray()
+        self.buf, self.lines, self.pending = bytearray(), lines, ""
         self.thread = threading.Thread(target=self._pump, daemon=True)
         self.thread.start()
 
     def _pump(self) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         while chunk := self.stream.read1(1 << 16):
+            text = decoder.decode(chunk)
             if self.echo:
-                sys.stdout.write(decoder.decode(chunk))
+                sys.stdout.write(text)
                 sys.stdout.flush()
+            if self.lines is not None:
+                *done, self.pending = re.split(r"[\r\n]", self.pending + text)
+                for line in done:
+                    if line.strip():
+                        self.lines.put(line)
             self.buf += chunk
             if not self.keep_all and len(self.buf) > 2 * self.tail_bytes:
                 del self.buf[: -self.tail_bytes]
+        if self.lines is not None and self.pending.strip():
+            self.lines.put(self.pending)
 
     def join(self, timeout_s: float = 30.0) -> str:
         self.thread.join(timeout_s)
