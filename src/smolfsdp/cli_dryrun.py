@@ -56,7 +56,10 @@ def _allowance_line(setup: dict) -> str:
     chapter prints beside the same number), what it leaves out (fake tensors have no CUDA context or NCCL buffers)
     and what ``smolfsdp memory``'s device peak adds for them, so the two numbers are not read as one."""
     from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES  # deferred: measure loads torch
-    from smolfsdp.measure.recipe_peak import settings_from_setup, settings_line
+    from smolfsdp.measure.recipe_peak import (  # deferred: measure loads torch
+        settings_from_setup,
+        settings_line,
+    )
 
     extra = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if setup["world_size"] > 1 else 0)
     return (
@@ -67,7 +70,7 @@ def _allowance_line(setup: dict) -> str:
 
 def _moment_text(moment: dict) -> str:
     """A traced moment in the estimator's words: ``the loss moment (backward has just started; traced in M)``."""
-    from smolfsdp.measure.recipe_peak import moment_words, traced_moment
+    from smolfsdp.measure.recipe_peak import moment_words, traced_moment  # deferred: measure loads torch
 
     words = moment_words(traced_moment(moment))
     module = moment.get("module", "?")
