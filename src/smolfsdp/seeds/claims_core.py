@@ -80,13 +80,15 @@ def book_recipe_kwargs(name: str = "smollm3_3b_medical") -> dict:
 
 
 def book_recipe_table(name: str = "smollm3_3b_medical") -> pd.DataFrame:
-    """The recipe settings the estimates use, as a reader's table (units, words, separators)."""
+    """The recipe settings the estimates use, as a reader's table (units, words, separators); each claim's
+    evidence names the settings of its own peak (``smolfsdp.measure.recipe_peak.settings_line``)."""
     kw = book_recipe_kwargs(name)
     return pd.Series(
         {
             "sequence length (tokens, max_length)": f"{kw['seq_len']:,}",
             "micro-batch per GPU (sequences)": f"{kw['micro_batch']:,}",
             "tokens per GPU per micro-batch": f"{kw['seq_len'] * kw['micro_batch']:,}",
+            "gradient accumulation (micro-batches per optimizer step)": f"{kw['gradient_accumulation_steps']:,}",
             "activation checkpointing": "on" if kw["activation_checkpointing"] else "off",
             "FSDP version": f"FSDP{kw['fsdp_version']}",
             "LoRA": "yes" if kw["lora"] else "no (full fine-tune)",
