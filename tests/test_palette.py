@@ -63,3 +63,21 @@ def test_figures_draw_with_the_palette_and_red_means_does_not_fit():
     assert fit_explorer._colors(["params", "activations"], False)[-1] == RED
     assert RED not in fit_explorer._colors(list(palette.COMPONENT), True)
     assert scale.STRATEGY_COLORS == palette.STRATEGY and trace.CATEGORY_COLORS == palette.TRACE_CATEGORY
+
+
+def test_prose_names_colours_by_the_palettes_words():
+    """A sentence that names a colour reads it from ``palette.WORDS``: one word per colour, red only for the
+    verdict, and chapter 02's lane legend in those words."""
+    import json
+    from pathlib import Path
+
+    words = palette.WORDS
+    assert set(words) <= set(palette.meanings()) and len(set(words.values())) == len(words)
+    assert [c for c, w in words.items() if w == "red"] == [RED]
+    nb = Path(__file__).resolve().parents[1] / "notebooks" / "02_fsdp_mechanics.ipynb"
+    text = "".join("".join(c["source"]) for c in json.loads(nb.read_text())["cells"])
+    ag, rs = (words[palette.COLLECTIVE[k]] for k in ("all-gather", "reduce-scatter"))
+    assert (
+        f"{ag}\nblock is an all-gather" in text.replace("An orange", "orange")
+        and f"{rs} a reduce-scatter" in text
+    )

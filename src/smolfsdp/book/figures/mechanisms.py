@@ -87,7 +87,7 @@ def _unit_spans(events: list[dict]) -> list[tuple[str, str, float, float]]:
 def plot_step_timeline(events: list[dict], title: str = "One FSDP2 step on rank 0") -> go.Figure:
     """A lane for the step's phases and one per FSDP unit; each collective a labelled block (AG, RS) in its
     unit's lane, at least 3% of the step wide so that short ones stay visible (hover: the real duration);
-    grey blocks where a unit computes; the phases shaded across every lane. ``events`` from
+    compute-coloured blocks where a unit computes; the phases shaded across every lane (``palette``). ``events`` from
     ``smolfsdp.probes.step``."""
     df = attribute_collectives(events)
     phases = [e for e in events if e["kind"] == "phase"]

@@ -85,5 +85,18 @@ def meanings() -> dict[str, list[str]]:
     return out
 
 
+#: the words prose uses for a colour it names (a sentence under a figure reads them from here)
+WORDS = {
+    COLLECTIVE["all-gather"]: "orange", COLLECTIVE["reduce-scatter"]: "pink", TRACE_CATEGORY["compute"]: "teal",
+    TRACE_CATEGORY["communication"]: "dark orange", OVERLAP["exposed"]: "light orange",
+    OVERLAP["overlapped with compute"]: "light blue", VERDICT["fits"]: "green", VERDICT["does not fit"]: "red",
+}  # fmt: skip
+
+
+def word(colour: str) -> str:
+    """The word for a colour of :data:`WORDS` (KeyError for one prose should not name)."""
+    return WORDS[colour]
+
+
 def verdict_colour(fits: bool) -> str:
     return VERDICT["fits" if fits else "does not fit"]
