@@ -222,10 +222,13 @@ def test_dryrun_command(mid):
         and "estimated" not in text.split("\n")[0]
     )
     # the traced peak names its settings and what smolfsdp memory adds to it (512 + 256 MiB on 4 ranks)
+    # (the settings line is smolfsdp.measure.recipe_peak.settings_line, the one every chapter prints)
+    assert "(settings: FSDP2 FULL_SHARD x 4, " in text and "gradient accumulation 1, " in text
     assert (
-        "(tensors only, at these settings: 1 micro-batch(es) per step; a GPU adds the CUDA context and NCCL "
-        "buffers, 0.75 GiB in `smolfsdp memory`'s device peak)" in text
+        "; tensors only; a GPU adds the CUDA context and NCCL buffers, 0.75 GiB in `smolfsdp memory`'s device peak)"
+        in text
     )
+    assert " during " not in text  # the moment is named once, in the estimator's words ("at the loss moment")
 
 
 def test_book_views_of_the_committed_grid():

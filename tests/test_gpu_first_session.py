@@ -244,7 +244,7 @@ def test_accelerate_launch_runs_after_the_same_checks(monkeypatch, tmp_path, cap
     """``smolfsdp train --accelerate_config F``: the one-line refusals first, then ``accelerate launch``."""
     from smolfsdp.cli import main as cli_main
     from smolfsdp.config import load_config
-    from smolfsdp.launch import torchrun
+    from smolfsdp.launch import accelerate_launch, torchrun
 
     recipe = str(ROOT / "configs" / "runs" / "smollm3_3b_medical.yaml")
     gpu2 = ROOT / "configs" / "accelerate" / "2gpu.yaml"
@@ -256,13 +256,15 @@ def test_accelerate_launch_runs_after_the_same_checks(monkeypatch, tmp_path, cap
     assert not (tmp_path / "runs").exists()  # no rank started, no run folder
 
     smoke = load_config(ROOT / "configs" / "runs" / "smoke.yaml")
-    assert torchrun.check_accelerate_config(smoke, gpu2) == 2
+    assert accelerate_launch.check_accelerate_config(smoke, gpu2) == 2
     with pytest.raises(ConfigError, match=r"num_processes=2 on num_machines=1, but the run has nproc=4"):
-        torchrun.check_accelerate_config(smoke.replace(nproc=4), gpu2)
-    with pytest.raises(ConfigError, match=r"distributed_type=MULTI_CPU: accelerate launches that with its simple"):
-        torchrun.check_accelerate_config(smoke, ROOT / "configs" / "accelerate" / "2cpu.yaml")
+        accelerate_launch.check_accelerate_config(smoke.replace(nproc=4), gpu2)
+    with pytest.raises(
+        ConfigError, match=r"distributed_type=MULTI_CPU: accelerate launches that with its simple"
+    ):
+        accelerate_launch.check_accelerate_config(smoke, ROOT / "configs" / "accelerate" / "2cpu.yaml")
     with pytest.raises(ConfigError, match=r"cannot read it"):
-        torchrun.check_accelerate_config(smoke, tmp_path / "missing.yaml")
+        accelerate_launch.check_accelerate_config(smoke, tmp_path / "missing.yaml")
 
     seen = {}
 

@@ -374,3 +374,42 @@ def test_book_workflow_fetches_the_trace_the_chapters_read():
     assert read in (ROOT / "src" / "smolfsdp" / "seeds" / "claims_seed1.py").read_text()
     if DDP.is_file():
         assert hashlib.sha256(DDP.read_bytes()).hexdigest() == fetch["env"]["SHA256"]
+
+
+def test_book_tables_say_yes_no_or_a_state_never_true_false_and_full_size_memory_in_gib():
+    """Issue 33: the chapters' tables of the full-size model (no runs needed) hold no bare True/False cell and
+    no MiB column (``tables.UNIT_RULE``: GiB for full-size models)."""
+    from smolfsdp.book import dryrun_views, fsdp_versions
+    from smolfsdp.book.figures import mechanisms as fm
+    from smolfsdp.seeds import claims as sc
+
+    grid = dryrun_views.load_grid()
+    frames = {
+        "lora_state_table": fsdp_versions.lora_state_table(),
+        "grid_table": dryrun_views.grid_table(grid),
+        "comm_check_table": dryrun_views.comm_check_table(grid),
+        "book_recipe_table": sc.book_recipe_table(),
+        "plugin_args_side_by_side": sc.plugin_args_side_by_side(),
+        "fsdp_config_table": sc.fsdp_config_table(),
+        "no_sync_table": fm.no_sync_table("smollm3-3b", n_gpus=2, accumulation=4),
+        # a full-size model's units (the chapter's full profile reads SmolLM3-3B from the Hub: offline here)
+        "unit_table (3B)": fm.unit_table(
+            pd.DataFrame(
+                {
+                    "parameters": [1_000_000_000, 80_000_000],
+                    "full_bytes": [4 * 10**9, 32 * 10**7],
+                    "shard_bytes_per_rank": [2 * 10**9, 16 * 10**7],
+                    "held_while_computing_bytes": [2 * 10**9, 16 * 10**7],
+                },
+                index=["root", "model.layers.0"],
+            )
+        ),  # fmt: skip
+    }
+    for name, df in frames.items():
+        cells = df.astype(str).to_numpy().ravel().tolist() + [str(c) for c in df.columns]
+        assert not {"True", "False"} & set(cells), name
+        assert not any(pd.api.types.is_bool_dtype(df[c]) for c in df.columns), name
+        assert not any("MiB" in str(c) or "KiB" in str(c) for c in df.columns), name
+    assert frames["plugin_args_side_by_side"].loc["use_orig_params"].tolist() == ["on (True)"] * 2
+    assert list(frames["unit_table (3B)"].columns)[1] == "full (GiB)"
+    assert tables.gib_text(0.00714) == "0.007" and tables.gib_text(31.7717) == "31.77"

@@ -55,7 +55,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = validate(load_config(args.config, **overrides))  # model, mesh, launch fields: before any work
     accelerate = getattr(args, "accelerate_config", None)
     if accelerate is not None and not is_launched():
-        from smolfsdp.launch.torchrun import check_accelerate_config  # deferred: torch
+        from smolfsdp.launch.accelerate_launch import check_accelerate_config  # deferred: the config stack
 
         check_accelerate_config(cfg, accelerate)  # its process count, before any rank starts
     check_runs_here(

@@ -52,14 +52,19 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
 
 
 def _allowance_line(setup: dict) -> str:
-    """What the traced peak leaves out (fake tensors have no CUDA context or NCCL buffers) and what
-    ``smolfsdp memory``'s device peak adds for them, so the two numbers are not read as one."""
+    """The settings the traced peak was computed at (``smolfsdp.measure.recipe_peak.settings_line``, the line every
+    chapter prints beside the same number), what it leaves out (fake tensors have no CUDA context or NCCL buffers)
+    and what ``smolfsdp memory``'s device peak adds for them, so the two numbers are not read as one."""
     from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES  # deferred: measure loads torch
+    from smolfsdp.measure.recipe_peak import (  # deferred: measure loads torch
+        settings_from_setup,
+        settings_line,
+    )
 
     extra = CUDA_CONTEXT_BYTES + (COMM_BUFFER_BYTES if setup["world_size"] > 1 else 0)
     return (
-        f"(tensors only, at these settings: {setup['gradient_accumulation_steps']} micro-batch(es) per step; "
-        f"a GPU adds the CUDA context and NCCL buffers, {extra / GIB:.2f} GiB in `smolfsdp memory`'s device peak)"
+        f"(settings: {settings_line(settings_from_setup(setup), 'tensors')}; a GPU adds the CUDA context and NCCL "
+        f"buffers, {extra / GIB:.2f} GiB in `smolfsdp memory`'s device peak)"
     )
 
 
@@ -74,6 +79,15 @@ def _record_stream_lines(setup: dict) -> list[str]:
     ]
 
 
+def _moment_text(moment: dict) -> str:
+    """A traced moment in the estimator's words: ``the loss moment (backward has just started; traced in M)``."""
+    from smolfsdp.measure.recipe_peak import moment_words, traced_moment  # deferred: measure loads torch
+
+    words = moment_words(traced_moment(moment))
+    module = moment.get("module", "?")
+    return words[:-1] + f"; traced in {module})" if words.endswith(")") else f"{words} (traced in {module})"
+
+
 def format_dryrun(report, table) -> str:
     """The report for people: the setup, the peak and its moment, collectives, FLOPs, the estimate beside it."""
     s = report.setup
@@ -84,8 +98,7 @@ def format_dryrun(report, table) -> str:
         f"{_ac_words(s) if s['activation_checkpointing'] else 'off'}{', LoRA' if s['lora'] else ''}",
         f"({report.label})",
         "",
-        f"peak {report.peak_bytes / GIB:,.2f} GiB on rank 0, during {report.peak_moment.get('phase', '?')} "
-        f"({report.peak_moment.get('module', '?')}); at that moment:",
+        f"peak {report.peak_bytes / GIB:,.2f} GiB on rank 0, at {_moment_text(report.peak_moment)}; at that moment:",
     ]
     lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
     lines += [_allowance_line(s)]
@@ -99,7 +112,7 @@ def format_dryrun(report, table) -> str:
         o, m = report.offload, report.offload["device_peak_moment"]
         lines += [
             f"CPU offload: the host holds {o['host_bytes'] / GIB:,.2f} GiB after the step; the device's own peak is "
-            f"{o['device_peak_bytes'] / GIB:,.2f} GiB, during {m.get('phase', '?')} ({m.get('module', '?')})"
+            f"{o['device_peak_bytes'] / GIB:,.2f} GiB, at {_moment_text(m)}"
         ]
     lines += ["", "collectives per step (rank 0): phase, kind, count, bytes"]
     lines += [

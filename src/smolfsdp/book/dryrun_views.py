@@ -14,13 +14,21 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from smolfsdp.book.figures import palette
+from smolfsdp.measure.recipe_peak import (
+    moment_words,
+    recipe_peak,
+    settings_from_setup,
+    settings_line,
+    traced_moment,
+)
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
 GRID = Path("data/results/dryrun/grid.json")
 #: What the grid's numbers come from: a change here since the traced commit may change a row.
 TRACED_CODE = ("src/smolfsdp/dryrun", "src/smolfsdp/sharding", "src/smolfsdp/models", "src/smolfsdp/measure")
-PHASE_COLOURS = {"forward": "#1f77b4", "backward": "#d62728", "clip": "#7f7f7f", "optimizer": "#2ca02c"}
+PHASE_COLOURS = palette.PHASE  # the same phase colours as every other figure
 
 
 def load_grid(path: str | Path | None = None) -> dict | None:
@@ -72,7 +80,7 @@ def grid_table(grid: dict, book_only: bool = False) -> pd.DataFrame:
         rows.append({
             "setup": run["label"],
             "traced peak (GiB)": run["peak_bytes"] / GIB,
-            "traced during": run["peak_moment"].get("phase", "?"),
+            "traced moment": traced_moment(run["peak_moment"]),
             "estimated peak (GiB)": peak["estimate_gib"],
             "estimated moment": peak["component"].removeprefix("peak (").removesuffix(" moment)"),
             "error": f"{signed(peak['error_pct'], 1)} %",
@@ -135,6 +143,31 @@ def provenance_line(grid: dict, root: Path | None = None) -> str:
             + currency_line(grid, root))  # fmt: skip
 
 
+def traced_settings_line(run: dict) -> str:
+    """The settings line (``smolfsdp.measure.recipe_peak.settings_line``) of a grid row: tensors only."""
+    return settings_line(settings_from_setup(run["setup"]), "tensors")
+
+
+def book_peak_lines(grid: dict) -> list[str]:
+    """The book recipe's peak as this chapter shows it, each number beside its settings: the grid's traced row
+    (one micro-batch per step), the estimate at those settings, and the recipe as configured (its gradient
+    accumulation), tensors only and with the CUDA context and NCCL buffers: the same
+    ``recipe_peak`` numbers the other chapters and ``smolfsdp dryrun`` quote for the same settings."""
+    run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
+    one = recipe_peak(gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"])
+    recipe, device = recipe_peak(), recipe_peak(include="device")
+    traced = moment_words(traced_moment(run["peak_moment"]))
+    return [
+        f"- traced (fake tensors): **{run['peak_bytes'] / GIB:,.2f} GiB** at {traced}; settings: "
+        f"{traced_settings_line(run)}",
+        f"- estimated, same settings: **{one.gib:,.2f} GiB** at {moment_words(one.moment)}",
+        f"- estimated, the recipe as configured: **{recipe.gib:,.2f} GiB** at {moment_words(recipe.moment)}; "
+        f"settings: {recipe.settings_line}",
+        f"- estimated, the recipe on a GPU: **{device.gib:,.2f} GiB** at {moment_words(device.moment)}; "
+        f"settings: {device.settings_line}",
+    ]
+
+
 def plot_step_memory(run: dict) -> go.Figure:
     """Rank 0's tensor bytes over one traced step: a point after each decoder layer's forward and backward."""
     series = pd.DataFrame(run["series"])
@@ -142,7 +175,7 @@ def plot_step_memory(run: dict) -> go.Figure:
     for phase, part in series.groupby("phase", sort=False):
         fig.add_trace(go.Scatter(
             x=part["i"], y=part["bytes"] / GIB, mode="markers", name=phase,
-            marker={"color": PHASE_COLOURS.get(phase, "#444"), "size": 6},
+            marker={"color": PHASE_COLOURS.get(phase, palette.TRACE_CATEGORY["other"]), "size": 6},
             text=part["module"] + " " + part["event"], hovertemplate="%{text}: %{y:.2f} GiB<extra></extra>",
         ))  # fmt: skip
     fig.add_hline(y=run["peak_bytes"] / GIB, line_dash="dot", annotation_text="traced peak")
@@ -177,9 +210,10 @@ def add_dry_run_evidence(judged: list, grid: dict | None) -> list:
     held = sum(run["held_bytes"].values())
     sentence = (
         f"The full-size dry run (traced on fake tensors, not a GPU measurement) of one step of the book's full "
-        f"fine-tune recipe with one micro-batch on 2 ranks peaks at {run['peak_bytes'] / GIB:.1f} GiB of tensors "
-        f"on rank 0, during {run['peak_moment'].get('phase', '?')}, and holds {held / GIB:.1f} GiB of parameter, "
-        "gradient and AdamW shards after it; a GPU adds its CUDA context and NCCL buffers."
+        f"fine-tune recipe with one micro-batch per step on 2 ranks peaks at {run['peak_bytes'] / GIB:.1f} GiB of "
+        f"tensors on rank 0, at {moment_words(traced_moment(run['peak_moment']))}, and holds {held / GIB:.1f} GiB "
+        f"of parameter, gradient and AdamW shards after it (settings: {traced_settings_line(run)}); a GPU adds its "
+        "CUDA context and NCCL buffers."
     )
     params = run["setup"]["parameters"]
     whole = (

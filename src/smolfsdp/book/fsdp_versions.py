@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from smolfsdp.book.tables import placement_text
+from smolfsdp.book.tables import gib_text, placement_text
 from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.params import LoraSpec
+from smolfsdp.measure.recipe_peak import BOOK_RECIPE, recipe_peak, settings_line
 
-MIB = 2**20
+GIB = 2**30
 CASE_TEXT = {
     "frozen_bf16_beside_trainable_fp32": "frozen bf16 weight beside trainable fp32 weights, one unit",
     "trainable_fp32_and_bf16_same_group": "trainable fp32 and trainable bf16 weights, one unit",
@@ -93,36 +95,48 @@ def dtype_rule_table(results: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(table)[["FSDP1", "FSDP2"]].rename_axis("parameters in the model")
 
 
-def lora_state_mib(model="smollm3-3b", world_size: int = 2, seq_len: int = 2048, micro_batch: int = 2):
-    """Estimated MiB (floats) per GPU of parameter shards, gradients, Adam state and the device peak, for full
-    fine-tuning and LoRA (r=8, q/k/v/o) under FSDP1 and FSDP2 (FULL_SHARD, bf16 mixed precision,
-    activation checkpointing). FSDP1's LoRA gradient covers every FlatParameter that holds an adapter."""
-    rows = {}
+def lora_state_gib(cfg: str = BOOK_RECIPE, **overrides) -> pd.DataFrame:
+    """Estimated GiB (floats) per GPU of parameter shards, gradients, Adam state and the device peak, for full
+    fine-tuning and LoRA (r=8, q/k/v/o) under FSDP1 and FSDP2, at the settings of the run recipe ``cfg``
+    (``smolfsdp.measure.recipe_peak``: the book's FSDP1 full fine-tune, FULL_SHARD on 2 GPUs; ``overrides``
+    change any setting) with only the FSDP version and LoRA varied. The peak is
+    :func:`~smolfsdp.measure.recipe_peak.recipe_peak` with ``include="device"`` (tensors + CUDA context and NCCL
+    buffers), the number every chapter quotes for these settings; ``attrs["settings"]`` is its settings line.
+    FSDP1's LoRA gradient covers every FlatParameter that holds an adapter."""
+    rows, line = {}, ""
     for version in (1, 2):
         for lora in (False, True):
-            e = estimate_memory(
-                model, world_size=world_size, strategy="FULL_SHARD", lora=lora, fsdp_version=version,
-                seq_len=seq_len, micro_batch=micro_batch, activation_checkpointing=True,
-            )  # fmt: skip
+            peak = recipe_peak(cfg, include="device", fsdp_version=version, lora=LoraSpec() if lora else None,
+                               **overrides)  # fmt: skip
+            e = peak.estimate
             rows[(f"FSDP{version}", "LoRA" if lora else "full fine-tune")] = {
-                "parameter shards (MiB)": e.params_bytes,
-                "gradients (MiB)": e.grads_bytes,
-                "Adam m + v (MiB)": e.optimizer_bytes,
-                "peak per GPU (MiB)": e.peak_bytes,
+                "parameter shards (GiB)": e.params_bytes,
+                "gradients (GiB)": e.grads_bytes,
+                "Adam m + v (GiB)": e.optimizer_bytes,
+                "peak per GPU (GiB)": peak.bytes,
             }
-    table = pd.DataFrame(rows).T / MIB
+            line = settings_line({**peak.settings, "fsdp_version": 1, "lora": None}, "device")
+    table = pd.DataFrame(rows).T / GIB
     table.index = table.index.set_names(["FSDP", "training"])
+    both = line.replace("FSDP1 ", "FSDP1 and FSDP2, ", 1).replace(
+        "full fine-tune", "full fine-tune and LoRA r=8"
+    )
+    table.attrs["settings"] = both
     return table
 
 
 def lora_state_table(**kwargs) -> pd.DataFrame:
-    """:func:`lora_state_mib` with thousands separators and one decimal (``kwargs`` go to it)."""
-    return lora_state_mib(**kwargs).map("{:,.1f}".format)
+    """:func:`lora_state_gib` as the book shows it: GiB with thousands separators and
+    :data:`smolfsdp.book.tables.GIB_DECIMALS` decimals (``kwargs`` go to it)."""
+    gib = lora_state_gib(**kwargs)
+    out = gib.map(gib_text)
+    out.attrs = gib.attrs
+    return out
 
 
-def lora_gradient_mib(model="smollm3-3b", world_size: int = 2) -> dict[str, float]:
-    """Estimated LoRA gradient MiB per GPU under each version (the number the chapters quote)."""
+def lora_gradient_gib(model="smollm3-3b", world_size: int = 2) -> dict[str, float]:
+    """Estimated LoRA gradient GiB per GPU under each version (the number the chapters quote)."""
     return {
-        f"FSDP{v}": estimate_memory(model, world_size=world_size, lora=True, fsdp_version=v).grads_bytes / MIB
+        f"FSDP{v}": estimate_memory(model, world_size=world_size, lora=True, fsdp_version=v).grads_bytes / GIB
         for v in (1, 2)
     }

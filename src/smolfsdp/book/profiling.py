@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from smolfsdp.book.figures import palette
 from smolfsdp.book.tables import cell_text, number_text
 from smolfsdp.measure.benchmark import steps_frame
 from smolfsdp.traces.analysis import TraceReport, comm_by_row
@@ -161,7 +162,8 @@ def timeline_sentence(report: TraceReport) -> str:
     c = seed_checks(report).mean()
     return (
         f"Read the rows against each other: the row that computes is busy {c['compute_row_busy_pct']:.0f} % of a "
-        "step; the communication (red) runs on gloo's own threads, and the figure below says how much of it "
+        f"step; the communication ({palette.word(palette.TRACE_CATEGORY['communication'])}) runs on gloo's own "
+        "threads, and the figure below says how much of it "
         "has compute beside it."
     )
 
@@ -266,7 +268,8 @@ GPU_SECTION_PROSE = {
         "picture is the busy share quoted above, not the solid block thousands of µs-long kernels would draw."
     ),
     "overlap": (
-        "Read the red part of each bar: it is the exposed share computed above, step by step; the last profiled "
+        f"Read the {palette.word(palette.OVERLAP['exposed'])} part of each bar: it is the exposed share computed "
+        "above, step by step; the last profiled "
         "step is the one HTA leaves out."
     ),
     "kernels": (

@@ -35,6 +35,16 @@ SUFFIX_UNITS: dict[str, tuple[str, float]] = {  # first match wins: "_per_s" bef
     "_gib": ("GiB", 1.0),
 }
 BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
+#: The book's one rule for memory in tables and prose. A full-size model's memory (SmolLM3-3B, the seeds' models)
+#: is in GiB (2**30 bytes), the unit in the column name ("peak per GPU (GiB)"), with :data:`GIB_DECIMALS`
+#: decimals, or 3 for a value under 0.1 GiB (LoRA's adapter state), so no value reads 0.00 (:func:`gib_text`).
+#: The tiny CPU model's measured storage, where GiB would read 0.000, is in bytes with separators or in the
+#: per-column unit :func:`reader_frame` picks (KiB/MiB, named in the header). GB (10**9) only where a source
+#: says GB, and then named GB.
+UNIT_RULE = (
+    "GiB for full-size models (2 decimals, 3 under 0.1 GiB); the tiny CPU model in bytes/KiB/MiB, named"
+)
+GIB_DECIMALS = 2
 SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 WORDS = {
     "rss": "RSS",
@@ -74,6 +84,11 @@ def scientific_text(value: float, digits: int = 1) -> str:
         return "0"
     mantissa, exponent = f"{value:.{digits}e}".split("e")
     return f"{mantissa} × 10{str(int(exponent)).translate(SUPERSCRIPT)}"
+
+
+def gib_text(value: float) -> str:
+    """A GiB value by :data:`UNIT_RULE`: ``"31.77"``, ``"0.007"`` (3 decimals under 0.1), separators."""
+    return f"{value:,.{GIB_DECIMALS if abs(value) >= 0.1 or value == 0 else 3}f}"
 
 
 def cell_text(value, decimals: int = 2) -> str:

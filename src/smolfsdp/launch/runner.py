@@ -14,6 +14,9 @@ Each launched process runs :func:`smolfsdp.train.sft.train`.
 
 from __future__ import annotations
 
+import math
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -130,13 +133,58 @@ def bytes_to_write_each(cfg: TrainConfig, meta_model, resume_path=None) -> tuple
     return n_ckpt * ckpt, final
 
 
-def run(cfg: TrainConfig, *, capture: bool = False, timeout: float | None = None):
+#: a progress bar's state in a line of output (tqdm: ``train:  33%|███▎      | 1/3 [00:01<00:02, ...]``)
+_BAR = re.compile(r"\d+%\|")
+
+
+def rank0_progress(
+    say: Callable[[str], None] | None = None,
+    every_s: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[str], None]:
+    """A line filter for :func:`run`'s ``progress``: passes rank 0's log lines (``[rank0] ...``) on to ``say``
+    (default: ``print``) as they come, and a progress bar's latest state at most every ``every_s`` seconds and
+    when it reaches 100 %, so a notebook cell shows a run's progress while it trains. Other ranks' lines and
+    library noise stay in the captured log only."""
+    say = say or (lambda line: print(line, flush=True))
+    last, finished = [-math.inf], [""]
+
+    def on_line(line: str) -> None:
+        text = line.strip()
+        if not _BAR.search(text):
+            if text.startswith("[rank0]"):
+                say(text)
+            return
+        if text.startswith("[rank") and not text.startswith("[rank0]"):
+            return  # another rank's bar
+        now, done = clock(), "100%|" in text
+        if done and text.split("%|")[0] == finished[0]:
+            return  # tqdm draws its last state again as it closes
+        if now - last[0] >= every_s or done:
+            last[0], finished[0] = now, text.split("%|")[0] if done else ""
+            say(text.removeprefix("[rank0]:").strip())
+
+    return on_line
+
+
+def run(
+    cfg: TrainConfig,
+    *,
+    capture: bool = False,
+    timeout: float | None = None,
+    progress: Callable[[str], None] | bool | None = None,
+):
     """Check ``cfg``, launch ``cfg.nproc`` processes, wait, and return the finished run (``results.Run``).
 
-    Raises ConfigError before launching on bad input, RuntimeError if the launched run fails.
+    ``capture``: keep the output in ``Run.log`` instead of printing it all. ``progress``: with ``capture``,
+    still show progress while the run goes on: ``True`` prints rank 0's lines and the progress bar every 10 s
+    (:func:`rank0_progress`; what chapters pass, so a cell is not silent for minutes), or a callable is given
+    every line of output as it arrives. Raises ConfigError before launching on bad input, RuntimeError if the
+    launched run fails.
     """
     preflight(cfg)
-    proc = launch(cfg, capture=capture, timeout=timeout)
+    on_line = rank0_progress() if progress is True else (progress or None)
+    proc = launch(cfg, capture=capture, timeout=timeout, on_line=on_line if capture else None)
     if proc.returncode != 0:
         tail = (proc.stdout or "")[-4000:] if capture else "(see the output above)"
         raise RuntimeError(f"run {cfg.name!r} failed with exit code {proc.returncode}:\n{tail}")

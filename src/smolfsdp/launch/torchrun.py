@@ -29,6 +29,8 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import queue
+import re
 import shutil
 import signal
 import socket
@@ -37,13 +39,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-import yaml
 
 from smolfsdp.checkpoint.dcp import latest_checkpoint
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.accelerate_launch import accelerate_command
 from smolfsdp.launch.checks import check_resources, run_lock
 from smolfsdp.launch.failures import explain_failure
 from smolfsdp.launch.processes import spawn, stop_group
@@ -122,44 +124,6 @@ def command_for(cfg: TrainConfig, args: list[str], module: str = "smolfsdp.cli")
         max_restarts=cfg.max_restarts,
         rdzv_timeout_s=cfg.rdzv_timeout_s,
     )
-
-
-def check_accelerate_config(cfg: TrainConfig, path: str | Path) -> int:
-    """The process count of an ``accelerate launch`` config file, checked against ``cfg.nproc`` and ``nnodes``.
-
-    ``smolfsdp train --accelerate_config F`` runs every check ``smolfsdp train`` runs (GPUs, the Hub, cores,
-    memory, disk) and only then ``accelerate launch --config_file F``: started by hand, accelerate starts the
-    ranks first, so a refusal arrives once per rank inside accelerate's ChildFailedError report.
-
-    Raises:
-        ConfigError: the file is missing or not YAML, its ``distributed_type`` is not MULTI_GPU / FSDP (or
-            ``use_cpu`` is set: accelerate would start one process), or its ``num_processes`` (accelerate's total over all
-            machines) or ``num_machines`` differs from ``cfg.nproc`` / ``cfg.nnodes``.
-    """
-    try:
-        conf = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(
-            f"--accelerate_config {path}: cannot read it ({err}); give an accelerate YAML"
-        ) from err
-    if (
-        not isinstance(conf, dict)
-        or conf.get("distributed_type") not in ("MULTI_GPU", "FSDP")
-        or conf.get("use_cpu")
-    ):
-        kind = conf.get("distributed_type") if isinstance(conf, dict) else type(conf).__name__
-        raise ConfigError(  # accelerate.commands.launch.launch_command: only these reach multi_gpu_launcher
-            f"--accelerate_config {path} has distributed_type={kind}: accelerate launches that with its simple "
-            "launcher (one process; MULTI_CPU ranks need mpirun). Give a MULTI_GPU config (configs/accelerate/"
-            "2gpu.yaml), or leave --accelerate_config out: smolfsdp train starts CPU ranks with torchrun"
-        )
-    got, machines = conf.get("num_processes", 1), conf.get("num_machines", 1)
-    if (got, machines) != (cfg.nproc, cfg.nnodes):  # accelerate's num_processes is the total, as nproc
-        raise ConfigError(
-            f"--accelerate_config {path} starts num_processes={got} on num_machines={machines}, but the run has "
-            f"nproc={cfg.nproc} on nnodes={cfg.nnodes}; make them equal (e.g. --nproc {got} --nnodes {machines})"
-        )
-    return got
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -274,14 +238,17 @@ def launch(
     capture: bool = False,
     timeout: float | None = None,
     accelerate_config: str | Path | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``smolfsdp train`` on this node's ``cfg.nproc // cfg.nnodes`` processes and wait for it.
 
     The combined output streams to this process's ``sys.stdout``; with ``capture`` it is also
-    returned in ``.stdout`` (for notebooks and tests). A failed run ends with one line from
+    returned in ``.stdout`` (for notebooks and tests). ``on_line`` is called with each line of that output
+    (a progress bar's ``\r`` updates each count as a line) as it arrives, in this thread (so a notebook cell
+    shows what it prints while the run goes on). A failed run ends with one line from
     :func:`explain_failure` (on stderr, and at the end of ``.stdout`` when capturing). With
     ``accelerate_config`` the processes are started by ``accelerate launch --config_file`` (which runs
-    torch.distributed.run itself) instead of torchrun: :func:`check_accelerate_config` first.
+    torch.distributed.run itself) instead of torchrun: :func:`smolfsdp.launch.accelerate_launch.check_accelerate_config` first.
 
     Raises:
         ConfigError: on a node other than node_rank 0, the rendezvous endpoint did not answer; more ranks
@@ -303,15 +270,7 @@ def launch(
         cfg.save(cfg_path, redact_secrets=False)
         cmd = command_for(cfg, ["train", "--config", str(cfg_path)])
         if accelerate_config is not None:
-            check_accelerate_config(cfg, accelerate_config)
-            cmd = [
-                sys.executable,
-                "-m",
-                "accelerate.commands.launch",
-                "--config_file",
-                str(accelerate_config),
-            ]
-            cmd += ["-m", "smolfsdp.cli", "train", "--config", str(cfg_path)]
+            cmd = accelerate_command(cfg, accelerate_config, ["train", "--config", str(cfg_path)])
         proc = spawn(  # its own process group, SIGTERMed if this process dies (smolfsdp.launch.processes)
             cmd,
             env=launch_env(cfg.nproc // cfg.nnodes, cfg.max_restarts),
@@ -319,8 +278,9 @@ def launch(
             stderr=subprocess.STDOUT,
         )
         try:  # from the moment torchrun exists: a signal in any later line must still stop it
-            out = _Tee(proc.stdout, echo=not capture, keep_all=capture)
-            proc.wait(timeout=timeout)
+            lines = queue.Queue() if on_line else None
+            out = _Tee(proc.stdout, echo=not capture, keep_all=capture, lines=lines)
+            _wait(proc, timeout, lines, on_line)
         except BaseException as err:
             # Ctrl-C, SIGTERM, a timeout or any error here: pass SIGINT on so torchrun stops its workers
             # (subprocess.run would SIGKILL torchrun and leave the ranks training as orphans).
@@ -329,6 +289,7 @@ def launch(
                 err.output = out.join()  # what the run printed before it timed out
             raise
         text = out.join()
+        _drain(lines, on_line)  # what the pump read after the last poll
     if proc.returncode != 0:
         line = "[smolfsdp] " + explain_failure(text, proc.returncode, cfg)
         print(line, file=sys.stderr, flush=True)
@@ -360,24 +321,54 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-class _Tee:
-    """Copy a child's output to ``sys.stdout`` (``echo``) while keeping it (all, or the last 1 MB)."""
+def _drain(lines: queue.Queue | None, on_line: Callable[[str], None] | None) -> None:
+    while lines is not None and on_line is not None and not lines.empty():
+        on_line(lines.get_nowait())
 
-    def __init__(self, stream, echo: bool, keep_all: bool, tail_bytes: int = 1 << 20):
+
+def _wait(proc: subprocess.Popen, timeout: float | None, lines, on_line, poll_s: float = 0.2) -> int:
+    """``proc.wait(timeout)``, handing the lines the pump has read to ``on_line`` every ``poll_s`` meanwhile;
+    raises ``subprocess.TimeoutExpired`` as ``wait`` does."""
+    if lines is None:
+        return proc.wait(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        _drain(lines, on_line)
+        left = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+        try:
+            return proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout) from None
+
+
+class _Tee:
+    """Copy a child's output to ``sys.stdout`` (``echo``) while keeping it (all, or the last 1 MB); with
+    ``lines``, also put each finished line (ended by ``\n`` or ``\r``) on that queue."""
+
+    def __init__(self, stream, echo: bool, keep_all: bool, tail_bytes: int = 1 << 20, lines=None):
         self.stream, self.echo, self.keep_all, self.tail_bytes = stream, echo, keep_all, tail_bytes
-        self.buf = bytearray()
+        self.buf, self.lines, self.pending = bytearray(), lines, ""
         self.thread = threading.Thread(target=self._pump, daemon=True)
         self.thread.start()
 
     def _pump(self) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         while chunk := self.stream.read1(1 << 16):
+            text = decoder.decode(chunk)
             if self.echo:
-                sys.stdout.write(decoder.decode(chunk))
+                sys.stdout.write(text)
                 sys.stdout.flush()
+            if self.lines is not None:
+                *done, self.pending = re.split(r"[\r\n]", self.pending + text)
+                for line in done:
+                    if line.strip():
+                        self.lines.put(line)
             self.buf += chunk
             if not self.keep_all and len(self.buf) > 2 * self.tail_bytes:
                 del self.buf[: -self.tail_bytes]
+        if self.lines is not None and self.pending.strip():
+            self.lines.put(self.pending)
 
     def join(self, timeout_s: float = 30.0) -> str:
         self.thread.join(timeout_s)

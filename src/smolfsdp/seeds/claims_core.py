@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from smolfsdp.config import load_config
-from smolfsdp.measure.params import LoraSpec
-from smolfsdp.paths import recipe
+from smolfsdp.measure.recipe_peak import recipe_settings
 
 GIB = 2**30
 GB = 10**9
@@ -65,27 +63,32 @@ def gb(n: int) -> str:
 
 
 def book_recipe_kwargs(name: str = "smollm3_3b_medical") -> dict:
-    """``estimate_memory`` arguments of the book's committed run recipe (configs/runs/<name>.yaml):
-    sequence = ``max_length``, micro-batch, activation checkpointing, FSDP version, LoRA (its dropout included),
-    gradient accumulation (the last micro-batch's backward starts with every gradient shard held)."""
-    cfg = load_config(recipe(name))
-    return dict(
-        seq_len=cfg.max_length, micro_batch=cfg.per_device_train_batch_size,
-        activation_checkpointing=cfg.activation_checkpointing, fsdp_version=cfg.fsdp_version,
-        lora=LoraSpec(r=cfg.lora_r, alpha=cfg.lora_alpha, targets=tuple(cfg.lora_target_modules),
-                      dropout=cfg.lora_dropout) if cfg.lora else None,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-    )  # fmt: skip
+    """``estimate_memory`` arguments of the book's committed run recipe (configs/runs/<name>.yaml), read by
+    ``smolfsdp.measure.recipe_peak.recipe_settings`` (the one path every page's peak takes): sequence =
+    ``max_length``, micro-batch, activation checkpointing, FSDP version, LoRA (its dropout included), gradient
+    accumulation (the last micro-batch's backward starts with every gradient shard held)."""
+    s = recipe_settings(name)
+    keys = (
+        "seq_len",
+        "micro_batch",
+        "activation_checkpointing",
+        "fsdp_version",
+        "lora",
+        "gradient_accumulation_steps",
+    )
+    return {k: s[k] for k in keys}
 
 
 def book_recipe_table(name: str = "smollm3_3b_medical") -> pd.DataFrame:
-    """The recipe settings the estimates use, as a reader's table (units, words, separators)."""
+    """The recipe settings the estimates use, as a reader's table (units, words, separators); each claim's
+    evidence names the settings of its own peak (``smolfsdp.measure.recipe_peak.settings_line``)."""
     kw = book_recipe_kwargs(name)
     return pd.Series(
         {
             "sequence length (tokens, max_length)": f"{kw['seq_len']:,}",
             "micro-batch per GPU (sequences)": f"{kw['micro_batch']:,}",
             "tokens per GPU per micro-batch": f"{kw['seq_len'] * kw['micro_batch']:,}",
+            "gradient accumulation (micro-batches per optimizer step)": f"{kw['gradient_accumulation_steps']:,}",
             "activation checkpointing": "on" if kw["activation_checkpointing"] else "off",
             "FSDP version": f"FSDP{kw['fsdp_version']}",
             "LoRA": "yes" if kw["lora"] else "no (full fine-tune)",

@@ -332,6 +332,11 @@ def fsdp_config_table() -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
+def _arg_text(value) -> str:
+    """A plugin argument for a reader: a flag as its state (``on (True)``), anything else as written."""
+    return f"{'on' if value else 'off'} ({value})" if isinstance(value, bool) else str(value)
+
+
 def plugin_args_side_by_side(name: str = "smollm3_3b_medical") -> pd.DataFrame:
     """accelerate's FSDP plugin arguments as the installed TrainingArguments builds them from seed 1's
     ``fsdp_config`` (as written) and from the package's (``trainer_fsdp_config`` for the book's recipe)."""
@@ -355,8 +360,8 @@ def plugin_args_side_by_side(name: str = "smollm3_3b_medical") -> pd.DataFrame:
         seed["mixed_precision_policy"] = "(not set: accelerate fills bf16 for all from bf16=True)"
     keys = list(dict.fromkeys([*seed, *ours]))
     table = pd.DataFrame(
-        {"seed 1 as written": [str(seed.get(k, "(not set)")) for k in keys],
-         f"the package ({name})": [str(ours.get(k, "(not set)")) for k in keys]}, index=keys,
+        {"seed 1 as written": [_arg_text(seed.get(k, "(not set)")) for k in keys],
+         f"the package ({name})": [_arg_text(ours.get(k, "(not set)")) for k in keys]}, index=keys,
     )  # fmt: skip
     table.loc["warnings logged by TrainingArguments"] = [str(len(seed_warn)), str(len(our_warn))]
     return table

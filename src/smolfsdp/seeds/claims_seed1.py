@@ -15,8 +15,9 @@ import tempfile
 from pathlib import Path
 
 from smolfsdp.measure.hardware import GPUS, fits
-from smolfsdp.measure.memory import RECIPES, estimate_memory
+from smolfsdp.measure.memory import RECIPES
 from smolfsdp.measure.params import count_parameters, resolve_model_config
+from smolfsdp.measure.recipe_peak import moment_words, recipe_peak
 from smolfsdp.paths import repo_root
 from smolfsdp.seeds.claims_core import GB, SEED1, Judgement, book_recipe_kwargs, gb, gib
 from smolfsdp.seeds.installed_stack import source_line, trainer_fsdp_view
@@ -79,40 +80,42 @@ def bytes_per_param() -> Judgement:
 def full_model_memory() -> Judgement:
     n = _params()
     kw = book_recipe_kwargs()
-    one = estimate_memory("smollm3-3b", world_size=1, strategy="NO_SHARD", **kw)
+    peak = recipe_peak(include="device", world_size=1, strategy="NO_SHARD")
+    one = peak.estimate
     seed = n * RECIPES["seed-table"].trainable_bytes
     return Judgement(
         "full_model_memory", SEED1, MEMORY, "memory of a 3B full fine-tune",
         "SmolLM3-3B needs about 36 GB for weights, gradients and optimizer state, and 36-42 GB is the number "
         "to plan for once activations are added.",
-        "holds" if one.peak_bytes <= 42 * GB else "wrong",
+        "holds" if peak.bytes <= 42 * GB else "wrong",
         [f"SmolLM3-3B has {n:,} parameters. At the seed's 12 bytes that is {gb(seed)}; at the 16 bytes the "
          f"Trainer keeps, the estimator's static memory on one GPU is {gib(one.static_bytes)} "
          f"({gb(one.static_bytes)}), and the peak of one step of the book's recipe ({kw['micro_batch']} x "
          f"{kw['seq_len']:,} tokens, activation checkpointing) adds activations and buffers: "
-         f"{gib(one.peak_bytes)} ({gb(one.peak_bytes)})."],
-        f"About {gib(one.static_bytes)} before a single activation, {gib(one.peak_bytes)} at the step's peak: "
+         f"{gib(peak.bytes)} ({gb(peak.bytes)}) at {moment_words(peak.moment)}; settings: {peak.settings_line}."],
+        f"About {gib(one.static_bytes)} before a single activation, {gib(peak.bytes)} at the step's peak: "
         "above the seed's whole 36-42 GB range.",
-        {"params": n, "seed_bytes": seed, "static_bytes": one.static_bytes, "peak_bytes": one.peak_bytes},
+        {"params": n, "seed_bytes": seed, "static_bytes": one.static_bytes, "peak_bytes": peak.bytes},
         memory=True,
     )  # fmt: skip
 
 
 def per_gpu_memory() -> Judgement:
-    kw = book_recipe_kwargs()
-    two = estimate_memory("smollm3-3b", world_size=2, strategy="FULL_SHARD", **kw)
+    peak = recipe_peak(include="device", world_size=2, strategy="FULL_SHARD")
+    two = peak.estimate
     seed = _params() * RECIPES["seed-table"].trainable_bytes // 2
     return Judgement(
         "per_gpu_memory", SEED1, "§3 what FSDP does", "memory per GPU, FULL_SHARD over 2",
         "Sharded over two GPUs, each GPU holds about 18 GB.",
-        "holds" if abs(two.peak_bytes / (18 * GB) - 1) < 0.15 else "wrong",
+        "holds" if abs(peak.bytes / (18 * GB) - 1) < 0.15 else "wrong",
         [f"The seed halves its 12-byte total ({gb(seed)}). The estimator, for the book's recipe on 2 GPUs with "
-         f"FULL_SHARD, gives {gib(two.static_bytes)} of sharded state per GPU and a peak of {gib(two.peak_bytes)} "
-         "once the gathered units, gradient buffers, activations, logits, CUDA context and NCCL buffers are added."],
-        f"{gib(two.static_bytes)} static and {gib(two.peak_bytes)} peak per GPU. On the fit table's cards: "
+         f"FULL_SHARD, gives {gib(two.static_bytes)} of sharded state per GPU and a peak of {gib(peak.bytes)} "
+         f"at {moment_words(peak.moment)} once the gathered units, gradient buffers, activations, logits, CUDA "
+         f"context and NCCL buffers are added; settings: {peak.settings_line}."],
+        f"{gib(two.static_bytes)} static and {gib(peak.bytes)} peak per GPU. On the fit table's cards: "
         + ", ".join(f"{g} {'fits' if fits(two, GPUS[g]) else 'does not fit'}" for g in ("A10G", "L40S", "A100 40GB"))
         + ".",
-        {"seed_bytes": seed, "static_bytes": two.static_bytes, "peak_bytes": two.peak_bytes},
+        {"seed_bytes": seed, "static_bytes": two.static_bytes, "peak_bytes": peak.bytes},
         memory=True,
     )  # fmt: skip
 
@@ -124,13 +127,16 @@ SEED_FIT = {("A10G", 1): False, ("A10G", 2): True, ("A100 40GB", 1): False, ("A1
 
 def fit_table_rows() -> Judgement:
     kw = book_recipe_kwargs()
-    est = {1: estimate_memory("smollm3-3b", world_size=1, strategy="NO_SHARD", **kw),
-           2: estimate_memory("smollm3-3b", world_size=2, strategy="FULL_SHARD", **kw)}  # fmt: skip
+    peaks = {
+        w: recipe_peak(include="device", world_size=w, strategy=s)
+        for w, s in ((1, "NO_SHARD"), (2, "FULL_SHARD"))
+    }
+    est = {w: p.estimate for w, p in peaks.items()}
     ours = {(g, w): fits(est[w], GPUS[g]) for g, w in SEED_FIT}
     flipped = [k for k in SEED_FIT if SEED_FIT[k] != ours[k]]
     label = {1: "a full copy on 1", 2: "FULL_SHARD over 2"}
     text = "; ".join(
-        f"{g}, {label[w]}: peak {gib(est[w].peak_bytes)} against {gib(GPUS[g].memory_bytes)}, "
+        f"{g}, {label[w]}: peak {gib(peaks[w].bytes)} against {gib(GPUS[g].memory_bytes)}, "
         f"{'fits' if ours[(g, w)] else 'does not fit'} (the seed: {'fits' if SEED_FIT[(g, w)] else 'does not'})"
         for g, w in SEED_FIT
     )
@@ -140,12 +146,13 @@ def fit_table_rows() -> Judgement:
         "(48 GB) can, and one A100 80GB can with room.",
         "wrong" if len(flipped) > len(SEED_FIT) // 2 else "partly",
         [f"For the book's recipe ({kw['micro_batch']} x {kw['seq_len']:,} tokens, activation checkpointing): "
-         f"{text}. {len(flipped)} of {len(SEED_FIT)} cells flip."],
+         f"{text}. {len(flipped)} of {len(SEED_FIT)} cells flip. Settings of the 2-GPU peak: "
+         f"{peaks[2].settings_line}."],
         "Both rows flip. Two A10Gs need CPU offload or more GPUs; one L40S needs sharding (2 x L40S with "
         "FULL_SHARD fits). The interactive fit figure in the memory chapter shows every row."
         if {("A10G", 2), ("L40S", 1)} <= set(flipped) else
         "The cells that flip: " + ", ".join(f"{g} {label[w]}" for g, w in flipped) + ".",
-        {f"{g}, {label[w]}": {"gpu": g, "peak_bytes": est[w].peak_bytes, "fits": ours[(g, w)],
+        {f"{g}, {label[w]}": {"gpu": g, "peak_bytes": peaks[w].bytes, "fits": ours[(g, w)],
                               "seed_fits": SEED_FIT[(g, w)]} for g, w in SEED_FIT},
         memory=True,
     )  # fmt: skip
@@ -155,10 +162,11 @@ def batch_size_lever() -> Judgement:
     kw = book_recipe_kwargs()
     rows = {}
     for seq in (2048, 4096, 8192):
-        two, one = (estimate_memory("smollm3-3b", world_size=2, strategy="FULL_SHARD", **{**kw, "seq_len": seq,
-                    "micro_batch": mb}) for mb in (kw["micro_batch"], 1))  # fmt: skip
+        p2, p1 = (recipe_peak(include="device", world_size=2, strategy="FULL_SHARD", seq_len=seq, micro_batch=mb)
+                  for mb in (kw["micro_batch"], 1))  # fmt: skip
+        two = p2.estimate
         rows[seq] = {"static_bytes": two.static_bytes, "batch_bytes": two.activations_bytes + two.logits_bytes,
-                     "peak_bytes": two.peak_bytes, "peak_micro_batch_1": one.peak_bytes}  # fmt: skip
+                     "peak_bytes": p2.bytes, "peak_micro_batch_1": p1.bytes}  # fmt: skip
     share = {s: r["batch_bytes"] / r["peak_bytes"] for s, r in rows.items()}
     text = "; ".join(
         f"{s:,} tokens: {gib(r['batch_bytes'])} of a {gib(r['peak_bytes'])} peak ({share[s]:.0%}) scales with "
@@ -183,10 +191,10 @@ def batch_size_lever() -> Judgement:
 
 
 def static_divides() -> Judgement:
-    kw = book_recipe_kwargs()
-    est = {w: estimate_memory("smollm3-3b", world_size=w, strategy="FULL_SHARD" if w > 1 else "NO_SHARD", **kw)
-           for w in (1, 2, 4)}  # fmt: skip
-    text = "; ".join(f"{w} GPU{'s' if w > 1 else ''}: static {gib(e.static_bytes)}, peak {gib(e.peak_bytes)}"
+    peaks = {w: recipe_peak(include="device", world_size=w, strategy="FULL_SHARD" if w > 1 else "NO_SHARD")
+             for w in (1, 2, 4)}  # fmt: skip
+    est = {w: p.estimate for w, p in peaks.items()}
+    text = "; ".join(f"{w} GPU{'s' if w > 1 else ''}: static {gib(e.static_bytes)}, peak {gib(peaks[w].bytes)}"
                      for w, e in est.items())  # fmt: skip
     return Judgement(
         "static_divides", SEED1, "§7 recommendations", "what sharding divides",
@@ -196,7 +204,7 @@ def static_divides() -> Judgement:
          "flat shards); the peak falls less, because activations, logits, the gathered units and the CUDA "
          "context are per GPU and do not shard."],
         "Right for the static state. Plan with the peak, which does not halve when the GPUs double.",
-        {str(w): {"static_bytes": e.static_bytes, "peak_bytes": e.peak_bytes} for w, e in est.items()},
+        {str(w): {"static_bytes": e.static_bytes, "peak_bytes": peaks[w].bytes} for w, e in est.items()},
     )  # fmt: skip
 
 

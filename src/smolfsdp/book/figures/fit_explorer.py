@@ -21,6 +21,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from smolfsdp.book.figures import palette
 from smolfsdp.book.figures.memory import COMPONENT_COLORS
 from smolfsdp.book.figures.plotting import fit_layout, save_figure
 from smolfsdp.measure.hardware import GPUS
@@ -106,7 +107,7 @@ def _bars(state: dict, components: list[str]) -> list[float]:
 
 
 def _colors(components: list[str], fits: bool) -> list[str]:
-    return [COMPONENT_COLORS[c] for c in components] + ["#2ca02c" if fits else "#d62728"]
+    return [COMPONENT_COLORS[c] for c in components] + [palette.verdict_colour(fits)]
 
 
 def plot_fit_explorer(states: dict[str, dict], base: dict | None = None) -> go.Figure:
@@ -178,6 +179,7 @@ def _meta(states: dict, components: list[str], base: dict) -> dict:
         "active": {c.key: c.values.index(base[c.key]) for c in CONTROLS},
         "gpus": [[g, GPUS[g].memory_bytes] for g in CONTROLS[1].values],
         "colors": [COMPONENT_COLORS[c] for c in components],
+        "verdict_colors": [palette.verdict_colour(True), palette.verdict_colour(False)],
         "states": {k: [*(s[c] for c in components), s["peak"]] for k, s in states.items()},
     }
 
@@ -198,7 +200,7 @@ COMPOSE_SCRIPT = """
     var y = s.map(function (b) { return Math.round(b / GIB * 1000) / 1000; });
     var text = (fits ? 'fits' : 'does not fit') + ': peak ' + (peak / GIB).toFixed(1) + ' GiB of ' +
       (gpu[1] / GIB).toFixed(1) + ' GiB (' + (100 * peak / gpu[1]).toFixed(0) + '%)';
-    Plotly.update(gd, {y: [y], 'marker.color': [m.colors.concat([fits ? '#2ca02c' : '#d62728'])]},
+    Plotly.update(gd, {y: [y], 'marker.color': [m.colors.concat([fits ? m.verdict_colors[0] : m.verdict_colors[1]])]},
       {'shapes[0].y0': gpu[1] / GIB, 'shapes[0].y1': gpu[1] / GIB, 'annotations[0].text': text});
   }
   gd.on('plotly_buttonclicked', function (ev) {

@@ -14,8 +14,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from smolfsdp.book.figures import plotting  # noqa: F401  (sets the notebook renderer)
-from smolfsdp.book.tables import placement_text
+from smolfsdp.book.figures import palette, plotting  # noqa: F401  (plotting sets the notebook renderer)
+from smolfsdp.book.tables import gib_text, placement_text
 from smolfsdp.measure.benchmark import flops_per_token
 from smolfsdp.measure.comm import estimate_collectives
 from smolfsdp.measure.memory import estimate_memory
@@ -24,8 +24,8 @@ from smolfsdp.measure.recipes import GIB
 from smolfsdp.probes.step import MEMORY_STEPS, PHASES, unit_of
 
 MIB = 2**20
-KIND_COLORS = {"all-gather": "#2ca02c", "reduce-scatter": "#ff7f0e", "all-reduce": "#9467bd"}
-PHASE_COLORS = {"forward": "#c6dbef", "loss": "#fdd0a2", "backward": "#fcbba1", "optimizer": "#d9d9d9"}
+KIND_COLORS = {k: palette.COLLECTIVE[k] for k in ("all-gather", "reduce-scatter", "all-reduce")}
+PHASE_COLORS = {k: palette.PHASE[k] for k in ("forward", "loss", "backward", "optimizer")}  # drawn faint
 SHORT = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR"}
 
 
@@ -87,7 +87,7 @@ def _unit_spans(events: list[dict]) -> list[tuple[str, str, float, float]]:
 def plot_step_timeline(events: list[dict], title: str = "One FSDP2 step on rank 0") -> go.Figure:
     """A lane for the step's phases and one per FSDP unit; each collective a labelled block (AG, RS) in its
     unit's lane, at least 3% of the step wide so that short ones stay visible (hover: the real duration);
-    grey blocks where a unit computes; the phases shaded across every lane. ``events`` from
+    compute-coloured blocks where a unit computes; the phases shaded across every lane (``palette``). ``events`` from
     ``smolfsdp.probes.step``."""
     df = attribute_collectives(events)
     phases = [e for e in events if e["kind"] == "phase"]
@@ -103,9 +103,17 @@ def plot_step_timeline(events: list[dict], title: str = "One FSDP2 step on rank 
     for p in phases:
         t0, dur = p["start_us"] / 1e3, p["dur_us"] / 1e3
         add("step", t0, dur, PHASE_COLORS[p["name"]], p["name"], f"{p['name']}: {dur:.1f} ms", "step phase")
-        fig.add_vrect(x0=t0, x1=t0 + dur, fillcolor=PHASE_COLORS[p["name"]], opacity=0.25, line_width=0)
+        fig.add_vrect(x0=t0, x1=t0 + dur, fillcolor=PHASE_COLORS[p["name"]], opacity=0.12, line_width=0)
     for lane, what, t0, t1 in _unit_spans(events):
-        add(lane, t0, t1 - t0, "#bdbdbd", "", f"{lane} computes ({what})", "the unit computes")
+        add(
+            lane,
+            t0,
+            t1 - t0,
+            palette.TRACE_CATEGORY["compute"],
+            "",
+            f"{lane} computes ({what})",
+            "the unit computes",
+        )
     for _, r in df.iterrows():
         hover = f"{r['kind']} of {r['unit']} in {r['phase']}: {r['dur_ms']:.3f} ms"
         add(_lane(r["unit"]), r["start_ms"], max(r["dur_ms"], min_w), KIND_COLORS[r["kind"]], SHORT[r["kind"]], hover, r["kind"])  # fmt: skip
@@ -136,7 +144,7 @@ def plot_step_memory(results: list[dict], title: str = "Memory of one step on ra
         fig.add_trace(
             go.Scatter(
                 x=[t / 1e3 for t, _ in r["memory"]], y=[(b - base) / MIB for _, b in r["memory"]],
-                mode="lines", line={"shape": "hv", "color": "#1f77b4"}, showlegend=False,
+                mode="lines", line={"shape": "hv", "color": palette.SOURCE["measured"]}, showlegend=False,
                 hovertemplate="%{x:.1f} ms: %{y:.2f} MiB<extra></extra>",
             ),
             row=i, col=1,
@@ -144,7 +152,7 @@ def plot_step_memory(results: list[dict], title: str = "Memory of one step on ra
         # after the trace: plotly skips shapes on a subplot that has no trace yet
         for p in (e for e in r["events"] if e["kind"] == "phase"):
             fig.add_vrect(x0=p["start_us"] / 1e3, x1=(p["start_us"] + p["dur_us"]) / 1e3, fillcolor=PHASE_COLORS[p["name"]],
-                          opacity=0.6, line_width=0, row=i, col=1)  # fmt: skip
+                          opacity=0.2, line_width=0, row=i, col=1)  # fmt: skip
         fig.update_yaxes(title_text="MiB", row=i, col=1)
     fig.update_xaxes(
         title_text="time since the step began (ms); shaded: " + ", ".join(PHASES), row=len(results)
@@ -361,11 +369,15 @@ def shard_shapes_table(ranks: list[dict], n: int = 12) -> pd.DataFrame:
 
 
 def unit_table(df: pd.DataFrame) -> pd.DataFrame:
-    """``mechanics.fsdp_unit_table`` for reading: parameters with separators, bytes in KiB or MiB."""
-    scale, unit = (2**20, "MiB") if df["full_bytes"].max() > 2**30 else (1024, "KiB")
+    """``mechanics.fsdp_unit_table`` for reading: parameters with separators, bytes by the book's unit rule
+    (``smolfsdp.book.tables.UNIT_RULE``): GiB for a full-size model (over 1 GiB in all), KiB for the tiny one."""
+    full_size = df["full_bytes"].max() > 2**30
+    unit, text = (
+        ("GiB", lambda v: gib_text(v / 2**30)) if full_size else ("KiB", lambda v: f"{v / 1024:,.0f}")
+    )
     out = pd.DataFrame(index=df.index)
     out["parameters"] = df["parameters"].map(lambda v: f"{int(v):,}")
     for col, label in (("full_bytes", "full"), ("shard_bytes_per_rank", "shard per rank"),
                        ("held_while_computing_bytes", "held while it computes")):  # fmt: skip
-        out[f"{label} ({unit})"] = df[col].map(lambda v: f"{v / scale:,.0f}")
+        out[f"{label} ({unit})"] = df[col].map(text)
     return out

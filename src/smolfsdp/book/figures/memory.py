@@ -10,22 +10,10 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from smolfsdp.book.figures import plotting  # noqa: F401  (sets the notebook renderer)
+from smolfsdp.book.figures import palette, plotting  # noqa: F401  (plotting sets the notebook renderer)
 
 GIB = 2**30
-COMPONENT_COLORS = {
-    "params": "#1f77b4",
-    "grads": "#ff7f0e",
-    "master": "#8c564b",
-    "optimizer": "#2ca02c",
-    "gathered": "#9467bd",
-    "grad_buffer": "#c5b0d5",
-    "no_sync_grads": "#ffbb78",
-    "activations": "#d62728",
-    "logits": "#e377c2",
-    "cuda_context": "#7f7f7f",
-    "comm_buffers": "#bcbd22",
-}
+COMPONENT_COLORS = palette.COMPONENT  # one colour per meaning, in every chapter
 
 
 def plot_memory_breakdown(
@@ -71,8 +59,8 @@ def plot_estimate_vs_measured(df, title: str = "") -> go.Figure:
     x = [f"{c} r{r}" for c, r in zip(df["case"], df["rank"], strict=True)]
     fig = go.Figure()
     for col, name, color in (
-        ("measured_static", "measured", "#1f77b4"),
-        ("estimated_static", "estimated", "#ff7f0e"),
+        ("measured_static", "measured", palette.SOURCE["measured"]),
+        ("estimated_static", "estimated", palette.SOURCE["estimated"]),
     ):
         fig.add_trace(
             go.Bar(

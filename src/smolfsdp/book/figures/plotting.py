@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from smolfsdp.book.figures import palette
 from smolfsdp.paths import repo_root
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,7 @@ def write_plotlyjs(folder: str | Path) -> Path:
     return path
 
 
-COLORS = {"train": "#1f77b4", "eval": "#d62728"}
+COLORS = palette.LOSS
 
 
 def plot_loss_curve(run, title: str | None = None) -> go.Figure:
@@ -268,12 +269,9 @@ def save_figure(fig: go.Figure, name: str, out_dir: str | Path | None = None) ->
 
 
 LANE_COLORS = {
-    "annotation": "#7f7f7f",
-    "all-gather": "#2ca02c",
-    "reduce-scatter": "#ff7f0e",
-    "all-reduce": "#9467bd",
-    "broadcast": "#8c564b",
-    "other": "#bcbd22",
+    "annotation": palette.TRACE_CATEGORY["annotation"],
+    **{k: palette.COLLECTIVE[k] for k in ("all-gather", "reduce-scatter", "all-reduce", "broadcast")},
+    "other": palette.COLLECTIVE["other collective"],
 }
 
 

@@ -15,14 +15,9 @@ import textwrap
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from smolfsdp.book.figures import plotting  # noqa: F401  (sets the notebook renderer)
+from smolfsdp.book.figures import palette, plotting  # noqa: F401  (plotting sets the notebook renderer)
 
-STRATEGY_COLORS = {
-    "NO_SHARD": "#7f7f7f",
-    "SHARD_GRAD_OP": "#ff7f0e",
-    "FULL_SHARD": "#1f77b4",
-    "HYBRID_SHARD": "#2ca02c",
-}
+STRATEGY_COLORS = palette.STRATEGY
 STRATEGY_LABELS = {
     "NO_SHARD": "DDP (NO_SHARD)",
     "SHARD_GRAD_OP": "ZeRO-2 (SHARD_GRAD_OP)",

@@ -15,19 +15,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from smolfsdp.book.figures import palette
 from smolfsdp.traces.intervals import merge_intervals
 
-CATEGORY_COLORS = {
-    "compute": "#2ca02c",
-    "cpu_op": "#98df8a",
-    "communication": "#d62728",
-    "memory": "#9467bd",
-    "fsdp": "#ff7f0e",
-    "step": "#7f7f7f",
-    "annotation": "#1f77b4",
-    "runtime": "#bcbd22",
-    "other": "#c7c7c7",
-}
+CATEGORY_COLORS = palette.TRACE_CATEGORY
 #: categories that mark a range of work rather than doing it: drawn in their own lane, never over kernels
 RANGE_CATEGORIES = ("step", "annotation", "fsdp")
 #: draw order of :func:`plot_gpu_timeline`: later traces are drawn on top, communication last
@@ -88,7 +79,7 @@ def plot_timeline(df: pd.DataFrame, *, max_events: int = 4000, min_dur_us: float
                 y=g["row"],
                 orientation="h",
                 name=cat,
-                marker={"color": CATEGORY_COLORS.get(cat, "#c7c7c7"), "line": {"width": 0}},
+                marker={"color": CATEGORY_COLORS.get(cat, CATEGORY_COLORS["other"]), "line": {"width": 0}},
                 customdata=list(zip(g["name"].str.slice(0, 90), g["dur"], strict=True)),
                 hovertemplate="%{customdata[0]}<br>" + cat + ", %{customdata[1]:.1f} µs<extra>%{y}</extra>",
             )
@@ -142,7 +133,7 @@ def plot_gpu_timeline(df: pd.DataFrame, *, bins: int = 500) -> go.Figure:
     order = sorted(iv["category"].unique(), key=lambda c: DRAW_ORDER.index(c) if c in DRAW_ORDER else 0)
     for cat in order:
         g = iv[iv["category"] == cat]
-        color = CATEGORY_COLORS.get(cat, "#c7c7c7")
+        color = CATEGORY_COLORS.get(cat, CATEGORY_COLORS["other"])
         if cat in RANGE_CATEGORIES:
             fig.add_trace(go.Bar(
                 base=(g["ts"] - t0) / 1e3, x=g["dur"] / 1e3, y=g["lane"].map(y) + 0.4, width=0.8, orientation="h",
@@ -193,8 +184,8 @@ def plot_overlap(steps: pd.DataFrame, title: str = "Communication per step") -> 
     fig = go.Figure()
     x = steps["step"].astype(str)
     for col, label, color in (
-        ("overlap_us", "overlapped with compute", "#2ca02c"),
-        ("exposed_comm_us", "exposed", "#d62728"),
+        ("overlap_us", "overlapped with compute", palette.OVERLAP["overlapped with compute"]),
+        ("exposed_comm_us", "exposed", palette.OVERLAP["exposed"]),
     ):
         fig.add_trace(
             go.Bar(
@@ -226,7 +217,7 @@ def plot_gathers(gathers: pd.DataFrame) -> go.Figure:
         g["unit"].unique(), key=lambda u: (u != "root", int(u.split(".")[-1]) if u != "root" else -1)
     )
     fig = go.Figure()
-    for pass_, color in (("forward", "#1f77b4"), ("backward", "#ff7f0e")):
+    for pass_, color in (("forward", palette.PHASE["forward"]), ("backward", palette.PHASE["backward"])):
         s = g[g["pass"] == pass_].set_index("unit").reindex(order)
         fig.add_trace(
             go.Bar(
