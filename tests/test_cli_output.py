@@ -84,7 +84,7 @@ def test_bench_json_flag(monkeypatch, capsys):
     from smolfsdp.launch import torchrun
 
     monkeypatch.setattr(runner, "preflight", lambda cfg, progress=None: {})
-    monkeypatch.setattr(torchrun, "launch", lambda cfg: subprocess.CompletedProcess([], 0))
+    monkeypatch.setattr(torchrun, "launch", lambda cfg, **kw: subprocess.CompletedProcess([], 0))
     monkeypatch.setattr(benchmark, "load_bench", lambda run_dir: CPU_BENCH | {"traces": []})
     assert cli.main(["bench", "--json", "--output_dir", "/tmp/unused"]) == 0
     out = json.loads(capsys.readouterr().out)  # the status lines went to stderr
@@ -280,7 +280,7 @@ def test_train_json_is_one_document_and_the_log_goes_to_stderr(monkeypatch, tmp_
     from smolfsdp.launch import torchrun
     from smolfsdp.measure import results
 
-    def fake_launch(cfg):
+    def fake_launch(cfg, **kw):
         print("rank 0: step 1/2 loss 6.9")  # what the ranks stream while training
         return subprocess.CompletedProcess([], 0)
 
@@ -309,7 +309,9 @@ def test_resume_flag_is_resume_from(monkeypatch, tmp_path):
         runner, "preflight", lambda cfg, progress=None: {"wrap_class": "X", "data": "bundled"}
     )
     monkeypatch.setattr(
-        torchrun, "launch", lambda cfg: seen.append(cfg.resume_from) or subprocess.CompletedProcess([], 1)
+        torchrun,
+        "launch",
+        lambda cfg, **kw: seen.append(cfg.resume_from) or subprocess.CompletedProcess([], 1),
     )
     assert cli.main(["train", "--resume", "--output_dir", str(tmp_path)]) == 1
     assert cli.main(["train", "--resume", "runs/x/checkpoints/step-2", "--max_steps", "4"]) == 1
