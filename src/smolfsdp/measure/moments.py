@@ -40,6 +40,7 @@ from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
+from smolfsdp.measure.root_grad import root_gradient_moments
 
 #: AdamW step implementations the ``optimizer`` moment models: ``foreach`` (torch's default on CUDA: a
 #: v-sized ``sqrt(v)`` temporary) and ``fused`` (``AdamW(fused=True)``, the Trainer's ``adamw_torch_fused``:
@@ -111,4 +112,7 @@ def peak_moments(
     temporary = est.optimizer_bytes // 2 if adamw == "foreach" else 0  # v-sized sqrt(v), foreach only
     optimizer = state + est.grads_bytes + temporary
     moments = {"loss": loss, "layer": layer, "last layer": last_layer, "optimizer": optimizer}
+    # the end of backward, when the root trains: its gradient (root_grad.py says what each moment holds)
+    moments.update(root_gradient_moments(est, config, rec, full, state + no_sync + logits_held, gathered_root,
+                                         gradient_accumulation_steps, spec))  # fmt: skip
     return {**moments, "peak": max(moments.values())}
