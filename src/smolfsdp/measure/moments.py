@@ -37,6 +37,7 @@ host) follow the same accounting: SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD and FSDP
 from __future__ import annotations
 
 from smolfsdp.measure.activations import activation_breakdown
+from smolfsdp.measure.gather_moment import first_layer_gather_moment
 from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
@@ -115,4 +116,7 @@ def peak_moments(
     # the end of backward, when the root trains: its gradient (root_grad.py says what each moment holds)
     moments.update(root_gradient_moments(est, config, rec, full, state + no_sync + logits_held, gathered_root,
                                          gradient_accumulation_steps, spec))  # fmt: skip
+    # FSDP2's first layer forward, the root's all-gather output still held (gather_moment.py says what it holds)
+    moments.update(first_layer_gather_moment(est, config, c, state + grads_then + no_sync, gathered_root, unit,
+                                             tokens, act["rope"]))  # fmt: skip
     return {**moments, "peak": max(moments.values())}
