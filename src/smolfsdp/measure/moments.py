@@ -18,6 +18,10 @@ which moments those are for the book's recipes, traced on fake tensors:
   v (the multi-tensor ``foreach`` step computes ``sqrt(v)`` for every parameter at once; torch's choice on CUDA);
   the ``fused`` step (``adamw="fused"``) updates in place with no such temporary.
 
+* ``embedding`` and ``root reduce-scatter`` (when the root trains: ``smolfsdp.measure.root_grad``), the end of
+  backward; ``first layer forward`` (FSDP2: ``smolfsdp.measure.gather_moment``), the root's all-gather output still
+  held. Each is the peak off the SmolLM3-3B grid (short sequences; LoRA on few ranks): ``data/results/dryrun/shapes.json``.
+
 Gradients exist from the first reduce-scatter of a step (``zero_grad(set_to_none=True)``), so the ``loss``
 moment of the first micro-batch has none; with gradient accumulation the last micro-batch's has them all.
 CUDA context and NCCL buffers are not tensors: stated constants, shown apart (``memory.CUDA_CONTEXT_BYTES``).
