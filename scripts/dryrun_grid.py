@@ -10,6 +10,7 @@ Traced on fake tensors, not measured on a GPU (``smolfsdp.dryrun.run.LABEL``).
     python scripts/dryrun_grid.py --reestimate         # the committed rows against the current estimator (prints)
     python scripts/dryrun_grid.py --reestimate --write # ... and rewrites the file's estimates
     python scripts/dryrun_grid.py --only book          # the book's two recipes only
+    python scripts/dryrun_grid.py --grid shapes --workers 2   # SmolLM3-3B, Llama 3.x, Qwen2.5 (shapes.json)
 """
 
 from __future__ import annotations
@@ -55,6 +56,36 @@ def _setups() -> list[tuple[str, str, dict]]:
 
 
 GRID = _setups()
+SHAPES_OUT = ROOT / "data" / "results" / "dryrun" / "shapes.json"
+#: The shapes grid (``--grid shapes``, issue 31): two model families beside SmolLM3-3B, each config written from
+#: its published dimensions (data/models/*/README.md), at a short and a long sequence, for setups chosen to cover
+#: the moments of the estimate: 8 ranks at 2 x 128 tokens (the end of backward, the root's gradient, is the peak),
+#: 2 x 2048 (saved activations), FSDP1 and FSDP2, full fine-tune and LoRA, activation checkpointing on and off.
+#: SmolLM3-3B at 2 x 128 only: its long sequences are the 48 setups of grid.json. About 15 min on 2 busy cores.
+SHAPE_MODELS = {"Llama-3.2-1B": "data/models/llama3_2_1b", "Qwen2.5-1.5B": "data/models/qwen2_5_1_5b"}
+SHAPE_SETUPS = [
+    (2, False, True, 8),
+    (1, False, False, 8),
+    (2, True, True, 2),
+]  # FSDP version, LoRA, AC, ranks
+
+
+def _shape_setups() -> list[tuple[str, str, dict]]:
+    """(label, recipe, overrides) of the shapes grid: SmolLM3-3B at 2 x 128 (SHAPE_SETUPS and FSDP1 with
+    checkpointing on 2 ranks), then SHAPE_MODELS x 2 x 128 and 2 x 2048 x SHAPE_SETUPS."""
+    keys = [("SmolLM3-3B", 128, *s) for s in [*SHAPE_SETUPS, (1, False, True, 2)]]
+    keys += [(name, seq, *s) for name in SHAPE_MODELS for seq in (128, 2048) for s in SHAPE_SETUPS]
+    models = {"SmolLM3-3B": "HuggingFaceTB/SmolLM3-3B", **SHAPE_MODELS}
+    out = []
+    for name, seq, v, lora, ac, w in keys:
+        label = f"{name} FSDP{v} {'LoRA' if lora else 'full'} AC {'on' if ac else 'off'} 2x{seq} W{w}"
+        overrides = {"model": models[name], "fsdp_version": v, "lora": lora, "activation_checkpointing": ac,
+                     "max_length": seq, "nproc": w, "gradient_accumulation_steps": 1}  # fmt: skip
+        out.append((label, LORA if lora else FULL, overrides))
+    return out
+
+
+SHAPES = _shape_setups()
 
 
 def one(item: tuple[str, str, dict]) -> dict:
@@ -144,19 +175,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--grid", choices=["smollm3", "shapes"], default="smollm3",
+                        help="smollm3: the 48 SmolLM3-3B setups (grid.json); shapes: SHAPES (shapes.json)")  # fmt: skip
     parser.add_argument("--only", choices=["book", "all"], default="all")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: grid.json, or shapes.json for shapes"
+    )
     parser.add_argument("--resume", action="store_true", help="keep the setups the --out file already holds")
     parser.add_argument("--reestimate", action="store_true",
                         help="recompute the estimates of the committed traced rows only (no dry run) and print "
                         "what changed")  # fmt: skip
     parser.add_argument("--write", action="store_true", help="with --reestimate: rewrite --out's estimates")
     args = parser.parse_args()
+    args.out = args.out or (SHAPES_OUT if args.grid == "shapes" else OUT)
     if args.reestimate:
         reestimate(args.out, write=args.write)
         return None
-    grid = [g for g in GRID if args.only == "all" or g[0].startswith("book:")]
+    grid = [
+        g
+        for g in (SHAPES if args.grid == "shapes" else GRID)
+        if args.only == "all" or g[0].startswith("book:")
+    ]
     done = {}
     if (
         args.resume and args.out.is_file()

@@ -92,7 +92,7 @@ def test_one_failing_shape_keeps_every_other_shapes_results(injected):
         held = est["params_bytes"] + est["master_bytes"] + est["optimizer_bytes"] + est["grads_bytes"]
         assert est["moments"]["optimizer"] == held  # fused AdamW: no v-sized temporary estimated
         assert mem["phases"]["optimizer"]["estimated_bytes"] == held
-        assert mem["phases"]["backward"]["moments"] == ["loss", "layer", "last layer"]
+        assert mem["phases"]["backward"]["moments"][:3] == ["loss", "layer", "last layer"]
     assert "mb1_seq32: FAILED (RuntimeError: injected failure" in proc.stdout
 
 

@@ -296,3 +296,42 @@ def flops_reading(grid: dict) -> str:
             "the formula counts 4 for a frozen weight), and the gradient is thrown away."
         )
     return text
+
+
+#: The shapes grid (issue 31): SmolLM3-3B, Llama 3.2 1B and Qwen2.5-1.5B at short and long sequences.
+SHAPES = Path("data/results/dryrun/shapes.json")
+
+
+def load_shapes(path: str | Path | None = None) -> dict | None:
+    """The committed shapes grid (``scripts/dryrun_grid.py --grid shapes``), or None when the file is absent."""
+    return load_grid(path or repo_root() / SHAPES)
+
+
+def shapes_table(grid: dict) -> pd.DataFrame:
+    """One row per setup of the shapes grid, indexed by model: the setup, its shape (rows x tokens, ranks), the
+    traced and estimated peaks (GiB), the estimate's moment and its signed error (%): 6 columns and the index."""
+    rows = []
+    for run in grid["runs"]:
+        peak, (kind, shape) = _peak_row(run), _axes(run)
+        rows.append({
+            "model": run["label"].split(" FSDP")[0],
+            "setup": kind,
+            "shape": shape,
+            "traced peak (GiB)": run["peak_bytes"] / GIB,
+            "estimated peak (GiB)": peak["estimate_gib"],
+            "estimated moment": peak["component"].removeprefix("peak (").removesuffix(" moment)"),
+            "error": f"{signed(peak['error_pct'], 2)} %",
+        })  # fmt: skip
+    return pd.DataFrame(rows).set_index("model")
+
+
+def shapes_reading(grid: dict) -> str:
+    """A sentence counted from the shapes grid: how many setups are within 3 %, the largest error and where."""
+    errors = [(abs(_peak_row(r)["error_pct"]), _peak_row(r)["error_pct"], r["label"]) for r in grid["runs"]]
+    _, worst, where = max(errors)
+    models = sorted({r["label"].split(" FSDP")[0] for r in grid["runs"]})
+    within = sum(e <= 3 for e, _, _ in errors)
+    return (
+        f"Over {len(models)} models ({', '.join(models)}), the estimated peak is within 3 % of the traced one in "
+        f"{within} of {len(errors)} setups; the largest error is {signed(worst, 2)} % ({where})."
+    )

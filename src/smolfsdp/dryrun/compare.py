@@ -76,6 +76,9 @@ def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
 def compare_committed(row: dict, root) -> pd.DataFrame:
     """:func:`compare_with_estimate` for one committed row of ``data/results/dryrun/grid.json`` (its recipe
     under ``root``, its overrides, its traced bytes): the current estimator against what was traced then."""
-    cfg = load_config(Path(root) / row["recipe"], **row["overrides"])
+    overrides = dict(row["overrides"])
+    if str(overrides.get("model", "")).startswith("data/"):  # a config folder of the repository (data/models)
+        overrides["model"] = str(Path(root) / overrides["model"])
+    cfg = load_config(Path(root) / row["recipe"], **overrides)
     traced = SimpleNamespace(setup=row["setup"], held_bytes=row["held_bytes"], peak_bytes=row["peak_bytes"])
     return compare_with_estimate(traced, cfg)

@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from smolfsdp.config import TrainConfig
+from smolfsdp.dryrun.gpu_path import unpacked_positions
 from smolfsdp.dryrun.streams import record_stream_bytes
 from smolfsdp.dryrun.tracker import (
     FSDP2Tracker,
@@ -170,6 +171,7 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
         cuda_dropout(),
         fsdp1_reshard_by_storage(),
         fake_data_pointer_quiet(),
+        unpacked_positions(),  # the attention path real tensors take (gpu_path.py says why)
     ):
         model = materialize(model)
         total = matmul_params(model)

@@ -173,11 +173,12 @@ class PhasePeaks:
 
 
 #: Which moments of ``smolfsdp.measure.moments.peak_moments`` (what the dry run checks) happen in which
-#: phase: backward starts at the ``loss`` moment and holds ``layer`` and ``last layer``; ``optimizer`` is
+#: phase: backward starts at the ``loss`` moment and holds ``layer``, ``last layer`` and, when the root trains,
+#: ``embedding`` and ``root reduce-scatter``; ``optimizer`` is
 #: AdamW's step. Forward and the clip have no moment of their own (None: measured, not estimated).
 PHASE_MOMENTS = {
     "forward": None,
-    "backward": ("loss", "layer", "last layer"),
+    "backward": ("loss", "layer", "last layer", "embedding", "root reduce-scatter"),
     "clip": None,
     "optimizer": ("optimizer",),
 }
@@ -188,10 +189,11 @@ def phase_check(est, peaks: dict[str, int]) -> dict[str, dict]:
     largest, tensors only, as the dry run counts them) and ``error_pct`` = 100 (estimated - measured) / measured."""
     out = {}
     for phase, names in PHASE_MOMENTS.items():
-        estimated = max(est.moments[n] for n in names) if names else None
+        # the root-gradient moments exist only when the root trains (smolfsdp.measure.root_grad)
+        estimated = max(est.moments.get(n, 0) for n in names) if names else None
         got = peaks.get(phase)
         err = 100 * (estimated - got) / got if estimated is not None and got else None
-        out[phase] = {"moments": list(names or ()), "estimated_bytes": estimated, "measured_bytes": got,
+        out[phase] = {"moments": [n for n in names or () if n in est.moments], "estimated_bytes": estimated, "measured_bytes": got,
                       "error_pct": err}  # fmt: skip
     return out
 

@@ -18,6 +18,10 @@ which moments those are for the book's recipes, traced on fake tensors:
   v (the multi-tensor ``foreach`` step computes ``sqrt(v)`` for every parameter at once; torch's choice on CUDA);
   the ``fused`` step (``adamw="fused"``) updates in place with no such temporary.
 
+* ``embedding`` and ``root reduce-scatter`` (when the root trains: ``smolfsdp.measure.root_grad``), the end of
+  backward; ``first layer forward`` (FSDP2: ``smolfsdp.measure.gather_moment``), the root's all-gather output still
+  held. Each is the peak off the SmolLM3-3B grid (short sequences; LoRA on few ranks): ``data/results/dryrun/shapes.json``.
+
 Gradients exist from the first reduce-scatter of a step (``zero_grad(set_to_none=True)``), so the ``loss``
 moment of the first micro-batch has none; with gradient accumulation the last micro-batch's has them all.
 CUDA context and NCCL buffers are not tensors: stated constants, shown apart (``memory.CUDA_CONTEXT_BYTES``).
@@ -37,9 +41,11 @@ host) follow the same accounting: SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD and FSDP
 from __future__ import annotations
 
 from smolfsdp.measure.activations import activation_breakdown
+from smolfsdp.measure.gather_moment import first_layer_gather_moment
 from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
+from smolfsdp.measure.root_grad import root_gradient_moments
 from smolfsdp.measure.selective_ac import checkpointed_bytes
 
 #: AdamW step implementations the ``optimizer`` moment models: ``foreach`` (torch's default on CUDA: a
@@ -112,4 +118,10 @@ def peak_moments(
     temporary = est.optimizer_bytes // 2 if adamw == "foreach" else 0  # v-sized sqrt(v), foreach only
     optimizer = state + est.grads_bytes + temporary
     moments = {"loss": loss, "layer": layer, "last layer": last_layer, "optimizer": optimizer}
+    # the end of backward, when the root trains: its gradient (root_grad.py says what each moment holds)
+    moments.update(root_gradient_moments(est, config, rec, full, state + no_sync + logits_held, gathered_root,
+                                         gradient_accumulation_steps, spec))  # fmt: skip
+    # FSDP2's first layer forward, the root's all-gather output still held (gather_moment.py says what it holds)
+    moments.update(first_layer_gather_moment(est, config, c, state + grads_then + no_sync, gathered_root, unit,
+                                             tokens, act["rope"]))  # fmt: skip
     return {**moments, "peak": max(moments.values())}

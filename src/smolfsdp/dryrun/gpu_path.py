@@ -1,0 +1,49 @@
+"""Keeping the dry run on the code path a real GPU run takes where fake tensors would leave it.
+
+transformers reads tensor *values* to choose its attention path; a fake tensor has none, so transformers takes
+the conservative branch that a real run never takes for the dry run's batches. Each context manager here
+gives that branch the answer real tensors give, and says in its docstring where and why. Used by
+``smolfsdp.dryrun.run.dry_run``; nothing outside the dry run is changed.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from torch._subclasses.fake_tensor import is_fake
+
+
+@contextmanager
+def unpacked_positions():
+    """While active, transformers' packed-sequence check answers "not packed" for fake ``position_ids``.
+
+    Why (transformers 5.24): without a KV cache (``use_cache=False``, what activation checkpointing sets,
+    ``smolfsdp.sharding.shards.apply_activation_checkpointing``), ``masking_utils._preprocess_mask_arguments``
+    (masking_utils.py line 870) calls ``find_packed_sequence_indices(position_ids)`` (line 735), which returns
+    None for one sequence per row, but on a traced tensor (``is_tracing``, true for a fake tensor, line 761 and
+    ``utils/import_utils.py`` line 1959) returns the packed-sequence mask instead. ``create_causal_mask`` then
+    refuses the ``is_causal`` skip (line 996) and ``sdpa_mask`` builds a ``[B, 1, T, T]`` boolean mask; with a
+    mask, ``integrations/sdpa_attention.py`` ``use_gqa_in_sdpa`` (line 51) is False, so every layer expands
+    K and V to every query head (``repeat_kv``, line 126) and SDPA takes the masked kernel, which saves the expanded
+    K/V (and the CPU kernel an fp32 copy of the mask) for backward: tensors a real run never makes. On real
+    tensors the model's own ``position_ids`` (``arange(T)``, made in the model's forward when none are given:
+    models/llama/modeling_llama.py line 379, qwen2 line 357, smollm3 line 386)
+    give None, the mask is skipped, and SDPA runs causal with ``enable_gqa`` (flash attention on CUDA). The
+    dry run's micro-batches pass no ``position_ids`` and every row is one full-length sequence
+    (``run.micro_batches``), so None is the answer real tensors give. Real ``position_ids`` keep the library's
+    own check.
+    """
+    from transformers import masking_utils  # deferred: transformers takes seconds to import
+
+    original = masking_utils.find_packed_sequence_indices
+
+    def real_answer(position_ids):
+        if is_fake(position_ids):
+            return None  # the model's own arange(T): one sequence per row, as real tensors answer
+        return original(position_ids)
+
+    masking_utils.find_packed_sequence_indices = real_answer
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
