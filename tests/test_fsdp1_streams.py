@@ -56,7 +56,9 @@ def test_qwen25_shape_matches_the_dry_runs_fsdp2_minus_fsdp1():
                        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
                        tie_word_embeddings=True, rms_norm_eps=1e-6)  # fmt: skip
     d = fs.fsdp1_minus_fsdp2(qwen, world_size=8, seq_len=128, micro_batch=2)
-    assert d["allocated, layer backward"] == 4_922_869_844 - 5_110_061_140 == -46_797_824 * 4
+    assert d["allocated, layer backward"] == -46_797_824 * 4  # the kept input, where a layer is the peak
+    # the estimates' own peaks (end of backward, measure.root_grad) differ by what the two dry runs do
+    assert d["allocated, at the peaks"] == 4_922_869_844 - 5_110_061_140 == -46_797_824 * 4
     assert d["active, loss moment"] == 2 * 46_797_824 * 2
 
 
@@ -68,7 +70,14 @@ def test_why_the_dry_run_shows_them_equal():
     assert _no_dispatch_record_stream(torch.zeros(1), None) is None  # no stream touched off CUDA
     runs = json.loads((repo_root() / "data/results/dryrun/grid.json").read_text())["runs"]
     peaks = {r["label"]: r["peak_bytes"] for r in runs}
+    # rows traced again without the fake-only attention mask (issue 31) differ from their partner by the mask
+    again = set(
+        json.loads((repo_root() / "data/results/dryrun/grid.json").read_text())["provenance"]["retraced"][
+            "labels"
+        ]
+    )
     pairs = [(k, k.replace("FSDP1", "FSDP2", 1)) for k in peaks if k.startswith("FSDP1 full")]
+    pairs = [(a, b) for a, b in pairs if not {a, b} & again]
     assert len(pairs) >= 6
     assert all(abs(peaks[a] - peaks[b]) <= 16 for a, b in pairs if b in peaks)
 

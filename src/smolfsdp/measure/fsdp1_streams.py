@@ -91,9 +91,14 @@ def fsdp1_minus_fsdp2(model, *, world_size: int, **kwargs) -> dict[str, int]:
       allocated and active, from the first reduce-scatter of a backward on);
     * totals at the ``loss`` moment (no reduce-scatter yet) and during a layer's backward, ``allocated`` (what
       ``max_memory_allocated`` and the dry run see) and ``active`` (``memory_stats()["active_bytes.all.peak"]``,
-      torchtitan's counter)."""
+      torchtitan's counter);
+    * ``allocated, at the peaks``: the two estimates' peak moments, FSDP1 minus FSDP2 (what two dry runs'
+      peaks differ by)."""
     one, two = (estimate_memory(model, world_size=world_size, fsdp_version=v, **kwargs) for v in (1, 2))
-    layout = one.moments[one.peak_moment] - two.moments[two.peak_moment]
+    # per moment: the estimator's own end-of-backward moments (``measure.root_grad``) already hold FSDP2's kept
+    # root reduce-scatter input where it is the peak, so the kept layer input is taken off the layer moment only
+    layout = one.moments["loss"] - two.moments["loss"]
+    layer = one.moments["layer"] - two.moments["layer"]
     strategy = kwargs.get("strategy", "FULL_SHARD")
     group = 1 if strategy == "NO_SHARD" else one.shard_group
     lora = LoraSpec() if kwargs.get("lora") is True else (kwargs.get("lora") or None)
@@ -101,9 +106,9 @@ def fsdp1_minus_fsdp2(model, *, world_size: int, **kwargs) -> dict[str, int]:
     kept = fsdp2_reduce_scatter_kept(
         model, world_size=group, recipe=kwargs.get("recipe", "hf-fsdp-bf16"), lora=lora
     )
-    active = layout + sum(held.values())
     return {
         "padding and layout": layout, **held, "FSDP2 reduce-scatter input kept": kept,
-        "allocated, loss moment": layout, "active, loss moment": active,
-        "allocated, layer backward": layout - kept, "active, layer backward": active - kept,
+        "allocated, loss moment": layout, "active, loss moment": layout + sum(held.values()),
+        "allocated, layer backward": layer - kept, "active, layer backward": layer + sum(held.values()) - kept,
+        "allocated, at the peaks": one.moments[one.peak_moment] - two.moments[two.peak_moment],
     }  # fmt: skip
