@@ -34,6 +34,9 @@ MOMENT_TEXT = {
     "layer": "the layer moment (the last decoder layer's backward)",
     "last layer": "the last-layer moment (the first decoder layer's backward, the end of backward)",
     "optimizer": "the optimizer moment (AdamW's step)",
+    "embedding": "the embedding moment (the end of backward: the root's gradients summed)",
+    "root reduce-scatter": "the root reduce-scatter moment (the end of backward: the root's gradient reduced)",
+    "first layer forward": "the first-layer-forward moment (FSDP2: the root's all-gather output still held)",
 }
 
 
