@@ -24,9 +24,17 @@ MEDQUAD = SHARED / "data" / "medquad_cancergov_niddk.jsonl"
 BOOK_FILES = ("test_notebooks", "test_site")
 
 
+#: The next longest files (fresh-clone run, 2026-12-03): queued right after the book, so neither worker ends
+#: alone on a long file (test_dryrun last made one worker run ~8 min after the other had finished).
+LONG_FILES = ("test_dryrun", "test_hsdp")
+
+
 def pytest_collection_modifyitems(config, items):
-    """The book files first: under ``make test``'s two workers they are the longest group (see below)."""
-    items.sort(key=lambda item: item.module.__name__ not in BOOK_FILES)  # stable: file order kept otherwise
+    """The book files first, then :data:`LONG_FILES`: under ``make test``'s two workers they are the longest
+    groups (see below); the other files keep their order."""
+    items.sort(
+        key=lambda item: (item.module.__name__ not in BOOK_FILES, item.module.__name__ not in LONG_FILES)
+    )
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist (-p no:xdist) it is never called

@@ -3,8 +3,6 @@ silent for minutes in Jupyter): ``runner.run(cfg, capture=True, progress=...)``.
 
 import time
 
-import pytest
-
 from smolfsdp.config import load_config
 from smolfsdp.launch import runner
 from smolfsdp.paths import recipe
@@ -54,28 +52,3 @@ def test_lines_arrive_while_the_run_goes_on_and_the_log_is_still_captured(tmp_pa
     assert done - seen[0][0] > 3.0, f"the first line came only {done - seen[0][0]:.1f} s before the end"
     assert all(s in run.log for s in texts if s.startswith("[rank0]"))  # still captured, all of it
     assert not any(s.startswith("[rank1]") for s in texts)  # other ranks stay in the log
-
-
-def test_a_run_in_a_notebook_shows_its_progress_by_default(monkeypatch):
-    """``runner.run(capture=True)`` in a Jupyter kernel (a chapter's cell) passes a line filter to the launch,
-    so no cell is silent while it trains; outside a kernel it stays quiet unless asked."""
-    import subprocess
-    import sys
-
-    seen = []
-
-    def fake_launch(cfg, **kw):
-        seen.append(kw.get("on_line"))
-        return subprocess.CompletedProcess([], 3, "", None)
-
-    monkeypatch.setattr(runner, "preflight", lambda cfg: {})
-    monkeypatch.setattr(runner, "launch", fake_launch)
-    cfg = load_config(None)
-    for kernel in (False, True):
-        if kernel:
-            monkeypatch.setitem(sys.modules, "ipykernel", sys)
-        else:
-            monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-        with pytest.raises(RuntimeError, match="exit code 3"):
-            runner.run(cfg, capture=True)
-    assert seen[0] is None and callable(seen[1])

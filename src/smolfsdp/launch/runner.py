@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -168,12 +167,6 @@ def rank0_progress(
     return on_line
 
 
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel (``ipykernel`` loaded, as tqdm.auto decides): where a captured run shows
-    its progress by default."""
-    return "ipykernel" in sys.modules
-
-
 def run(
     cfg: TrainConfig,
     *,
@@ -186,12 +179,11 @@ def run(
     ``capture``: keep the output in ``Run.log`` instead of printing it all. ``progress``: with ``capture``,
     still show progress while the run goes on: ``True`` prints rank 0's lines and the progress bar every 10 s
     (:func:`rank0_progress`; what chapters pass, so a cell is not silent for minutes), or a callable is given
-    every line of output as it arrives; ``None`` (the default): ``True`` inside a Jupyter kernel (a chapter's
-    cell, a reader's notebook: :func:`in_notebook`), so no cell waits in silence, off elsewhere. Raises
-    ConfigError before launching on bad input, RuntimeError if the launched run fails.
+    every line of output as it arrives. Raises ConfigError before launching on bad input, RuntimeError if the
+    launched run fails. Not on by default in a notebook: rank 0's lines include library warnings and absolute
+    run paths that the book's pages must not show (chapters 05 and 06); the chapters pass it where checked.
     """
     preflight(cfg)
-    progress = in_notebook() if progress is None else progress
     on_line = rank0_progress() if progress is True else (progress or None)
     proc = launch(cfg, capture=capture, timeout=timeout, on_line=on_line if capture else None)
     if proc.returncode != 0:
