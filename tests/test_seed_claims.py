@@ -170,7 +170,9 @@ def test_book_recipe_table_reads_as_text():
     col = t.iloc[:, 0]
     assert col["tokens per GPU per micro-batch"] == "4,096" and col["activation checkpointing"] == "on"
     assert col["FSDP version"] == "FSDP1" and col["LoRA"] == "no (full fine-tune)"
-    assert col["gradient accumulation (micro-batches per optimizer step)"] == "8"  # the peak's settings, named
+    assert (
+        col["gradient accumulation (micro-batches per optimizer step)"] == "8"
+    )  # the peak's settings, named
 
 
 # ------------------------------------------------------------------ the inventory and its evidence
