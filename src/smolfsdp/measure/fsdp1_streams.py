@@ -37,10 +37,11 @@ dry run's live tensor bytes are what ``max_memory_allocated`` would count, where
 
 FSDP2 has its own lifetime extension, in *allocated* bytes: instead of ``record_stream`` it keeps the last
 reduce-scatter input (one layer's gradients in the reduce dtype) referenced until the next layer's
-post-backward (``_fsdp_param_group.py``, ``reduce_scatter_states``). The dry run sees it where a layer's backward
-is the peak: the Qwen2.5-1.5B shape on 8 fake ranks at 2 x 128 tokens, FSDP2's peak is 5,110,061,140 bytes and
-FSDP1's 4,922,869,844, FSDP2 higher by 187,191,296 = 46,797,824 layer parameters x 4 (fp32 reduce); the
-estimator's ``moments`` do not hold it yet (both 4,539,798,784 there). With fp32 reduction it is as large as
+post-backward (``_fsdp_param_group.py``, ``reduce_scatter_states``). The dry run sees it: the Qwen2.5-1.5B shape
+on 8 fake ranks at 2 x 128 tokens, FSDP2's peak (at the end of backward) is 5,110,061,140 bytes and FSDP1's
+4,922,869,844, FSDP2 higher by 187,191,296 = 46,797,824 layer parameters x 4 (fp32 reduce); the estimator's
+end-of-backward moments (``smolfsdp.measure.root_grad``) hold it there, its ``layer`` moment does not (both
+versions 4,539,798,784), so ``fsdp1_minus_fsdp2`` takes it off that moment only. With fp32 reduction it is as large as
 FSDP1's two bf16 record_stream blocks, so during a layer's backward the active totals cancel; at the ``loss``
 moment (no reduce-scatter yet) FSDP1's blocks stand alone.
 
