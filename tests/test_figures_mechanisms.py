@@ -90,7 +90,9 @@ def test_tables_are_shaped_for_readers():
     sync = fm.no_sync_table("tiny", n_gpus=2, accumulation=4)
     assert sync["reduce-scatters per step"].tolist() == ["20", "5"]  # 5 units x 4 micro-batches, or once
     hfu = fm.mfu_hfu_table("tiny", seq_len=64)
-    assert hfu.attrs["hfu_over_mfu"] == pytest.approx(4 / 3)
+    assert hfu.attrs["rule_hfu_over_mfu"] == pytest.approx(4 / 3)
+    # torch stops recomputing before each layer's down_proj: less than the rule (tests/test_recompute.py counts it)
+    assert 1.1 < hfu.attrs["hfu_over_mfu"] < hfu.attrs["rule_hfu_over_mfu"]
 
 
 def test_probe_peaks_come_with_their_spread_and_the_sentences_read_only_what_beats_it(probe):

@@ -124,6 +124,7 @@ def format_dryrun(report, table) -> str:
         "",
         f"FLOPs per step: counted {report.flops_counted:.4g} (recompute included), the MFU formula "
         f"6N + 12·L·H·Q·T gives {report.flops_formula:.4g} (counted / formula {ratio:.3f})",
+        _flops_ratio_words(s),
         "",
         "estimate (smolfsdp memory) beside the dry run, GiB:",
         table.to_string(index=False, float_format=lambda x: f"{x:,.3f}"),
@@ -131,6 +132,26 @@ def format_dryrun(report, table) -> str:
         f"took {report.seconds:.0f} s",
     ]
     return "\n".join(lines)
+
+
+def _flops_ratio_words(setup: dict) -> str:
+    """Why counted / formula is not 1. The formula is MFU's model FLOPs (PaLM, Chowdhery et al. 2022, app. B:
+    6N per token, 4N for a frozen base, no recompute); the count is every matmul the step ran."""
+    why = []
+    if setup.get("activation_checkpointing"):
+        why.append("the forward recomputed in backward under activation checkpointing (up to a third more)")
+    if (
+        setup.get("lora")
+        and setup.get("fsdp_version") == 1
+        and setup.get("lora_layout", "in-unit") == "in-unit"
+    ):
+        why.append(
+            "the frozen base's weight gradients: FSDP1 keeps the adapters in the layer's FlatParameter, which "
+            "requires grad, so autograd computes them too"
+        )
+    if not why:
+        return "  (no recompute: the count and the formula differ only where the formula approximates)"
+    return "  (the count includes " + "; and ".join(why) + "; MFU counts only the formula's FLOPs)"
 
 
 def _ac_words(setup: dict) -> str:

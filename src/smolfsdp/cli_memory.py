@@ -10,19 +10,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from smolfsdp.cli_output import format_fit_verdict
+from smolfsdp.measure.hardware import GPUS  # light (no torch): the parser lists the names
+from smolfsdp.measure.recipes import RECIPES  # light (no torch)
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
-    from smolfsdp.measure.hardware import fits, get_gpu  # deferred: transformers configs
+    from smolfsdp.measure.hardware import fits, get_gpu  # light: checked before torch loads
+
+    # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
+    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
+    print(
+        "[memory] reading the model's config (transformers loads torch: a few seconds)",
+        file=sys.stderr,
+        flush=True,
+    )
     from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
     from smolfsdp.measure.recommend import recommend  # deferred with hardware
     from smolfsdp.measure.reserved import format_reserved  # deferred with hardware
 
-    # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
-    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
     common = {
         k: getattr(args, k)
         for k in ("recipe", "seq_len", "micro_batch", "lora", "activation_checkpointing", "fsdp_version")
@@ -81,8 +90,18 @@ def lora_spec(args: argparse.Namespace):
     return LoraSpec(r=r, alpha=alpha, targets=targets)
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" only where there is a default to state: not after an unset option's None or a
+    flag's False (the help text says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
-    fmt = {**common, "formatter_class": argparse.ArgumentDefaultsHelpFormatter}
+    fmt = {**common, "formatter_class": _DefaultsHelp}
     p = sub.add_parser("memory", help="per-GPU memory estimate, fit verdict and recommendation", **fmt)
     p.add_argument(
         "--model", default="smollm3-3b", help="smollm3-3b, tiny, a dir with config.json, or a hub id"
@@ -92,8 +111,10 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
         "--strategy", default="FULL_SHARD", help="NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD"
     )
     p.add_argument(
-        "--recipe", default="hf-fsdp-bf16", help="precision recipe (smolfsdp.measure.memory.RECIPES)"
-    )
+        "--recipe", default="hf-fsdp-bf16", choices=list(RECIPES),
+        help="precision recipe: bytes per parameter of weights, gradients, master copy, optimizer state "
+        "(smolfsdp.measure.recipes.RECIPES)",
+    )  # fmt: skip
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per row")
     p.add_argument("--micro-batch", type=int, default=1, help="rows per rank per step")
     p.add_argument("--lora", action="store_true", help="LoRA (r=8, alpha 16 on q/k/v/o unless set below)")
@@ -115,10 +136,11 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
         help="with --activation-checkpointing: every layer, every --ac-every-th layer, or op-level selective",
     )  # fmt: skip
     p.add_argument("--ac-every", type=int, default=None, help="--ac-mode layer: checkpoint every k-th layer")
-    p.add_argument(
-        "--fsdp-version", type=int, default=1, help="1 (the README's Trainer run, the default) or 2"
-    )
+    p.add_argument("--fsdp-version", type=int, default=1, help="1 (the README's Trainer run) or 2")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (HYBRID_SHARD groups)")
-    p.add_argument("--gpu", default=None, help="a GPU of smolfsdp.measure.hardware.GPUS (default: H100 SXM)")
+    p.add_argument(
+        "--gpu", default=None,
+        help=f"the GPU to fit on: {', '.join(GPUS)} (H100 SXM unless --gpu-memory-gib describes another)",
+    )  # fmt: skip
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
     p.add_argument("--json", action="store_true", help="the estimate and verdict as JSON")

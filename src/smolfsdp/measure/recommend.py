@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 from smolfsdp.measure.hardware import GPU, fits, get_gpu
 from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.measure.params import LoraSpec
 from smolfsdp.measure.recipes import GIB
+from smolfsdp.measure.recompute import recompute_words
 
 #: The levers of "Does FSDP fit?", cheapest first, and what each costs. Cost order: activation
 #: checkpointing costs compute on the GPU alone; a smaller micro-batch keeps the math but runs smaller
@@ -24,8 +26,9 @@ from smolfsdp.measure.recipes import GIB
 #: together (weights 1, 2, 4, 8), so a set of cheap levers is tried before one dearer lever.
 LEVERS = ("activation checkpointing", "micro-batch", "sharding", "CPU offload")
 LEVER_COSTS = {
-    "activation checkpointing": "recomputes each decoder layer's forward during backward: about one extra "
-    "forward pass, ~33% more compute per step (a forward is ~1/3 of forward + backward)",
+    "activation checkpointing": "recomputes each decoder layer's forward during backward (less than a whole "
+    "forward: torch stops before the last matmul; the share for the model is computed by "
+    "smolfsdp.measure.recompute)",
     "micro-batch": "fewer sequences per forward with gradient accumulation to keep the global batch: the same "
     "math in smaller kernels (lower GPU utilisation), and FSDP's all-gathers and reduce-scatters run once per "
     "micro-batch",
@@ -141,17 +144,45 @@ def _describe(est, g: GPU, gpus: int) -> str:
     )
 
 
-def _cost(lever: str, model, kw: dict) -> str:
+def _cost(lever: str, model, kw: dict, g: GPU) -> str:
     """``LEVER_COSTS[lever]``; for CPU offload with the PCIe bytes per GPU per step: the parameter shard up
     for forward and again for backward, the gradient shard down (FSDP1 ``CPUOffload`` and FSDP2
     ``CPUOffloadPolicy`` copy them every step), read from the same settings without offload."""
     if lever == "sharding":
         return SHARDING_COSTS[kw["strategy"]]
+    if lever == "activation checkpointing":
+        return _recompute_cost(model, kw, g)
     if lever != "CPU offload":
         return LEVER_COSTS.get(lever, "")
     device = estimate_memory(model, **{**kw, "offload": False})
     pcie = 2 * device.params_bytes + device.grads_bytes
     return f"{LEVER_COSTS[lever]}; here ~{pcie / GIB:.1f} GiB over PCIe per GPU per step"
+
+
+#: Selective modes the activation-checkpointing lever also tries, least recomputation first (torchtitan's
+#: op-level policy, then every 2nd layer; ``smolfsdp.ac_options``); they run on the native engine only.
+SELECTIVE = (("op", None), ("layer", 2))
+
+
+def _recompute_cost(model, kw: dict, g: GPU) -> str:
+    """The AC lever's cost for these settings: what full checkpointing recomputes (FLOPs counted by
+    ``smolfsdp.measure.recompute``), and the selective mode of :data:`SELECTIVE` that recomputes least
+    while still fitting, when one does."""
+    lora = kw.get("lora")
+    spec = LoraSpec() if lora is True else (lora or None)
+    seq = kw.get("seq_len", 2048)
+    words = recompute_words(model, "full", None, seq_len=seq, lora=spec)
+    for mode, every in SELECTIVE:
+        est = estimate_memory(model, **{**kw, "ac_mode": mode, "ac_every": every})
+        if fits(est, g):
+            name = "op-level selective" if mode == "op" else f"every {every}nd layer"
+            less = recompute_words(model, mode, every, seq_len=seq, lora=spec, why=False)
+            return (
+                f"{words}. Selective checkpointing also fits ({name}: ac_mode: {mode}"
+                f"{f', ac_every: {every}' if every else ''}, native engine; peak {est.peak_bytes / GIB:.1f} GiB) "
+                f"and {less}"
+            )
+    return words
 
 
 def recommend(
@@ -210,7 +241,7 @@ def recommend(
         tried.append((label, est.device_need_bytes))
         if fits(est, g) and host_ok:
             lever = chosen[-1]
-            cost = _cost(lever, model, kw)
+            cost = _cost(lever, model, kw, g)
             cheaper = "; ".join(f"{c} {b / GIB:.1f} GiB" for c, b in tried[:-1])
             reason = f"{_describe(est, g, gpus)}\n  lever: {lever}; cost: {cost}\n  tried first, did not fit: {cheaper}"
             return Recommendation(
