@@ -72,9 +72,10 @@ def test_recomputed_matmul_flops_equal_the_count_in_every_mode(lora):
 
 def _grid_pairs() -> list[tuple[dict, dict]]:
     runs = json.loads((ROOT / "data/results/dryrun/grid.json").read_text())["runs"]
-    key = lambda r: tuple(
-        sorted((k, v) for k, v in r["overrides"].items() if k != "activation_checkpointing")
-    )  # noqa: E731
+
+    def key(r: dict) -> tuple:
+        return tuple(sorted((k, v) for k, v in r["overrides"].items() if k != "activation_checkpointing"))
+
     off = {key(r): r for r in runs if not r["overrides"]["activation_checkpointing"]}
     return [(r, off[key(r)]) for r in runs if r["overrides"]["activation_checkpointing"] and key(r) in off]
 

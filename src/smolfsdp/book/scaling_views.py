@@ -14,8 +14,8 @@ from __future__ import annotations
 import pandas as pd
 
 from smolfsdp.config import load_config
+from smolfsdp.measure.hfu import run_mfu
 from smolfsdp.measure.memory import GIB, estimate_memory
-from smolfsdp.measure.published import mfu_calibration
 from smolfsdp.measure.scaling import estimate_step, mfu_text, scaling_table
 from smolfsdp.paths import recipe
 
@@ -38,14 +38,22 @@ def book_assumptions(
     """``scaling_table`` arguments for the committed run recipe: its ``max_length`` as the sequence, its
     micro-batch, gradient accumulation, FSDP version and activation checkpointing; the cluster is an
     assumption; the MFU (a fraction) the published calibration for ``gpu`` unless given
-    (``smolfsdp.measure.published.mfu_calibration``: torchtitan's published rows, error % stated)."""
+    (``smolfsdp.measure.hfu.run_mfu``: the HFU of torchtitan's published rows, each with its recomputation
+    counted, error % stated; the recipe's own checkpointing)."""
     cfg = load_config(recipe(recipe_name))
-    mfu = mfu if mfu is not None else mfu_calibration(gpu)["mfu"]
+    mfu = mfu if mfu is not None else run_mfu(gpu, **recipe_run(cfg))["mfu"]
     return dict(
         gpu=gpu, gpus_per_node=gpus_per_node, network=network, mfu=mfu, seq_len=cfg.max_length,
         micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         fsdp_version=cfg.fsdp_version, activation_checkpointing=cfg.activation_checkpointing,
     )  # fmt: skip
+
+
+def recipe_run(cfg) -> dict:
+    """``hfu.run_mfu``'s keywords after the GPU for a run config: its model, sequence and checkpointing."""
+    model = "smollm3-3b" if cfg.model == "HuggingFaceTB/SmolLM3-3B" else cfg.model
+    mode = cfg.ac_mode if cfg.activation_checkpointing else None
+    return {"model": model, "seq_len": cfg.max_length, "ac_mode": mode, "ac_every": cfg.ac_every}
 
 
 def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> str:
@@ -56,7 +64,7 @@ def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> st
         f"micro-batches per optimizer step ({tokens * a['gradient_accumulation_steps']:,} tokens per GPU and step), "
         f"FSDP{a['fsdp_version']}, activation checkpointing {'on' if a['activation_checkpointing'] else 'off'}, "
         f"bf16 compute with fp32 gradient reduction, AdamW. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
-        f"{a['network']} between nodes, {mfu_text(a['mfu'], a['gpu'])}; weak scaling (tokens per GPU fixed). DDP (NO_SHARD) "
+        f"{a['network']} between nodes, {mfu_text(a['mfu'], a['gpu'], recipe_run(load_config(recipe(recipe_name))))}; weak scaling (tokens per GPU fixed). DDP (NO_SHARD) "
         "all-reduces the gradients once per optimizer step, as it is run under gradient accumulation (`no_sync()` "
         "on the other micro-batches: accelerate's `accumulate()` and the Trainer do this); the FSDP strategies "
         "reduce after every micro-batch, their default."

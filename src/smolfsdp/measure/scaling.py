@@ -26,6 +26,8 @@ from smolfsdp.measure.cluster import (
     whole_count,
 )
 from smolfsdp.measure.comm import estimate_collectives
+from smolfsdp.measure.hardware import fits
+from smolfsdp.measure.hfu import hfu_calibration, run_mfu
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import count_parameters, resolve_model_config
 from smolfsdp.measure.published import calibrated_mfu, mfu_calibration
@@ -48,6 +50,9 @@ def estimate_step(
     micro_batch: int = 1,
     gradient_accumulation_steps: int = 1,
     mfu: float | str | None = None,
+    activation_checkpointing: bool | None = None,
+    ac_mode: str = "full",
+    ac_every: int | None = None,
     **kwargs,
 ) -> dict:
     """Projected time of one optimizer step on one rank, with and without overlap (weak scaling:
@@ -67,7 +72,10 @@ def estimate_step(
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
     efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and
     the keywords of ``cluster.CLUSTER_KEYS`` in ``kwargs``, as ``cluster.resolve_cluster`` builds it;
-    other ``kwargs`` go to ``comm.estimate_collectives``. ``mfu=None`` (the default): the published calibration
+    other ``kwargs`` go to ``comm.estimate_collectives``. ``mfu=None`` with ``activation_checkpointing`` given
+    (True with ``ac_mode`` / ``ac_every``, or False): the MFU that GPU's calibrated hardware FLOPs utilisation
+    gives a run recomputing that much (``smolfsdp.measure.hfu.run_mfu``: published rows with their own
+    recomputation counted; the better-held calibration). ``mfu=None`` (the default) without it: the published calibration
     for the cluster's GPU, pooled over every published row for a GPU without any
     (``smolfsdp.measure.published.mfu_calibration``, which states its error %); a number overrides it;
     ``mfu="calibrated"``: the median MFU of published
@@ -76,7 +84,8 @@ def estimate_step(
     sizes < 1 or not whole, a sequence longer than the model allows, and ``estimate_collectives``'
     errors.
     """
-    mfu = _resolve_mfu(mfu, cluster, n_gpus, kwargs)
+    ac = (activation_checkpointing, ac_mode, ac_every)
+    mfu = _resolve_mfu(mfu, cluster, n_gpus, kwargs, model=model, seq_len=seq_len, ac=ac)
     if not 0 < mfu <= 1:
         raise ConfigError(f"mfu={mfu}: give the model FLOP utilisation as a fraction in (0, 1], e.g. 0.4.")
     seq_len, micro_batch = whole_count("seq_len", seq_len), whole_count("micro_batch", micro_batch)
@@ -259,6 +268,7 @@ def scaling_table(
                     seq_len=seq_len,
                     micro_batch=micro_batch,
                     mfu=mfu,
+                    activation_checkpointing=activation_checkpointing,
                     **kwargs,
                 )
                 mem = estimate_memory(
@@ -273,7 +283,8 @@ def scaling_table(
                         **{k: (float(v) if hasattr(v, "dtype") else v) for k, v in step.items()},
                         "memory_gib": mem.peak_bytes / GIB,
                         "gpu_memory_gib": cl.gpu.memory_bytes / GIB,
-                        "fits": mem.peak_bytes <= cl.gpu.memory_bytes,
+                        # the verdict of smolfsdp memory: reserved memory + CUDA context + NCCL (hardware.fits)
+                        "fits": fits(mem, cl.gpu),
                     }
                 )
     df = pd.DataFrame(rows)
@@ -282,19 +293,32 @@ def scaling_table(
         f"({'bf16' if dtypes['mixed_precision'] == 'bf16' else 'fp32'} all-gathers, "
         f"{dtypes['reduce_dtype']} reductions), "
         f"seq {seq_len} x micro-batch {micro_batch} per GPU, "
-        f"{mfu_text(mfu, getattr(gpu, 'name', gpu))}, activation checkpointing {'on' if activation_checkpointing else 'off'}; "
+        f"{_mfu_words(mfu, getattr(gpu, 'name', gpu), activation_checkpointing)}, activation checkpointing {'on' if activation_checkpointing else 'off'}; "
         "NCCL ring bandwidth and latency, overlap as in scaling.estimate_step"
     )
     return df
 
 
-def _resolve_mfu(mfu, cluster, n_gpus, kwargs) -> float:
+def _mfu_words(mfu, gpu_name: str, activation_checkpointing: bool) -> str:
+    """The MFU line of ``scaling_table``'s assumptions: per model from the HFU calibration when not given."""
+    if mfu is None:
+        ac = "with" if activation_checkpointing else "without"
+        return f"MFU per model {ac} its recomputation from the {hfu_calibration(gpu_name)['text']}"
+    return mfu_text(mfu, gpu_name)
+
+
+def _resolve_mfu(mfu, cluster, n_gpus, kwargs, *, model=None, seq_len=None, ac=(None, "full", None)) -> float:
     """``mfu`` as a fraction; ``"calibrated"``: the published calibration for the cluster's GPU (ConfigError
-    without one); ``None``: ``mfu_calibration`` (that calibration, or the pooled one)."""
+    without one); ``None``: with ``ac`` = (activation_checkpointing, ac_mode, ac_every) stated, ``hfu.run_mfu``;
+    else ``mfu_calibration`` (that calibration, or the pooled one)."""
     if mfu is not None and mfu != "calibrated":
         return mfu
     spec, _ = split_cluster_kwargs(kwargs)
     gpu = resolve_cluster(cluster, n_gpus, **spec).gpu
+    if mfu is None and ac[0] is not None:
+        return run_mfu(gpu.name, model, seq_len=seq_len, ac_mode=ac[1] if ac[0] else None, ac_every=ac[2])[
+            "mfu"
+        ]
     if mfu is None:
         return mfu_calibration(gpu.name)["mfu"]
     table = calibrated_mfu()
@@ -305,10 +329,11 @@ def _resolve_mfu(mfu, cluster, n_gpus, kwargs) -> float:
     return table[gpu.name]
 
 
-def mfu_text(mfu: float | None, gpu_name: str) -> str:
+def mfu_text(mfu: float | None, gpu_name: str, run: dict | None = None) -> str:
     """How the book states the MFU a projection used: the calibration's line (``mfu_calibration``: its source
-    and error % against the published rows) when ``mfu`` is None or equals it, else ``MFU x % (given)``."""
-    cal = mfu_calibration(gpu_name)
+    and error % against the published rows; with ``run``, the keywords of ``hfu.run_mfu`` after the GPU, its
+    line) when ``mfu`` is None or equals it, else ``MFU x % (given)``."""
+    cal = run_mfu(gpu_name, **run) if run else mfu_calibration(gpu_name)
     if mfu is None or mfu == cal["mfu"]:
         return cal["text"]
     return f"MFU {100 * mfu:.1f} % (given; the published calibration would be {100 * cal['mfu']:.1f} %)"
