@@ -95,7 +95,7 @@ def format_dryrun(report, table) -> str:
         f"{s['model']}: {s['engine']} engine, FSDP{s['fsdp_version']} {s['sharding_strategy']} over {s['world_size']} "
         f"ranks (fake), {s['gradient_accumulation_steps']} x {s['per_device_train_batch_size']} x {s['max_length']} "
         f"tokens per step, mixed precision {s['mixed_precision']}, activation checkpointing "
-        f"{_ac_words(s) if s['activation_checkpointing'] else 'off'}{', LoRA' if s['lora'] else ''}",
+        f"{_ac_words(s) if s['activation_checkpointing'] else 'off'}{_lora_words(s)}",
         f"({report.label})",
         "",
         f"peak {report.peak_bytes / GIB:,.2f} GiB on rank 0, at {_moment_text(report.peak_moment)}; at that moment:",
@@ -131,6 +131,14 @@ def format_dryrun(report, table) -> str:
         f"took {report.seconds:.0f} s",
     ]
     return "\n".join(lines)
+
+
+def _lora_words(setup: dict) -> str:
+    """``, LoRA`` and, for FSDP1, where the adapters sit (``smolfsdp.lora_options``); empty without LoRA."""
+    if not setup["lora"]:
+        return ""
+    layout = setup.get("lora_layout")  # FSDP1 reports only; older reports: in-unit
+    return ", LoRA (each adapter its own FSDP unit)" if layout == "adapter-units" else ", LoRA"
 
 
 def _ac_words(setup: dict) -> str:

@@ -12,6 +12,7 @@ import argparse
 import json
 
 from smolfsdp.cli_output import format_fit_verdict
+from smolfsdp.lora_options import LORA_LAYOUTS
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -103,7 +104,7 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
         "--lora-targets", default=None, help="comma-separated modules, e.g. q_proj,k_proj,v_proj,gate_proj"
     )
     p.add_argument(
-        "--lora-layout", default="in-unit", choices=["in-unit", "adapter-units"],
+        "--lora-layout", default="in-unit", choices=list(LORA_LAYOUTS),
         help="FSDP1 + LoRA: adapters inside the layer's unit (smolfsdp) or their own units (fsdp_qlora)",
     )  # fmt: skip
     p.add_argument("--offload", action="store_true", help="CPU offload of params, grads, optimizer state")
