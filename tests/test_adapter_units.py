@@ -39,11 +39,10 @@ def test_layout_refused_on_trl_engine():
         check_lora_layout("adapter-units", lora=True, fsdp_version=1, engine="trl")
 
 
-def test_adapter_units_allow_use_orig_params_false():
-    cfg = TrainConfig(lora=True, lora_layout="adapter-units", use_orig_params=False)
-    assert cfg.lora_layout == "adapter-units"
-    with pytest.raises(ConfigError, match="use_orig_params"):
-        TrainConfig(lora=True, use_orig_params=False)
+def test_lora_fsdp1_needs_use_orig_params_in_both_layouts():
+    for layout in ("in-unit", "adapter-units"):
+        with pytest.raises(ConfigError, match="use_orig_params"):
+            TrainConfig(lora=True, lora_layout=layout, use_orig_params=False)
 
 
 def _gathered_grads(model):

@@ -50,8 +50,10 @@ def check_lora_layout(layout: str, lora: bool, fsdp_version: int, engine: str = 
 def check_lora(cfg) -> None:
     """The LoRA fields of a ``smolfsdp.config.TrainConfig`` (called by its ``__post_init__``); normalises a
     comma-separated ``lora_target_modules`` string into a list. Raises ConfigError for a rank < 1, no target,
-    a dropout outside [0, 1), LoRA on the TRL engine, FSDP1 LoRA with ``use_orig_params: false`` in the
-    ``in-unit`` layout, and what :func:`check_lora_layout` refuses."""
+    a dropout outside [0, 1), LoRA on the TRL engine, FSDP1 LoRA with ``use_orig_params: false`` (for
+    ``adapter-units`` too: each of its FlatParameters would be uniform, but smolfsdp's optimizer, clipping,
+    checkpoint and adapter export are tested with original parameters only), and what
+    :func:`check_lora_layout` refuses."""
     if cfg.lora:
         if cfg.lora_r <= 0:
             raise ConfigError(f"lora_r={cfg.lora_r}: the LoRA rank must be a positive integer (8 is usual).")
@@ -67,11 +69,10 @@ def check_lora(cfg) -> None:
             raise ConfigError(
                 "lora=true runs on the native engine (plain PyTorch loop + FSDP); set engine: native."
             )
-        if cfg.fsdp_version == 1 and not cfg.use_orig_params and cfg.lora_layout == "in-unit":
+        if cfg.fsdp_version == 1 and not cfg.use_orig_params:
             raise ConfigError(
                 "LoRA with FSDP1 needs use_orig_params=true: with use_orig_params=false FSDP1 flattens each unit "
                 "into one FlatParameter with a single requires_grad, so frozen base weights and trainable "
-                "adapters cannot share a unit. Set use_orig_params: true, lora_layout: adapter-units (each "
-                "adapter its own unit), or fsdp_version: 2."
+                "adapters cannot share a unit. Set use_orig_params: true, or use fsdp_version: 2."
             )
     check_lora_layout(cfg.lora_layout, cfg.lora, cfg.fsdp_version, cfg.engine)
