@@ -169,3 +169,19 @@ def test_dry_run_within_3pct_and_saves_the_base_gradient():
     saved_estimated = in_unit[2].grads_bytes - units[2].grads_bytes
     assert saved_traced > 0 and saved_estimated == pytest.approx(saved_traced, rel=0.03)
     assert units[0].peak_bytes < in_unit[0].peak_bytes
+    from smolfsdp.cli_dryrun import format_dryrun
+
+    assert (
+        "LoRA (each adapter its own FSDP unit)"
+        in format_dryrun(units[0], units[1].reset_index()).split("\n")[0]
+    )
+
+
+@pytest.mark.parametrize("command", ["train", "dryrun"])
+def test_cli_takes_the_layout_as_a_run_option(command):
+    from smolfsdp.cli import build_parser
+    from smolfsdp.cli_args import overrides_from
+
+    args = build_parser().parse_args([command, "--lora", "--lora_layout", "adapter-units"])
+    assert overrides_from(args) == {"lora": True, "lora_layout": "adapter-units"}
+    assert load_config(None, **overrides_from(args)).lora_layout == "adapter-units"
