@@ -72,7 +72,8 @@ SHAPE_SETUPS = [
 
 def _shape_setups() -> list[tuple[str, str, dict]]:
     """(label, recipe, overrides) of the shapes grid: SmolLM3-3B at 2 x 128 (SHAPE_SETUPS and FSDP1 with
-    checkpointing on 2 ranks), then SHAPE_MODELS x 2 x 128 and 2 x 2048 x SHAPE_SETUPS."""
+    checkpointing on 2 ranks), then SHAPE_MODELS x 2 x 128 and 2 x 2048 x SHAPE_SETUPS, then SmolLM3-3B FSDP1 LoRA
+    with ``lora_layout: adapter-units`` at 2 x 128 and 2 x 2048 on 2 ranks."""
     keys = [("SmolLM3-3B", 128, *s) for s in [*SHAPE_SETUPS, (1, False, True, 2)]]
     keys += [(name, seq, *s) for name in SHAPE_MODELS for seq in (128, 2048) for s in SHAPE_SETUPS]
     models = {"SmolLM3-3B": "HuggingFaceTB/SmolLM3-3B", **SHAPE_MODELS}
@@ -82,6 +83,10 @@ def _shape_setups() -> list[tuple[str, str, dict]]:
         overrides = {"model": models[name], "fsdp_version": v, "lora": lora, "activation_checkpointing": ac,
                      "max_length": seq, "nproc": w, "gradient_accumulation_steps": 1}  # fmt: skip
         out.append((label, LORA if lora else FULL, overrides))
+    for seq in (128, 2048):  # FSDP1 LoRA with each adapter its own unit (lora_layout, smolfsdp.lora_options)
+        overrides = {"model": models["SmolLM3-3B"], "fsdp_version": 1, "lora": True, "lora_layout": "adapter-units",
+                     "activation_checkpointing": True, "max_length": seq, "nproc": 2, "gradient_accumulation_steps": 1}  # fmt: skip
+        out.append((f"SmolLM3-3B FSDP1 LoRA adapter-units AC on 2x{seq} W2", LORA, overrides))
     return out
 
 

@@ -95,7 +95,7 @@ def format_dryrun(report, table) -> str:
         f"{s['model']}: {s['engine']} engine, FSDP{s['fsdp_version']} {s['sharding_strategy']} over {s['world_size']} "
         f"ranks (fake), {s['gradient_accumulation_steps']} x {s['per_device_train_batch_size']} x {s['max_length']} "
         f"tokens per step, mixed precision {s['mixed_precision']}, activation checkpointing "
-        f"{_ac_words(s) if s['activation_checkpointing'] else 'off'}{', LoRA' if s['lora'] else ''}",
+        f"{_ac_words(s) if s['activation_checkpointing'] else 'off'}{_lora_words(s)}",
         f"({report.label})",
         "",
         f"peak {report.peak_bytes / GIB:,.2f} GiB on rank 0, at {_moment_text(report.peak_moment)}; at that moment:",
@@ -139,7 +139,9 @@ def _flops_ratio_words(setup: dict) -> str:
     6N per token, 4N for a frozen base, no recompute); the count is every matmul the step ran."""
     why = []
     if setup.get("activation_checkpointing"):
-        why.append("the forward recomputed in backward under activation checkpointing (up to a third more)")
+        why.append(
+            "the forward recomputed in backward under activation checkpointing (most of a forward: torch stops before each layer's last matmul; smolfsdp.measure.recompute)"
+        )
     if (
         setup.get("lora")
         and setup.get("fsdp_version") == 1
@@ -152,6 +154,14 @@ def _flops_ratio_words(setup: dict) -> str:
     if not why:
         return "  (no recompute: the count and the formula differ only where the formula approximates)"
     return "  (the count includes " + "; and ".join(why) + "; MFU counts only the formula's FLOPs)"
+
+
+def _lora_words(setup: dict) -> str:
+    """``, LoRA`` and, for FSDP1, where the adapters sit (``smolfsdp.lora_options``); empty without LoRA."""
+    if not setup["lora"]:
+        return ""
+    layout = setup.get("lora_layout")  # FSDP1 reports only; older reports: in-unit
+    return ", LoRA (each adapter its own FSDP unit)" if layout == "adapter-units" else ", LoRA"
 
 
 def _ac_words(setup: dict) -> str:

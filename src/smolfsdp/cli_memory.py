@@ -13,6 +13,7 @@ import json
 import sys
 
 from smolfsdp.cli_output import format_fit_verdict
+from smolfsdp.lora_options import LORA_LAYOUTS
 from smolfsdp.measure.hardware import GPUS  # light (no torch): the parser lists the names
 from smolfsdp.measure.recipes import RECIPES  # light (no torch)
 
@@ -124,7 +125,7 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
         "--lora-targets", default=None, help="comma-separated modules, e.g. q_proj,k_proj,v_proj,gate_proj"
     )
     p.add_argument(
-        "--lora-layout", default="in-unit", choices=["in-unit", "adapter-units"],
+        "--lora-layout", default="in-unit", choices=list(LORA_LAYOUTS),
         help="FSDP1 + LoRA: adapters inside the layer's unit (smolfsdp) or their own units (fsdp_qlora)",
     )  # fmt: skip
     p.add_argument("--offload", action="store_true", help="CPU offload of params, grads, optimizer state")

@@ -19,6 +19,7 @@ import yaml
 
 from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.lora_options import check_lora
 from smolfsdp.secrets import redact
 from smolfsdp.yaml_files import read_recipe
 
@@ -108,6 +109,9 @@ class TrainConfig:
         factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
     )
     lora_merge: bool = _field(False, LORA, "also save the base model with the adapter merged in")
+    lora_layout: str = _field(
+        "in-unit", LORA, "FSDP1: 'in-unit' or 'adapter-units' (each adapter its own unit)"
+    )
     num_train_epochs: float = _field(6.0, OPTIM, "epochs over the training rows")
     max_steps: int = _field(-1, OPTIM, "optimizer steps; > 0 overrides num_train_epochs")
     per_device_train_batch_size: int = _field(4, OPTIM, "rows per rank per micro-batch")
@@ -165,7 +169,7 @@ class TrainConfig:
         for name in (*batch, "logging_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
-        self._check_lora()
+        check_lora(self)  # smolfsdp.lora_options: rank, targets, dropout, engine, lora_layout
         check_ac_options(self.activation_checkpointing, self.ac_mode, self.ac_every, self.engine)
         if not self.name or self.name != self.name.strip() or "/" in self.name or self.name.startswith("."):
             raise ConfigError(
@@ -212,28 +216,6 @@ class TrainConfig:
             raise ConfigError(f"state_dict_type={self.state_dict_type!r}: use one of {STATE_DICT_TYPES}.")
         if self.mixed_precision not in MIXED_PRECISION:
             raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {MIXED_PRECISION}.")
-
-    def _check_lora(self) -> None:
-        if not self.lora:
-            return
-        if self.lora_r <= 0:
-            raise ConfigError(f"lora_r={self.lora_r}: the LoRA rank must be a positive integer (8 is usual).")
-        if isinstance(self.lora_target_modules, str):
-            self.lora_target_modules = [m.strip() for m in self.lora_target_modules.split(",") if m.strip()]
-        if not self.lora_target_modules:
-            raise ConfigError(
-                "lora_target_modules is empty; name the linear layers to adapt, e.g. q_proj,v_proj."
-            )
-        if self.engine != "native":
-            raise ConfigError(
-                "lora=true runs on the native engine (plain PyTorch loop + FSDP); set engine: native."
-            )
-        if self.fsdp_version == 1 and not self.use_orig_params:
-            raise ConfigError(
-                "LoRA with FSDP1 needs use_orig_params=true: with use_orig_params=false FSDP1 flattens each unit "
-                "into one FlatParameter with a single requires_grad, so frozen base weights and trainable "
-                "adapters cannot share a unit. Set use_orig_params: true, or use fsdp_version: 2."
-            )
 
     # ------------------------------------------------------------------ types and ranges
     def _check_types(self) -> None:
@@ -288,8 +270,6 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0 (0: never).")
         if self.max_rows is not None and self.max_rows < 1:
             raise ConfigError(f"max_rows={self.max_rows} must be >= 1 (or unset for all rows).")
-        if self.lora and not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"lora_dropout={self.lora_dropout} must be in [0, 1).")
 
     def _check_benchmark(self) -> None:
         if self.benchmark_steps < 0:

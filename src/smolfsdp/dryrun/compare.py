@@ -22,7 +22,7 @@ GIB = 2**30
 def estimate_for(cfg: TrainConfig, world_size: int):
     """``estimate_memory`` for the setup ``cfg`` runs (the recipe smolfsdp's engines use: fp32 parameters,
     gradients and AdamW state, bf16 compute under ``mixed_precision: bf16``; its LoRA adapters with their
-    dropout; its gradient accumulation)."""
+    dropout and FSDP1 ``lora_layout``; its gradient accumulation)."""
     spec = (
         LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout)
         if cfg.lora
@@ -41,6 +41,7 @@ def estimate_for(cfg: TrainConfig, world_size: int):
         ac_mode=cfg.ac_mode,
         ac_every=cfg.ac_every,
         fsdp_version=cfg.fsdp_version,
+        lora_layout=cfg.lora_layout if cfg.lora and cfg.fsdp_version == 1 else "in-unit",
         gpus_per_node=world_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
     )

@@ -330,6 +330,8 @@ def _setup(
         wrap=evidence,
         optimizer="torch.optim.AdamW(foreach=True)",
     )
+    if cfg.lora and cfg.fsdp_version == 1:  # where the adapters sit (smolfsdp.lora_options)
+        out["lora_layout"] = cfg.lora_layout
     if cfg.engine == "trl":
         out["trainer_path"] = "modelled: " + TRAINER_FSDP1_ARGS
     return out

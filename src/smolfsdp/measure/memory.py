@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from smolfsdp import lora_options
 from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure.activations import activation_breakdown
@@ -46,7 +47,7 @@ LOADINGS = ("every-rank", "rank0", "meta")
 #: FlatParameter, so the frozen base of that unit gets a gradient too) or ``adapter-units`` (each adapter
 #: its own FSDP unit, as AnswerDotAI/fsdp_qlora ``train.py`` and llama-recipes wrap them: no base gradient).
 #: ``adapter-units`` drops the base gradient, its reduce-scatter buffer and the base's saved tensors.
-LORA_LAYOUTS = ("in-unit", "adapter-units")
+LORA_LAYOUTS = lora_options.LORA_LAYOUTS  # one list of names with the run config (``lora_layout``)
 #: ``estimate_memory(legacy_hf_loss=True)``: the loss of transformers < 4.45 (``LlamaForCausalLM.forward``:
 #: ``logits.float()``, then ``shift_logits = logits[..., :-1, :].contiguous()``), one more fp32 logits copy
 #: alive at the loss moment (fsdp_qlora's March 2024 runs).

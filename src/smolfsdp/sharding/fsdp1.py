@@ -26,6 +26,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.sharding.adapter_units import adapter_units_mixed_precision, adapter_units_policy
 from smolfsdp.sharding.fsdp2 import SHARDING_STRATEGIES
 
 #: The keys transformers 5.24's ``TrainingArguments._process_fsdp_args`` reads from ``fsdp_config``
@@ -66,6 +67,7 @@ def wrap_fsdp1(
     param_dtype: torch.dtype | None = None,
     use_orig_params: bool = True,
     sync_module_states: bool = False,
+    lora_layout: str = "in-unit",
 ) -> FullyShardedDataParallel:
     """Wrap ``model`` with FSDP1: one unit per ``wrap_cls`` module (transformer auto-wrap) plus the root.
 
@@ -83,6 +85,8 @@ def wrap_fsdp1(
             stay fp32 (:func:`mixed_precision_policy`).
         use_orig_params: keep the original ``nn.Parameter`` objects as views into the FlatParameter
             (needed to freeze single parameters, e.g. for LoRA, and for per-parameter optimizer groups).
+        lora_layout: ``in-unit`` (adapters inside their layer's unit) or ``adapter-units`` (each trainable leaf
+            its own unit: ``smolfsdp.sharding.adapter_units``; ``smolfsdp.lora_options`` says why).
     """
     mp = mixed_precision_policy(param_dtype)
     on_cuda = device is not None and device.type == "cuda"
@@ -95,9 +99,13 @@ def wrap_fsdp1(
             f"{sharding_strategy} needs a 2-D device_mesh (replicate, shard); build it with "
             "smolfsdp.sharding.fsdp2.build_mesh(device_type, shard_size, replicate_size)."
         )
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={wrap_cls})
+    if lora_layout == "adapter-units":
+        policy = adapter_units_policy(wrap_cls)
+        mp = adapter_units_mixed_precision(mp)
     return FullyShardedDataParallel(
         model,
-        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={wrap_cls}),
+        auto_wrap_policy=policy,
         sharding_strategy=ShardingStrategy[sharding_strategy],
         device_mesh=device_mesh,
         backward_prefetch=None if backward_prefetch == "NO_PREFETCH" else BackwardPrefetch[backward_prefetch],

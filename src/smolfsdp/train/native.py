@@ -97,6 +97,7 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
             cpu_offload=cfg.cpu_offload,
             param_dtype=param_dtype,
             use_orig_params=cfg.use_orig_params,
+            lora_layout=cfg.lora_layout,
         )
         units, local = len(fsdp1.fsdp_units(model)), fsdp1.local_numel(model)
         param_type = "FlatParameter"
@@ -134,8 +135,7 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
 
 
 def _apply_ac(model: nn.Module, wrap_cls, cfg: TrainConfig) -> None:
-    """Activation checkpointing as ``cfg.ac_mode`` says: every layer (``full``), every ``ac_every``-th
-    (``layer``) or op-level selective (``op``: ``smolfsdp.sharding.selective_ac``)."""
+    """Activation checkpointing as ``cfg.ac_mode`` says: ``full``, ``layer`` or ``op`` (``smolfsdp.ac_options``)."""
     if cfg.ac_mode == "full":
         apply_activation_checkpointing(model, wrap_cls)
     else:
