@@ -70,20 +70,13 @@ def estimate_step(
     Communication and compute are assumed not to slow each other down.
     ``step_s = sum over phases of exposed + max(compute, comm - exposed)``; ``serial_s = compute +
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
-    efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and
-    the keywords of ``cluster.CLUSTER_KEYS`` in ``kwargs``, as ``cluster.resolve_cluster`` builds it;
-    other ``kwargs`` go to ``comm.estimate_collectives``. ``mfu=None`` with ``activation_checkpointing`` given
-    (True with ``ac_mode`` / ``ac_every``, or False): the MFU that GPU's calibrated hardware FLOPs utilisation
-    gives a run recomputing that much (``smolfsdp.measure.hfu.run_mfu``: published rows with their own
-    recomputation counted; the better-held calibration). ``mfu=None`` (the default) without it: the published calibration
-    for the cluster's GPU, pooled over every published row for a GPU without any
-    (``smolfsdp.measure.published.mfu_calibration``, which states its error %); a number overrides it;
-    ``mfu="calibrated"``: the median MFU of published
-    runs on the cluster's GPU (``smolfsdp.measure.published.calibrated_mfu``: torchtitan's A100 and H100 rows;
-    ConfigError for a GPU without published rows). Raises ConfigError for mfu outside (0, 1],
-    sizes < 1 or not whole, a sequence longer than the model allows, and ``estimate_collectives``'
-    errors.
-    """
+    efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and the
+    ``cluster.CLUSTER_KEYS`` in ``kwargs`` (``cluster.resolve_cluster``); other ``kwargs`` go to ``comm.estimate_collectives``. ``mfu``: a fraction; None with ``activation_checkpointing``
+    given (True with ``ac_mode`` / ``ac_every``, or False): ``hfu.run_mfu``, the GPU's calibrated HFU less what
+    that checkpointing recomputes; None without it: ``published.mfu_calibration`` (the GPU's median published
+    MFU, pooled over all rows for a GPU without any); ``"calibrated"``: ``published.calibrated_mfu`` (ConfigError
+    for a GPU without published rows). Raises ConfigError for mfu outside (0, 1], sizes < 1 or not whole, a
+    sequence longer than the model allows, and ``estimate_collectives``' errors."""
     ac = (activation_checkpointing, ac_mode, ac_every)
     mfu = _resolve_mfu(mfu, cluster, n_gpus, kwargs, model=model, seq_len=seq_len, ac=ac)
     if not 0 < mfu <= 1:
