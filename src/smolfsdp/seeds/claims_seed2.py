@@ -220,6 +220,8 @@ def sixteen_gb_on_four() -> Judgement:
                      for s, p in peak.items())  # fmt: skip
     ref = 2048 if 2048 in rows else SIXTEEN_SEQS[-1]  # the length the book's recipes use
     static = rows[ref][True].static_bytes
+    tied = getattr(config, "tie_word_embeddings", False)
+    root = 2 * ((1 if tied else 2) * config.vocab_size * config.hidden_size + config.hidden_size)
     verdict = ("holds" if within == list(SIXTEEN_SEQS) else
                f"partly: holds up to {max(within):,} tokens" if within else "wrong: optimistic")  # fmt: skip
     return Judgement(
@@ -233,7 +235,11 @@ def sixteen_gb_on_four() -> Judgement:
         + (f"up to {max(within):,} tokens (with activation checkpointing where it needs it); " if within else
            "at none of the lengths tried; ")
         + f"at {ref:,} tokens plan for {gib(min(peak[ref].values()))}, because the gathered units, activations, "
-        "logits over a 128k vocabulary, CUDA context and NCCL buffers come on top of the shard.",
+        "logits over a 128k vocabulary, CUDA context and NCCL buffers come on top of the shard. "
+        f"The shortest sequence peaks at the {rows[SIXTEEN_SEQS[0]][True].peak_moment} moment: FSDP2 holds the root "
+        f"unit (embedding, output layer and final norm, {gb(root)} in bf16) twice then, unsharded and as its flat "
+        "all-gather output, which it keeps until the next unit's copy-out to overlap the two (torch "
+        "_fsdp_param_group.py, wait_for_unshard).",
         {"params": n, "static_bytes": static, "within_8gb": within,
          "peak_bytes": {str(s): {"ac_off": p[False], "ac_on": p[True]} for s, p in peak.items()}},
         memory=True,
