@@ -208,16 +208,11 @@ class NativeTrainer:
         self.samples_per_step = (
             cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * info.world_size
         )
+        ev = self.evidence
         log.info(
-            "model %s: %s parameters (%s trainable), %d FSDP units (%s), %d ranks; %d steps of %d sequences",
-            cfg.model,
-            f"{self.total_params:,}",
-            f"{self.trainable_params:,}",
-            self.evidence["fsdp_units"],
-            self.evidence["parameter_type"],
-            info.world_size,
-            self.total_steps,
-            self.samples_per_step,
+            f"model {cfg.model}: {self.total_params:,} parameters ({self.trainable_params:,} trainable), "
+            f"{ev['fsdp_units']} FSDP units ({ev['parameter_type']}), {info.world_size} ranks; "
+            f"{self.total_steps} steps of {self.samples_per_step} sequences"
         )
         self.meter = None
         if cfg.benchmark_steps:  # per-step throughput and memory for bench.json
@@ -280,6 +275,10 @@ class NativeTrainer:
             self.model, self.data.eval, self.collator, self.cfg.per_device_eval_batch_size, self.info
         )
         self.writer.log({"split": "eval", "step": step, "eval_loss": loss})
+        if self.info.is_main:  # as the Trainer prints its eval dict: a line per evaluation, not only the file
+            log.info(
+                f"eval at step {step}/{self.total_steps}: eval_loss {loss:.4f} over {len(self.data.eval)} rows"
+            )
         return loss
 
     def save_checkpoint(self, step: int) -> None:
