@@ -44,6 +44,20 @@ def root_grad_shard_bytes(config, rec: Recipe, group: int, rank: int, fsdp_versi
     return sum(dim0_layout(p, group, rank)[0] for p in root if p.trainable) * rec.grad_bytes
 
 
+def root_grad_before_layers(config, root_full: int, root_trains: bool, compute_bytes: int) -> int:
+    """Bytes of the root's unsharded gradient alive while the decoder layers run backward (the ``layer`` and
+    ``last layer`` moments): what backward made before reaching them, the output layer's and the final norm's.
+    Tied, that is the one shared weight's gradient (``root_full``); untied (Llama 3.1 8B), the embedding's own
+    gradient is made only at the end (``embedding`` moment), so its ``[V, h]`` is not there yet. ``root_full``:
+    the root unit's full (padded) numel."""
+    if not root_trains:
+        return 0
+    untied_embedding = (
+        0 if getattr(config, "tie_word_embeddings", False) else config.vocab_size * config.hidden_size
+    )
+    return (root_full - untied_embedding) * compute_bytes
+
+
 def root_gradient_moments(est, config, rec: Recipe, full: dict, base: int, gathered_root: int, steps: int,
                           spec=None) -> dict[str, int]:  # fmt: skip
     """Bytes alive at the ``embedding`` and ``root reduce-scatter`` moments (module docstring), or ``{}`` when
