@@ -57,12 +57,15 @@ def _setups() -> list[tuple[str, str, dict]]:
 
 GRID = _setups()
 SHAPES_OUT = ROOT / "data" / "results" / "dryrun" / "shapes.json"
-#: The shapes grid (``--grid shapes``, issue 31): two model families beside SmolLM3-3B, each config written from
-#: its published dimensions (data/models/*/README.md), at a short and a long sequence, for setups chosen to cover
-#: the moments of the estimate: 8 ranks at 2 x 128 tokens (the end of backward, the root's gradient, is the peak),
-#: 2 x 2048 (saved activations), FSDP1 and FSDP2, full fine-tune and LoRA, activation checkpointing on and off.
-#: SmolLM3-3B at 2 x 128 only: its long sequences are the 48 setups of grid.json. About 15 min on 2 busy cores.
-SHAPE_MODELS = {"Llama-3.2-1B": "data/models/llama3_2_1b", "Qwen2.5-1.5B": "data/models/qwen2_5_1_5b"}
+#: The shapes grid (``--grid shapes``, issue 31): three models beside SmolLM3-3B, each config written from its
+#: published dimensions (data/models/*/README.md): Llama 3.2 1B and Qwen2.5-1.5B tie the output layer to the embedding
+#: as SmolLM3 does, Llama 3.1 8B does not (the root's gradient of smolfsdp.measure.root_grad both ways). Each at a
+#: short and a long sequence, for setups chosen to cover the moments of the estimate: 8 ranks at 2 x 128 tokens (the
+#: end of backward, the root's gradient, is the peak), 2 x 2048 (saved activations), FSDP1 and FSDP2, full fine-tune
+#: and LoRA, activation checkpointing on and off. SmolLM3-3B at 2 x 128 only: its long sequences are the 48 setups
+#: of grid.json. About 15 min on 2 busy cores without Llama 3.1 8B.
+SHAPE_MODELS = {"Llama-3.2-1B": "data/models/llama3_2_1b", "Qwen2.5-1.5B": "data/models/qwen2_5_1_5b",
+                "Llama-3.1-8B": "data/models/llama3_1_8b"}  # fmt: skip
 SHAPE_SETUPS = [
     (2, False, True, 8),
     (1, False, False, 8),

@@ -70,16 +70,12 @@ def test_why_the_dry_run_shows_them_equal():
     assert _no_dispatch_record_stream(torch.zeros(1), None) is None  # no stream touched off CUDA
     runs = json.loads((repo_root() / "data/results/dryrun/grid.json").read_text())["runs"]
     peaks = {r["label"]: r["peak_bytes"] for r in runs}
-    # rows traced again without the fake-only attention mask (issue 31) differ from their partner by the mask
-    again = set(
-        json.loads((repo_root() / "data/results/dryrun/grid.json").read_text())["provenance"]["retraced"][
-            "labels"
-        ]
-    )
+    # every activation-checkpointing row traced with the same attention path (provenance.retraced, issue 31)
     pairs = [(k, k.replace("FSDP1", "FSDP2", 1)) for k in peaks if k.startswith("FSDP1 full")]
-    pairs = [(a, b) for a, b in pairs if not {a, b} & again]
-    assert len(pairs) >= 6
-    assert all(abs(peaks[a] - peaks[b]) <= 16 for a, b in pairs if b in peaks)
+    assert len(pairs) == 11 and all(
+        b in peaks for _, b in pairs
+    )  # the 12th FSDP1 full setup: the book's label
+    assert all(abs(peaks[a] - peaks[b]) <= 16 for a, b in pairs)
 
 
 def _record_stream_of_sharded_tiny() -> dict:

@@ -298,7 +298,8 @@ def flops_reading(grid: dict) -> str:
     return text
 
 
-#: The shapes grid (issue 31): SmolLM3-3B, Llama 3.2 1B and Qwen2.5-1.5B at short and long sequences.
+#: The shapes grid (issue 31): SmolLM3-3B, Llama 3.2 1B, Qwen2.5-1.5B and Llama 3.1 8B (untied) at short and long
+#: sequences.
 SHAPES = Path("data/results/dryrun/shapes.json")
 
 

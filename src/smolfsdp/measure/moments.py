@@ -9,7 +9,8 @@ which moments those are for the book's recipes, traced on fake tensors:
   layer's input), the logits the step's output object still holds (compute dtype), the fp32 log-softmax the
   loss saved and two fp32 ``tokens x vocab`` gradients (of the loss and of the log-softmax).
 * ``layer``: the last decoder layer's backward, with the loss's tensors gone: static state, the gradients of
-  the root when it trains (kept unsharded until backward ends), the root and two layers gathered, the saved
+  the root when it trains (kept unsharded until backward ends; untied, the output layer's and not yet the
+  embedding's: ``root_grad.root_grad_before_layers``), the root and two layers gathered, the saved
   tensors, the layer's recomputed activations under checkpointing, its unsharded gradient and reduce-scatter
   input, and the logits still held.
 * ``last layer``: the first decoder layer's backward, the last of backward: every other layer's gradient
@@ -45,7 +46,7 @@ from smolfsdp.measure.gather_moment import first_layer_gather_moment
 from smolfsdp.measure.layout import sharded_state
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
-from smolfsdp.measure.root_grad import root_gradient_moments
+from smolfsdp.measure.root_grad import root_grad_before_layers, root_gradient_moments
 from smolfsdp.measure.selective_ac import checkpointed_bytes
 
 #: AdamW step implementations the ``optimizer`` moment models: ``foreach`` (torch's default on CUDA: a
@@ -95,7 +96,8 @@ def peak_moments(
     sgo = est.strategy == "SHARD_GRAD_OP"
     loss_units = est.gathered_bytes if sgo else gathered_root + unit
     layer_units = est.gathered_bytes if sgo else gathered_root + 2 * unit
-    root_grad = root_full * c if root_trains else 0
+    # the root's gradient the layers' backward sees (untied: the output layer's, the embedding's comes last)
+    root_grad = root_grad_before_layers(config, root_full, root_trains, c)
     loss = (
         state
         + grads_then

@@ -15,6 +15,10 @@ bytes as on fake tensors):
   code): the two and their sum, three ``[V, h]`` tensors at once. FSDP2 still holds the last decoder layer's
   reduce-scatter input (fp32): ``_fsdp_param_group.py`` ``post_backward`` keeps it in ``reduce_scatter_states``
   (line 716) until the next group's reduce.
+  While the decoder layers run backward, only the output layer's (and the final norm's) gradient exists:
+  untied, the embedding's is not made yet (``root_grad_before_layers``, the ``layer`` and ``last layer`` moments;
+  the Llama 3.1 8B dry run, 8 ranks at 2 x 128, showed a ``last layer`` moment that counted it above the traced
+  peak).
 * ``root reduce-scatter``: the root's post-backward, after the root is resharded. FSDP2 copies the unsharded
   gradients into a reduce-dtype buffer before freeing them (``_fsdp_collectives.py`` ``foreach_reduce``, lines 597,
   603, 606): compute + reduce bytes per element. FSDP1 casts the unsharded ``FlatParameter`` gradient to the reduce
@@ -42,6 +46,20 @@ def root_grad_shard_bytes(config, rec: Recipe, group: int, rank: int, fsdp_versi
     if fsdp_version == 1:
         return flat_layout(root, group, rank, 16 // rec.compute_bytes)[0] * rec.grad_bytes
     return sum(dim0_layout(p, group, rank)[0] for p in root if p.trainable) * rec.grad_bytes
+
+
+def root_grad_before_layers(config, root_full: int, root_trains: bool, compute_bytes: int) -> int:
+    """Bytes of the root's unsharded gradient alive while the decoder layers run backward (the ``layer`` and
+    ``last layer`` moments): what backward made before reaching them, the output layer's and the final norm's.
+    Tied, that is the one shared weight's gradient (``root_full``); untied (Llama 3.1 8B), the embedding's own
+    gradient is made only at the end (``embedding`` moment), so its ``[V, h]`` is not there yet. ``root_full``:
+    the root unit's full (padded) numel."""
+    if not root_trains:
+        return 0
+    untied_embedding = (
+        0 if getattr(config, "tie_word_embeddings", False) else config.vocab_size * config.hidden_size
+    )
+    return (root_full - untied_embedding) * compute_bytes
 
 
 def root_gradient_moments(est, config, rec: Recipe, full: dict, base: int, gathered_root: int, steps: int,
