@@ -55,7 +55,10 @@ def test_estimator_holds_on_the_committed_shapes_grid():
     assert "not measured on a GPU" in grid["provenance"]["what"] and grid["provenance"]["complete"]
     runs = grid["runs"]
     models = {r["label"].split(" FSDP")[0] for r in runs}
-    assert models == {"SmolLM3-3B", "Llama-3.2-1B", "Qwen2.5-1.5B", "Llama-3.1-8B"} and len(runs) == 22
+    assert models == {"SmolLM3-3B", "Llama-3.2-1B", "Qwen2.5-1.5B", "Llama-3.1-8B"} and len(runs) == 24
+    # FSDP1 LoRA in both layouts (adapter-units: each adapter its own unit, no base gradient)
+    units = [r for r in runs if r["setup"].get("lora_layout") == "adapter-units"]
+    assert len(units) == 2 and {r["setup"]["max_length"] for r in units} == {128, 2048}
     for model in models - {"SmolLM3-3B"}:  # SmolLM3-3B's long sequences: the 48 setups of grid.json
         assert {r["setup"]["max_length"] for r in runs if r["label"].startswith(model)} == {128, 2048}, model
     assert {r["setup"]["fsdp_version"] for r in runs} == {1, 2} and {r["setup"]["lora"] for r in runs} == {
