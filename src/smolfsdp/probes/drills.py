@@ -28,9 +28,11 @@ from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.progress import in_notebook, rank0_progress
 from smolfsdp.launch.runner import preflight, run
 from smolfsdp.launch.torchrun import launch
 from smolfsdp.measure.results import load_run
+from smolfsdp.paths import repo_root
 
 
 def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
@@ -144,14 +146,18 @@ def launch_and_kill(cfg, step: int, *, rank: int | None = None, timeout: float |
     """:func:`smolfsdp.launch.torchrun.launch` ``cfg`` (output captured) while :func:`kill_after_step` kills
     rank ``rank`` (None: the whole run) once ``step``'s checkpoint is complete.
 
+    Inside a Jupyter kernel rank 0's lines stream as the run goes on (as ``runner.run`` streams them:
+    ``launch.progress.rank0_progress``), so the cell is not silent until the kill.
+
     Returns ``(the launch's CompletedProcess, the kill's result dict)``. Raises RuntimeError when no
     worker started.
     """
     killed: dict[str, Any] = {}
     killer = threading.Thread(target=kill_after_step, args=(cfg, step, killed), kwargs={"rank": rank})
     killer.start()
+    on_line = rank0_progress(roots=[repo_root(), cfg.output_dir]) if in_notebook() else None
     try:
-        proc = launch(cfg, capture=True, timeout=timeout)
+        proc = launch(cfg, capture=True, timeout=timeout, on_line=on_line)
     finally:
         killer.join()
     if "error" in killed:
