@@ -136,3 +136,37 @@ def test_a_run_in_a_notebook_shows_its_progress_by_default(monkeypatch):
         with pytest.raises(RuntimeError, match="exit code 3"):
             runner.run(cfg, capture=True, progress=progress)
     assert seen[0] is None and callable(seen[1]) and seen[2] is None
+
+
+def test_a_traceback_through_the_interpreter_shows_its_files_relative_and_a_kill_drill_stops_at_the_kill():
+    """Chapter 07's kill drill, as its cell printed it (2026-12-03): rank 0 logs its checkpoints, then, its peer
+    SIGKILLed, reports a gloo error through torch's files. A traceback line reads relative to the interpreter's
+    prefix; in the drill, the error report after the kill stays in the log (the launcher's verdict says it)."""
+    from smolfsdp.probes.drills import _until_killed
+
+    said: list[str] = []
+    frame = f'[rank0]:   File "{sys.prefix}/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83'
+    runner.rank0_progress(said.append)(frame)
+    assert not machine_paths(said[0]), said  # ".venv/lib/..." from the checkout's venv, else "lib/..."
+    assert said[0].endswith('lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83'), said
+
+    said.clear()
+    killed: dict = {}
+    on_line = _until_killed(runner.rank0_progress(said.append, roots=["/r/repo"]), killed)
+    on_line(
+        "[rank0] 13:45:58 smolfsdp.train.native: checkpoint /r/repo/runs/book/07_scaling/fault_killed/checkpoints/step-000003"
+    )
+    killed["latest_at_kill"] = "step-000003"  # what kill_after_step sets just before its SIGKILL
+    for line in (
+        "[rank0]: Traceback (most recent call last):",
+        frame,
+        "[rank0]: RuntimeError: Connection reset by peer",
+    ):
+        on_line(line)
+    on_line(
+        "[rank0] 13:48:03 smolfsdp.train.native: resumed from /r/repo/runs/x/checkpoints/step-000003 at step 3"
+    )
+    assert said == [
+        "[rank0] 13:45:58 smolfsdp.train.native: checkpoint runs/book/07_scaling/fault_killed/checkpoints/step-000003",
+        "[rank0] 13:48:03 smolfsdp.train.native: resumed from runs/x/checkpoints/step-000003 at step 3",
+    ]

@@ -94,7 +94,7 @@ def run_gotchas(
         raise ConfigError(f"unknown gotcha(s) {unknown}; known: {list(GOTCHAS)}")
     if out is None:
         with tempfile.TemporaryDirectory(prefix="smolfsdp-gotchas-") as tmp:
-            return run_gotchas(names, tmp)
+            return run_gotchas(names, tmp, progress)  # progress too: the chapter's cell says each launch
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     raw: dict[str, dict[str, Any]] = {}

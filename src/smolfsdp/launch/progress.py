@@ -73,9 +73,11 @@ def rank0_progress(
     when it reaches 100 %, so a notebook cell shows a run's progress while it trains. Other ranks' lines and
     library noise stay in the captured log only: a third-party warning line (and the source line a
     ``warnings.warn`` report echoes after it) is never passed, smolfsdp's own lines always are. Paths under
-    ``roots`` (default: the repository) are shown relative to them (:func:`page_line`)."""
+    ``roots`` (default: the repository), then under the interpreter's prefixes, are shown relative to them
+    (:func:`page_line`)."""
     say = say or (lambda line: print(line, flush=True))
-    roots = [repo_root()] if roots is None else list(roots)
+    # then the interpreter's folders: a traceback's "/…/site-packages/torch/…" reads "lib/python3.11/site-packages/…"
+    roots = [*([repo_root()] if roots is None else roots), sys.prefix, sys.base_prefix]
     last, finished, after_warning = [-math.inf], [""], [False]
 
     def show(text: str) -> None:
