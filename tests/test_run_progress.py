@@ -1,5 +1,6 @@
 """A captured run still shows its progress while it goes on (issue 33: chapter 04's training cells were
-silent for minutes in Jupyter): ``runner.run(cfg, capture=True, progress=...)``."""
+silent for minutes in Jupyter): ``runner.run(cfg, capture=True, progress=...)``, on by default in a Jupyter kernel;
+what it shows is fit for a book page (``launch.progress``: no third-party warning line, no absolute path)."""
 
 import subprocess
 import sys
