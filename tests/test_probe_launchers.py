@@ -118,3 +118,24 @@ def test_one_real_launch_under_the_standin_picks_gloo(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src")])}
     probe.run_probe("backend probe", script, [str(out)], 1, 300, env=env)
     assert out.read_text() == "gloo cpu True"
+
+
+def test_a_probe_says_what_starts_in_a_notebook_only(monkeypatch, capsys):
+    """Issue 33: a chapter's probe cell (chapter 02's mechanics and step probes, 24-43 s here) says what it starts
+    before the wait, inside a Jupyter kernel; elsewhere, or with ``announce=False`` (run_gotchas says it
+    itself), nothing."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(probe, "run_group", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "", ""))
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    probe.run_probe("step probe", "smolfsdp.probes.step", [], 2, 60)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setitem(sys.modules, "ipykernel", sys)
+    probe.run_probe("step probe", "smolfsdp.probes.step", [], 2, 60)
+    probe.run_probe("dtype-rule run", "smolfsdp.probes.dtype_rule", [], 1, 60)
+    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.runner", [], 2, 60, announce=False)
+    assert capsys.readouterr().out.splitlines() == [
+        "step probe: starting 2 CPU ranks (torchrun, gloo)",
+        "dtype-rule run: starting 1 CPU rank (torchrun, gloo)",
+    ]

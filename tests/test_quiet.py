@@ -19,17 +19,10 @@ from smolfsdp import quiet
 from smolfsdp.config import load_config
 from smolfsdp.data.files import load_rows
 from smolfsdp.launch import runner
+from smolfsdp.quiet import third_party_warning_lines  # one definition: rank0_progress drops the same lines
 from smolfsdp.train.trl_callbacks import log_line
 
 ROOT = Path(__file__).resolve().parents[1]
-WARNING_WORDS = re.compile(r"warn|deprecat", re.IGNORECASE)  # Warning, FutureWarning, warnings.warn(, ...
-# smolfsdp's own lines: the launcher's "[smolfsdp] ..." and a rank's "[rank0] 09:10:08 smolfsdp.data.prepare: ..."
-OWN = re.compile(r"^(\[smolfsdp\]|\[rank\d+\] [\d:]+ smolfsdp[.\w]*:)")
-
-
-def third_party_warning_lines(log: str) -> list[str]:
-    """Lines of a run's output that look like a warning and were not printed by smolfsdp."""
-    return [ln for ln in log.splitlines() if WARNING_WORDS.search(ln) and not OWN.match(ln.strip())]
 
 
 def test_counter_sees_the_warnings_issue_17_lists():

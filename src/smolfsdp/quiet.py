@@ -125,3 +125,21 @@ def install() -> None:
 def is_known(message: str) -> bool:
     """Whether ``message`` is one of the filtered warnings (for tests and ``--verbose`` readers)."""
     return any(re.match(k.message, message) for k in KNOWN)
+
+
+# ------------------------------------------------------------------------------ what counts as a warning line
+#: A line that reads as a warning: ``Warning``, ``FutureWarning``, ``warnings.warn(``, ``deprecated``, ...
+WARNING_WORDS = re.compile(r"warn|deprecat", re.IGNORECASE)
+#: smolfsdp's own lines: the launcher's ``[smolfsdp] ...`` and a rank's ``[rank0] 09:10:08 smolfsdp.data.prepare: ...``
+OWN = re.compile(r"^(\[smolfsdp\]|\[rank\d+\] [\d:]+ smolfsdp[.\w]*:)")
+
+
+def is_third_party_warning(line: str) -> bool:
+    """Whether one line of a run's output looks like a warning and was not printed by smolfsdp (:data:`OWN`)."""
+    return bool(WARNING_WORDS.search(line)) and not OWN.match(line.strip())
+
+
+def third_party_warning_lines(log: str) -> list[str]:
+    """Lines of a run's output that look like a warning and were not printed by smolfsdp: what a newcomer's
+    run must not show (tests/test_quiet.py), and what ``launch.progress.rank0_progress`` keeps off a page."""
+    return [ln for ln in log.splitlines() if is_third_party_warning(ln)]

@@ -59,7 +59,9 @@ def _launch(
     unless ``check`` (the crash form reads its ranks' exit codes)."""
     args = ["--ranks", ",".join(names), "--out", str(out), *extra]
     env = {"SMOLFSDP_GOTCHA_OUT": str(out)}
-    return run_probe(f"gotchas {names}", "smolfsdp.gotchas.runner", args, nproc, 900, env=env, check=check)
+    return run_probe(  # not announced: run_gotchas says what starts (its progress)
+        f"gotchas {names}", "smolfsdp.gotchas.runner", args, nproc, 900, env=env, check=check, announce=False
+    )
 
 
 def _crash_form(out: Path, offload: bool) -> dict[str, Any]:
@@ -94,7 +96,7 @@ def run_gotchas(
         raise ConfigError(f"unknown gotcha(s) {unknown}; known: {list(GOTCHAS)}")
     if out is None:
         with tempfile.TemporaryDirectory(prefix="smolfsdp-gotchas-") as tmp:
-            return run_gotchas(names, tmp)
+            return run_gotchas(names, tmp, progress)  # progress too: the chapter's cell says each launch
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     raw: dict[str, dict[str, Any]] = {}

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from smolfsdp.launch.processes import run_group
+from smolfsdp.launch.progress import in_notebook
 from smolfsdp.launch.torchrun import launch_env, torchrun_command
 
 
@@ -57,6 +58,7 @@ def run_probe(
     env: dict[str, str] | None = None,
     *,
     check: bool = True,
+    announce: bool | None = None,
 ) -> subprocess.CompletedProcess:
     """Run a probe on ``nproc`` CPU processes and wait: ``target`` is a module (``smolfsdp.probes.x``, run
     with ``-m``) or a script path; the probes write their results to files named in ``args``. GPUs are
@@ -64,8 +66,12 @@ def run_probe(
 
     Returns the finished process (output captured). With ``check`` (the default) raises RuntimeError naming
     ``what``, the exit code and the last 3,000 characters of stdout and stderr when it fails, so a chapter
-    never reads half-written files; ``check=False`` returns a failed process too.
+    never reads half-written files; ``check=False`` returns a failed process too. ``announce`` prints one line
+    saying what starts (``None``: inside a Jupyter kernel, :func:`smolfsdp.launch.progress.in_notebook`), so a
+    chapter's probe cell is not silent until its table; the output itself stays captured.
     """
+    if in_notebook() if announce is None else announce:
+        print(f"{what}: starting {nproc} CPU rank{'' if nproc == 1 else 's'} (torchrun, gloo)", flush=True)
     cmd = torchrun_command(nproc, args, module=str(target))
     if not str(target).startswith("smolfsdp."):  # a script path: torchrun takes it without its -m
         del cmd[cmd.index(str(target)) - 1]

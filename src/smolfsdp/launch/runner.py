@@ -14,9 +14,6 @@ Each launched process runs :func:`smolfsdp.train.sft.train`.
 
 from __future__ import annotations
 
-import math
-import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +32,7 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data, too_long_hint
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.checks import check_model_fits_data, check_output_dir, check_tied_head
+from smolfsdp.launch.progress import in_notebook, rank0_progress
 from smolfsdp.launch.torchrun import launch
 from smolfsdp.launch.validate import validate
 from smolfsdp.measure.benchmark import load_bench
@@ -45,6 +43,7 @@ from smolfsdp.models.modeling import (
     load_tokenizer,
     resolve_wrap_class,
 )
+from smolfsdp.paths import repo_root
 from smolfsdp.sharding.distributed import check_offload_support
 from smolfsdp.sharding.lora import apply_lora
 
@@ -133,40 +132,6 @@ def bytes_to_write_each(cfg: TrainConfig, meta_model, resume_path=None) -> tuple
     return n_ckpt * ckpt, final
 
 
-#: a progress bar's state in a line of output (tqdm: ``train:  33%|███▎      | 1/3 [00:01<00:02, ...]``)
-_BAR = re.compile(r"\d+%\|")
-
-
-def rank0_progress(
-    say: Callable[[str], None] | None = None,
-    every_s: float = 10.0,
-    clock: Callable[[], float] = time.monotonic,
-) -> Callable[[str], None]:
-    """A line filter for :func:`run`'s ``progress``: passes rank 0's log lines (``[rank0] ...``) on to ``say``
-    (default: ``print``) as they come, and a progress bar's latest state at most every ``every_s`` seconds and
-    when it reaches 100 %, so a notebook cell shows a run's progress while it trains. Other ranks' lines and
-    library noise stay in the captured log only."""
-    say = say or (lambda line: print(line, flush=True))
-    last, finished = [-math.inf], [""]
-
-    def on_line(line: str) -> None:
-        text = line.strip()
-        if not _BAR.search(text):
-            if text.startswith("[rank0]"):
-                say(text)
-            return
-        if text.startswith("[rank") and not text.startswith("[rank0]"):
-            return  # another rank's bar
-        now, done = clock(), "100%|" in text
-        if done and text.split("%|")[0] == finished[0]:
-            return  # tqdm draws its last state again as it closes
-        if now - last[0] >= every_s or done:
-            last[0], finished[0] = now, text.split("%|")[0] if done else ""
-            say(text.removeprefix("[rank0]:").strip())
-
-    return on_line
-
-
 def run(
     cfg: TrainConfig,
     *,
@@ -178,13 +143,16 @@ def run(
 
     ``capture``: keep the output in ``Run.log`` instead of printing it all. ``progress``: with ``capture``,
     still show progress while the run goes on: ``True`` prints rank 0's lines and the progress bar every 10 s
-    (:func:`rank0_progress`; what chapters pass, so a cell is not silent for minutes), or a callable is given
-    every line of output as it arrives. Raises ConfigError before launching on bad input, RuntimeError if the
-    launched run fails. Not on by default in a notebook: rank 0's lines include library warnings and absolute
-    run paths that the book's pages must not show (chapters 05 and 06); the chapters pass it where checked.
+    (:func:`smolfsdp.launch.progress.rank0_progress`: page-safe, paths relative to the repository or to
+    ``cfg.output_dir``, no third-party warning line), or a callable is given every line of output as it
+    arrives; ``None`` (the default): ``True`` inside a Jupyter kernel (a chapter's cell, a reader's notebook:
+    :func:`smolfsdp.launch.progress.in_notebook`), so no cell waits in silence; off elsewhere; ``False``: off.
+    ``Run.log`` keeps every line either way. Raises ConfigError before launching on bad input, RuntimeError if
+    the launched run fails.
     """
     preflight(cfg)
-    on_line = rank0_progress() if progress is True else (progress or None)
+    progress = in_notebook() if progress is None else progress
+    on_line = rank0_progress(roots=[repo_root(), cfg.output_dir]) if progress is True else (progress or None)
     proc = launch(cfg, capture=capture, timeout=timeout, on_line=on_line if capture else None)
     if proc.returncode != 0:
         tail = (proc.stdout or "")[-4000:] if capture else "(see the output above)"

@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,11 @@ from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.progress import in_notebook, rank0_progress
 from smolfsdp.launch.runner import preflight, run
 from smolfsdp.launch.torchrun import launch
 from smolfsdp.measure.results import load_run
+from smolfsdp.paths import repo_root
 
 
 def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
@@ -144,19 +147,40 @@ def launch_and_kill(cfg, step: int, *, rank: int | None = None, timeout: float |
     """:func:`smolfsdp.launch.torchrun.launch` ``cfg`` (output captured) while :func:`kill_after_step` kills
     rank ``rank`` (None: the whole run) once ``step``'s checkpoint is complete.
 
+    Inside a Jupyter kernel rank 0's lines stream as the run goes on (as ``runner.run`` streams them:
+    ``launch.progress.rank0_progress``), so the cell is not silent until the kill; once the kill is sent, rank
+    0's own error report (``[rank0]: Traceback ...``: it loses its peer, as the drill means it to) stays in the
+    captured output only: the launcher's verdict says what happened (:func:`kill_rank_drill` shows it).
+
     Returns ``(the launch's CompletedProcess, the kill's result dict)``. Raises RuntimeError when no
     worker started.
     """
     killed: dict[str, Any] = {}
     killer = threading.Thread(target=kill_after_step, args=(cfg, step, killed), kwargs={"rank": rank})
     killer.start()
+    on_line = (
+        _until_killed(rank0_progress(roots=[repo_root(), cfg.output_dir]), killed) if in_notebook() else None
+    )
     try:
-        proc = launch(cfg, capture=True, timeout=timeout)
+        proc = launch(cfg, capture=True, timeout=timeout, on_line=on_line)
     finally:
         killer.join()
     if "error" in killed:
         raise RuntimeError(killed["error"])
     return proc, killed
+
+
+def _until_killed(on_line: Callable[[str], None], killed: dict[str, Any]) -> Callable[[str], None]:
+    """``on_line``, except for the ``[rank0]:`` lines (a rank's error report) that come once :func:`kill_after_step`
+    has killed (``latest_at_kill`` is set just before its SIGKILL); rank 0's log lines and bar still pass, so an
+    elastic restart shows its progress too."""
+
+    def passed(line: str) -> None:
+        if "latest_at_kill" in killed and line.lstrip().startswith("[rank0]:"):
+            return
+        on_line(line)
+
+    return passed
 
 
 def page_text(text: str, output_dir) -> str:
