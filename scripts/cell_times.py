@@ -59,7 +59,9 @@ def main(argv=None) -> int:
     files = []
     for p in map(Path, args.paths):
         if not p.exists():
-            parser.error(f"{p} does not exist: give executed notebooks (execute_notebooks.py --ipynb-dir DIR)")
+            parser.error(
+                f"{p} does not exist: give executed notebooks (execute_notebooks.py --ipynb-dir DIR)"
+            )
         files += sorted(p.glob("*.ipynb")) if p.is_dir() else [p]
     silent = 0
     for f in files:
