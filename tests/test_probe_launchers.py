@@ -139,3 +139,31 @@ def test_a_probe_says_what_starts_in_a_notebook_only(monkeypatch, capsys):
         "step probe: starting 2 CPU ranks (torchrun, gloo)",
         "dtype-rule run: starting 1 CPU rank (torchrun, gloo)",
     ]
+
+
+def test_a_long_probe_says_it_still_runs_in_a_notebook(monkeypatch, capsys):
+    """Issue 33: a probe's output is captured until it ends (chapter 06's gotchas waited ~3 min after one line);
+    inside a kernel a line every HEARTBEAT_S seconds says it still runs, also where announce=False; outside, none."""
+    import subprocess
+    import sys
+    import time
+
+    from smolfsdp.launch import progress
+
+    def slow(cmd, **kw):
+        time.sleep(0.35)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(probe, "run_group", slow)
+    monkeypatch.setattr(probe, "HEARTBEAT_S", 0.1)
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.runner", [], 2, 60, announce=False)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setitem(sys.modules, "ipykernel", sys)
+    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.runner", [], 2, 60, announce=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert 2 <= len(lines) <= 4 and all(
+        ln.startswith("gotchas ['wrap_class']: still running, ") for ln in lines
+    )
+    with progress.heartbeat("x", None) as beat:  # off: no thread started
+        assert not beat._thread.is_alive()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from smolfsdp.launch.processes import run_group
-from smolfsdp.launch.progress import in_notebook
+from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook
 from smolfsdp.launch.torchrun import launch_env, torchrun_command
 
 
@@ -68,7 +68,8 @@ def run_probe(
     ``what``, the exit code and the last 3,000 characters of stdout and stderr when it fails, so a chapter
     never reads half-written files; ``check=False`` returns a failed process too. ``announce`` prints one line
     saying what starts (``None``: inside a Jupyter kernel, :func:`smolfsdp.launch.progress.in_notebook`), so a
-    chapter's probe cell is not silent until its table; the output itself stays captured.
+    chapter's probe cell is not silent until its table; the output itself stays captured. Inside a kernel a
+    line every ``progress.HEARTBEAT_S`` seconds says it still runs (``progress.heartbeat``).
     """
     if in_notebook() if announce is None else announce:
         print(f"{what}: starting {nproc} CPU rank{'' if nproc == 1 else 's'} (torchrun, gloo)", flush=True)
@@ -77,9 +78,10 @@ def run_probe(
         del cmd[cmd.index(str(target)) - 1]
     # torchrun and its ranks in a process group of their own: a timeout or Ctrl-C stops all of them;
     # GPUs hidden: the probes shard on CPU on purpose, also on a GPU box
-    proc = run_group(
-        cmd, env={**cpu_probe_env(nproc), **(env or {}), "CUDA_VISIBLE_DEVICES": ""}, timeout=timeout
-    )
+    with heartbeat(what, HEARTBEAT_S if in_notebook() else None):  # the output comes only at the end
+        proc = run_group(
+            cmd, env={**cpu_probe_env(nproc), **(env or {}), "CUDA_VISIBLE_DEVICES": ""}, timeout=timeout
+        )
     if check and proc.returncode != 0:
         raise RuntimeError(
             f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

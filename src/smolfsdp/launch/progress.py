@@ -111,3 +111,35 @@ def rank0_progress(
             show(text.removeprefix("[rank0]:").strip())
 
     return on_line
+
+
+#: seconds between two lines of :func:`heartbeat` (under the issue-33 bar: no cell silent for 10 s)
+HEARTBEAT_S = 9.0
+
+
+class heartbeat:  # noqa: N801 - used as a context manager: `with heartbeat("x"):`
+    """While the block runs, print ``"<what>: still running, <t> s"`` every ``every_s`` seconds from a daemon
+    thread, for a wait whose output is captured until it ends (a probe's ranks); ``every_s`` 0 or None: nothing.
+    The lines are ours and carry no path, so a page may show them."""
+
+    def __init__(self, what: str, every_s: float | None = HEARTBEAT_S, say: Callable[[str], None] = print):
+        import threading  # deferred: a thread only where a wait is long
+
+        self.what, self.every_s, self.say = what, every_s, say
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self) -> None:
+        start = time.monotonic()
+        while not self._stop.wait(self.every_s):
+            self.say(f"{self.what}: still running, {time.monotonic() - start:.0f} s")
+
+    def __enter__(self) -> heartbeat:
+        if self.every_s:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
