@@ -20,7 +20,13 @@ def test_every_row_cites_a_commit_and_says_what_its_number_is():
     for row in data["rows"]:
         src = data["sources"][row["source"]]
         assert len(src["commit"]) == 40 and src["commit"] in src["url"]
-        assert set(row["measured"]) <= {"reserved_gib", "allocated_gib", "tokens_per_s_per_gpu", "mfu_pct"}
+        assert set(row["measured"]) <= {
+            "reserved_gib",
+            "allocated_gib",
+            "active_gib",
+            "tokens_per_s_per_gpu",
+            "mfu_pct",
+        }
         assert row.get("modelled", True) or row["reason"]
 
 
@@ -45,15 +51,79 @@ def test_reserved_factor_is_the_fit_of_the_published_pairs():
         reserved.fit_reserved_factor([])
 
 
+#: The reserved rows the fitted factor misses by more than 10 %: torchtitan 83c879f1's default-allocator full
+#: fine-tunes, held out of the fit (``reserved.HELD_OUT_RESERVED_ACTIVE_GIB``); their active bytes are within 1 %.
+RESERVED_MISSES = {"torchtitan/pr165-7b-fsdp1-ac": -18.2, "torchtitan/pr165-7b-fsdp1-sac": -11.6,
+                   "torchtitan/pr165-7b-fsdp2-ac": -18.0}  # fmt: skip
+
+
 def test_modelled_rows_match_published_outcome_and_tolerance(table):
-    """Issue 31's bar: on every modelled row the verdict matches (these all ran) and the estimate is within
-    10 % of published reserved, 5 % of published allocated."""
+    """Issue 31's bar: on every modelled row the verdict matches (these all ran); allocated and active within
+    5 %, reserved within 10 % but on the three held-out torchtitan rows, which stay pinned here as misses."""
     modelled = [r for r in table["memory"] if r["modelled"]]
-    assert len(modelled) >= 6
+    assert len(modelled) == 17
     for r in modelled:
         assert r["published_outcome"] == "ran" and r["estimated_outcome"] == "fits", r
+        if r["what"] == "reserved" and r["id"] in RESERVED_MISSES:
+            assert round(r["error_pct"], 1) == RESERVED_MISSES[r["id"]] and not r["within_tolerance"], r
+            continue
         assert abs(r["error_pct"]) <= published.TOLERANCE_PCT[r["what"]], r
         assert r["within_tolerance"]
+    summary = published.check_summary(table)
+    assert "active: 4 of 4 within 5 %" in summary and "reserved: 8 of 11 within 10 %" in summary
+    assert summary.endswith("contradict the published outcome: none.")
+
+
+def test_torchtitan_pr165_rows_active_within_one_percent_and_their_reserved_pairs(table):
+    """torchtitan 83c879f1 (Llama 7B, 8 x H100, 8 x 2048 tokens): peak active of FSDP1/FSDP2 x AC/op-SAC, with
+    the loop's fp32 logits held (``logits_held="fp32"``), each within 1 %; the rows' numbers are the commit's
+    percentages of 95.0396 GiB, the same pairs ``reserved`` holds out and ``fsdp1_streams`` cites."""
+    from smolfsdp.measure.fsdp1_streams import TORCHTITAN_PR165
+
+    rows = {r["id"]: r for r in published.load_rows()["rows"] if r["source"] == "torchtitan_pr165"}
+    assert len(rows) == 4
+    for r in rows.values():
+        pct, gib = r["measured_pct"], r["measured"]
+        assert gib == {k + "_gib": round(v / 100 * 95.0396, 2) for k, v in pct.items()}
+        ac = "AC" if r["ac_mode"] == "full" else "SAC"
+        assert TORCHTITAN_PR165["peak_active_pct"][ac][f"fsdp{r['fsdp_version']}"] == pct["active"]
+        assert r["logits_held"] == "fp32"
+    pairs = [(r["measured"]["reserved_gib"], r["measured"]["active_gib"]) for r in rows.values()]
+    assert sorted(pairs) == sorted(reserved.HELD_OUT_RESERVED_ACTIVE_GIB)
+    active = {r["id"]: r for r in table["memory"] if r["what"] == "active"}
+    assert set(active) == set(rows) and all(abs(r["error_pct"]) < 1.1 for r in active.values())
+    # FSDP1 - FSDP2 active: the commit's 0.85 GiB (AC), 0.81 GiB (SAC); estimated 0.76 (record_stream blocks)
+    for ac in ("ac", "sac"):
+        one, two = (active[f"torchtitan/pr165-7b-fsdp{v}-{ac}"]["estimate_gib"] for v in (1, 2))
+        assert one - two == pytest.approx(0.76, abs=0.01)
+
+
+def test_reserved_range_spans_every_published_ratio():
+    ratios = reserved.published_ratios()
+    assert [round(x, 3) for x in ratios] == [1.071, 1.182, 1.199, 1.269, 1.363, 1.365]
+    lo, hi = reserved.reserved_range_bytes(10 * 2**30)
+    assert (lo - reserved.CUBLAS_WORKSPACE_BYTES, hi - reserved.CUBLAS_WORKSPACE_BYTES) == (
+        int(10 * 2**30 * ratios[0]), int(10 * 2**30 * ratios[-1]))  # fmt: skip
+
+
+def test_logits_held_by_the_loop_moves_the_loss_moment_by_whole_tensors():
+    """transformers' output object holds bf16 logits; torchtitan before e29b6b4 held its fp32 output through
+    backward; since then it frees it (``del pred``). One [tokens, vocab] tensor at 2 or 4 bytes each."""
+    from smolfsdp.errors import ConfigError
+    from smolfsdp.measure.memory import estimate_memory
+
+    kw = dict(world_size=2, seq_len=1024, micro_batch=2)
+    hf, fp32, none = (estimate_memory("smollm3-3b", logits_held=h, **kw) for h in ("compute", "fp32", "none"))
+    tv = 2 * 1024 * 128256
+    assert (
+        fp32.moments["loss"] - hf.moments["loss"] == 2 * tv
+        and hf.moments["loss"] - none.moments["loss"] == 2 * tv
+    )
+    assert fp32.moments["layer"] - hf.moments["layer"] == 2 * tv  # still held through the layers' backward
+    assert (hf.logits_bytes, fp32.logits_bytes, none.logits_bytes) == (6 * tv, 4 * tv, 4 * tv)
+    assert hf.moments == estimate_memory("smollm3-3b", **kw).moments  # the default is transformers' loop
+    with pytest.raises(ConfigError, match="logits_held"):
+        estimate_memory("smollm3-3b", logits_held="bf16", **kw)
 
 
 def test_record_stream_blocks_of_the_fitted_pairs_and_the_ddp_verdict(table):
@@ -237,4 +307,4 @@ def test_cli_lora_options_build_the_spec_and_reject_bad_values():
 def test_margin_line_names_factor_and_source():
     text = reserved.margin_text()
     assert "x 1.125" in text and "32 MiB" in text and "fsdp_qlora" in text and "1.182, 1.071" in text
-    assert "record_stream" in text
+    assert "record_stream" in text and "x 1.20 to x 1.36" in text and "above 82 % of a card" in text

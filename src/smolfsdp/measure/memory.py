@@ -20,6 +20,7 @@ from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.layout import sharded_state
+from smolfsdp.measure.loss_path import LEGACY_HF_LOSS, LOGITS_HELD, logits_component_bytes, loss_fp32_copies  # noqa: F401
 from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
@@ -48,10 +49,6 @@ LOADINGS = ("every-rank", "rank0", "meta")
 #: its own FSDP unit, as AnswerDotAI/fsdp_qlora ``train.py`` and llama-recipes wrap them: no base gradient).
 #: ``adapter-units`` drops the base gradient, its reduce-scatter buffer and the base's saved tensors.
 LORA_LAYOUTS = lora_options.LORA_LAYOUTS  # one list of names with the run config (``lora_layout``)
-#: ``estimate_memory(legacy_hf_loss=True)``: the loss of transformers < 4.45 (``LlamaForCausalLM.forward``:
-#: ``logits.float()``, then ``shift_logits = logits[..., :-1, :].contiguous()``), one more fp32 logits copy
-#: alive at the loss moment (fsdp_qlora's March 2024 runs).
-LEGACY_HF_LOSS = "transformers < 4.45 causal-LM loss: one more fp32 [tokens, vocab] copy"
 
 
 # ------------------------------------------------------------------------------------ estimate
@@ -95,9 +92,10 @@ class MemoryEstimate:
     # last layer, optimizer); the device peak is the largest, held to the full-size dry run
     moments: dict[str, int] = field(default_factory=dict)
     lora_layout: str = "in-unit"  # one of LORA_LAYOUTS (FSDP1 with LoRA only)
-    # fp32 [tokens, vocab] tensors alive at the loss: 2 (the upcast and log_softmax's output), 3 with the
-    # transformers < 4.45 causal-LM loss (``logits.float()`` then ``logits[..., :-1, :].contiguous()``)
+    # the loss moment's fp32 [tokens, vocab] tensors besides log-softmax's output, and which logits the loop
+    # holds through backward (``smolfsdp.measure.loss_path``: loss_fp32_copies, LOGITS_HELD)
     loss_fp32_copies: int = 2
+    logits_held: str = "compute"
     # FSDP1 sharded strategies: the blocks record_stream keeps active past their frees (one layer's unsharded
     # gradient, one gathered layer; ``smolfsdp.measure.record_stream``): in reserved, not in allocated
     record_stream_bytes: int = 0
@@ -183,27 +181,26 @@ def estimate_memory(
     gradient_accumulation_steps: int = 1,
     lora_layout: str = "in-unit",
     legacy_hf_loss: bool = False,
+    logits_held: str = "compute",
     adamw: str = "foreach",
     ac_mode: str = "full", ac_every: int | None = None,
 ) -> MemoryEstimate:  # fmt: skip
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
-    ``strategy``: NO_SHARD (DDP-like replica), SHARD_GRAD_OP (ZeRO-2: units stay gathered from
-    forward to backward), FULL_SHARD (ZeRO-3), HYBRID_SHARD (shard within ``gpus_per_node``,
-    replicate across nodes). ``rank`` 0 is the fullest (padding lands on the last ranks). Static
-    terms follow ``sharded_state``; activations ``activation_breakdown``; offload moves the static
-    terms to ``host_bytes`` (FSDP1 ``CPUOffload(offload_params=True)`` / FSDP2 ``CPUOffloadPolicy``
-    keep shards, gradients and optimizer state on the host).
+    ``strategy``: NO_SHARD (DDP-like replica), SHARD_GRAD_OP (ZeRO-2: units stay gathered from forward to
+    backward), FULL_SHARD (ZeRO-3), HYBRID_SHARD (shard within ``gpus_per_node``, replicate across nodes).
+    ``rank`` 0 is the fullest (padding lands on the last ranks). Static terms follow ``sharded_state``;
+    activations ``activation_breakdown``; offload moves the static terms to ``host_bytes`` (FSDP1
+    ``CPUOffload(offload_params=True)`` / FSDP2 ``CPUOffloadPolicy`` keep shards, gradients and optimizer state
+    on the host). ``loading`` sets the load-time peaks (one of :data:`LOADINGS`, each explained there; model
+    bytes at the recipe's ``param_bytes``: fp32 for the recipes smolfsdp runs, whose engines build fp32 ones).
 
-    ``loading`` sets the load-time peaks (one of :data:`LOADINGS`, each explained there; model bytes at the
-    recipe's ``param_bytes``: fp32 for the recipes smolfsdp runs, whose engines build fp32 parameters).
-
-    ``no_sync``: gradient accumulation runs its micro-batches under FSDP1 ``no_sync()`` (the
-    Trainer does so with CPU offload, where FSDP1 accepts nothing else; see
-    ``smolfsdp.train.trl_engine.accumulates_under_no_sync``): every rank then also holds the whole unsharded
-    gradient of the trainable parameters in the compute dtype (``no_sync_grads_bytes``; torch
-    FullyShardedDataParallel.no_sync docstring: "gradients are accumulated ... in the unsharded form").
-    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``: :func:`_activations`.
+    ``no_sync``: gradient accumulation runs its micro-batches under FSDP1 ``no_sync()`` (the Trainer does so
+    with CPU offload, where FSDP1 accepts nothing else; ``smolfsdp.train.trl_engine.accumulates_under_no_sync``):
+    every rank then also holds the whole unsharded gradient of the trainable parameters in the compute dtype
+    (``no_sync_grads_bytes``; torch ``FullyShardedDataParallel.no_sync``: "accumulated ... in the unsharded form").
+    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``: :func:`_activations`;
+    ``logits_held``: :data:`LOGITS_HELD`, which logits the training loop keeps into backward (``measure.loss_path``).
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
     ``fused`` none), held to the full-size dry run, plus constants.
@@ -233,13 +230,14 @@ def estimate_memory(
         optimizer_bytes=static["optimizer"], gathered_bytes=_gathered_bytes(strategy, group, rec, full),
         grad_buffer_bytes=_grad_buffer_bytes(config, rec, full, 2 if units else fsdp_version, spec),
         **_activations(config, act, micro_batch * seq_len, c, spec, activation_checkpointing, ac_mode, ac_every),
-        logits_bytes=act["logits"],
+        logits_bytes=logits_component_bytes(micro_batch * seq_len, config.vocab_size, c, logits_held),
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
         host_bytes=host, n_step_tensors=st["n_step_tensors"],
         load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading]
         * counts.total * rec.param_bytes,
-        notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss,
+        notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=loss_fp32_copies(legacy_hf_loss),
+        logits_held=logits_held,
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0, ac_mode=ac_mode, ac_every=ac_every,
     )  # fmt: skip
     est.record_stream_bytes = _record_stream_bytes(config, rec, group, fsdp_version, spec, lora_layout)

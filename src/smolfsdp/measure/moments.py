@@ -6,7 +6,7 @@ which moments those are for the book's recipes, traced on fake tensors:
 
 * ``loss``: backward has just started. Static state, the gathered root and the layer prefetched for backward,
   every tensor saved for backward (all layers' activations, or under activation checkpointing only each
-  layer's input), the logits the step's output object still holds (compute dtype), the fp32 log-softmax the
+  layer's input), the logits the step's output object still holds (compute dtype; ``measure.loss_path`` for other loops), the fp32 log-softmax the
   loss saved and two fp32 ``tokens x vocab`` gradients (of the loss and of the log-softmax).
 * ``layer``: the last decoder layer's backward, with the loss's tensors gone: static state, the gradients of
   the root when it trains (kept unsharded until backward ends; untied, the output layer's and not yet the
@@ -44,6 +44,7 @@ from __future__ import annotations
 from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.gather_moment import first_layer_gather_moment
 from smolfsdp.measure.layout import sharded_state
+from smolfsdp.measure.loss_path import held_logits_bytes
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
 from smolfsdp.measure.root_grad import root_grad_before_layers, root_gradient_moments
@@ -84,7 +85,8 @@ def peak_moments(
     mode = est.ac_mode if est.activation_checkpointing else None  # full, every k-th layer or op-level
     saved_inputs, recompute = checkpointed_bytes(config, act, tokens, c, mode, est.ac_every, spec)
     saved = saved_inputs + act["head"] + act["rope"] + act["loss"]
-    logits_held = tokens * config.vocab_size * c
+    # the logits the training loop holds through backward (compute dtype, fp32 or none: measure.loss_path)
+    logits_held = held_logits_bytes(tokens, config.vocab_size, c, est.logits_held)
     state = est.params_bytes + est.master_bytes + est.optimizer_bytes
     grads_then = est.grads_bytes if gradient_accumulation_steps > 1 else 0
     # FSDP1 accumulating under no_sync(): the unsharded gradients stay from the first micro-batch to the last

@@ -3,7 +3,9 @@
 Chapter "Where the memory goes", section "Held to published GPU runs"; ``scripts/published_check.py`` writes
 the table to ``data/results/published/check.json`` and tests/test_published.py holds that file to today's
 estimator. Each row names its source (repository, file, commit), its configuration and what its number is
-(``reserved`` = peak ``torch.cuda.max_memory_reserved``, ``allocated`` = peak ``max_memory_allocated``).
+(``reserved`` = peak ``torch.cuda.max_memory_reserved``, ``allocated`` = peak ``max_memory_allocated``,
+``active`` = ``memory_stats()["active_bytes.all.peak"]``: allocated plus the blocks FSDP1's ``record_stream``
+keeps busy past their frees, ``MemoryEstimate.record_stream_bytes``).
 Rows the estimator cannot express yet (``"modelled": false``) keep their reason and get no error.
 
     python -c "from smolfsdp.measure.published import check_table; print(check_table())"
@@ -19,6 +21,7 @@ from smolfsdp.errors import ConfigError
 from smolfsdp.measure.hardware import get_gpu, verdict
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.measure.reserved import reserved_range_bytes
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
@@ -55,7 +58,8 @@ def estimate_row(row: dict):
         activation_checkpointing=row.get("activation_checkpointing", False), ac_mode=row.get("ac_mode", "full"),
         fsdp_version=row["fsdp_version"], offload=row.get("offload", False),
         lora_layout="adapter-units" if row.get("layout") == "adapter-units" else "in-unit",
-        legacy_hf_loss=row.get("hf_loss") == "legacy",
+        legacy_hf_loss=row.get("hf_loss") == "legacy", logits_held=row.get("logits_held", "compute"),
+        ac_every=row.get("ac_every"),
     )  # fmt: skip
 
 
@@ -69,7 +73,8 @@ def _memory_rows(row: dict) -> list[dict]:
         rec = {"id": row["id"], "source": row["source"], "what": what, "published_gib": published,
                "modelled": modelled, "reason": row.get("reason", "")}  # fmt: skip
         if est is not None:
-            got = est.reserved_bytes if what == "reserved" else est.moments[est.peak_moment]
+            got = {"reserved": est.reserved_bytes, "allocated": est.moments[est.peak_moment],
+                   "active": est.moments[est.peak_moment] + est.record_stream_bytes}[what]  # fmt: skip
             rec.update(
                 estimate_gib=round(got / GIB, 3),
                 error_pct=round(100 * (got / GIB - published) / published, 2),
@@ -77,6 +82,10 @@ def _memory_rows(row: dict) -> list[dict]:
                 published_outcome="ran" if row["outcome"] == "ran" else "out of memory",
                 estimated_outcome=verdict(est, get_gpu(None, row["gpu_memory_gib"])),
             )
+            if what == "reserved":  # the published ratios' spread (``reserved.reserved_range_bytes``)
+                lo, hi = reserved_range_bytes(est.moments[est.peak_moment] + est.record_stream_bytes)
+                rec.update(published_range_gib=f"{lo / GIB:.1f} to {hi / GIB:.1f}",
+                           within_range=lo / GIB <= published <= hi / GIB)  # fmt: skip
         out.append(rec)
     return out
 
@@ -127,6 +136,29 @@ def check_table(path: str | Path | None = None) -> dict:
     ]
     mfu = mfu_rows(rows)
     return {"memory": memory, "mfu": mfu, "calibrated_mfu": calibrated_mfu(mfu)}
+
+
+def check_summary(table: dict | None = None) -> str:
+    """One paragraph for the book: how many modelled rows of each kind are within their tolerance, and each
+    miss with its error and whether the published ratios' range holds it (``check_table``'s ``memory`` rows)."""
+    rows = [r for r in (table or check_table())["memory"] if r["modelled"]]
+    parts = []
+    for what in ("allocated", "active", "reserved"):
+        these = [r for r in rows if r["what"] == what]
+        if these:
+            ok = sum(r["within_tolerance"] for r in these)
+            parts.append(f"{what}: {ok} of {len(these)} within {TOLERANCE_PCT[what]:.0f} %")
+    misses = [r for r in rows if not r["within_tolerance"]]
+    text = "; ".join(parts) + "."
+    if misses:
+        named = ", ".join(
+            f"{r['id']} {r['what']} {r['error_pct']:+.1f} %" + (" (inside the published range)" if r.get("within_range") else "")
+            for r in misses
+        )  # fmt: skip
+        text += f" Missed: {named}."
+    wrong = [r["id"] for r in rows if r["published_outcome"] == "ran" and r["estimated_outcome"] != "fits"]
+    text += f" Verdicts that contradict the published outcome: {', '.join(wrong) or 'none'}."
+    return text
 
 
 def mfu_calibration(gpu_name: str, mfu_table: list[dict] | None = None) -> dict:
