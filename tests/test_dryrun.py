@@ -189,6 +189,7 @@ def test_dryrun_command(mid):
 
     from smolfsdp.cli_dryrun import format_dryrun
     from smolfsdp.dryrun.run import DryRun
+    from smolfsdp.measure.reserved import reserved_range_bytes
 
     cmd = [sys.executable, "-m", "smolfsdp.cli", "dryrun", "--config", str(repo_root() / LORA), "--model", mid,
            "--max_length", "256", "--gradient_accumulation_steps", "1", "--gpus", "4", "--json"]  # fmt: skip
@@ -229,6 +230,9 @@ def test_dryrun_command(mid):
         in text
     )
     assert " during " not in text  # the moment is named once, in the estimator's words ("at the loss moment")
+    # reserved at the fitted factor, with the published ratios' range beside it (smolfsdp.measure.reserved)
+    lo, hi = (f"{b / 2**30:,.2f}" for b in reserved_range_bytes(report["peak_bytes"]))
+    assert f"GiB reserved ({lo} to {hi} GiB at the published runs' lowest and highest ratios)" in text
 
 
 def test_book_views_of_the_committed_grid():

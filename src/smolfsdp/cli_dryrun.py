@@ -103,10 +103,16 @@ def format_dryrun(report, table) -> str:
     lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
     lines += [_allowance_line(s)]
     lines += _record_stream_lines(s)
-    from smolfsdp.measure.reserved import margin_text, reserved_from_allocated  # light: no torch
+    from smolfsdp.measure.reserved import (
+        margin_text,
+        reserved_from_allocated,
+        reserved_range_bytes,
+    )  # no torch
 
+    lo, hi = reserved_range_bytes(report.peak_bytes)
     lines += [
-        f"on a real GPU ~{reserved_from_allocated(report.peak_bytes) / GIB:,.2f} GiB reserved; {margin_text()}"
+        f"on a real GPU ~{reserved_from_allocated(report.peak_bytes) / GIB:,.2f} GiB reserved ({lo / GIB:,.2f} to "
+        f"{hi / GIB:,.2f} GiB at the published runs' lowest and highest ratios); {margin_text()}"
     ]
     if report.offload:  # parameter shards, gradients and optimizer state on the host: the device peaks apart
         o, m = report.offload, report.offload["device_peak_moment"]
