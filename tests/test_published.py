@@ -76,7 +76,7 @@ def test_modelled_rows_match_published_outcome_and_tolerance(table):
 
 def test_torchtitan_pr165_rows_active_within_one_percent_and_their_reserved_pairs(table):
     """torchtitan 83c879f1 (Llama 7B, 8 x H100, 8 x 2048 tokens): peak active of FSDP1/FSDP2 x AC/op-SAC, with
-    the loop's fp32 logits held (``logits_held="fp32"``), each within 1 %; the rows' numbers are the commit's
+    the loop's fp32 logits held (``loss_path="torchtitan-fp32-held"``), each within 1 %; the rows' numbers are the commit's
     percentages of 95.0396 GiB, the same pairs ``reserved`` holds out and ``fsdp1_streams`` cites."""
     from smolfsdp.measure.fsdp1_streams import TORCHTITAN_PR165
 
@@ -87,7 +87,7 @@ def test_torchtitan_pr165_rows_active_within_one_percent_and_their_reserved_pair
         assert gib == {k + "_gib": round(v / 100 * 95.0396, 2) for k, v in pct.items()}
         ac = "AC" if r["ac_mode"] == "full" else "SAC"
         assert TORCHTITAN_PR165["peak_active_pct"][ac][f"fsdp{r['fsdp_version']}"] == pct["active"]
-        assert r["logits_held"] == "fp32"
+        assert r["loss_path"] == "torchtitan-fp32-held"
     pairs = [(r["measured"]["reserved_gib"], r["measured"]["active_gib"]) for r in rows.values()]
     assert sorted(pairs) == sorted(reserved.HELD_OUT_RESERVED_ACTIVE_GIB)
     active = {r["id"]: r for r in table["memory"] if r["what"] == "active"}
@@ -106,24 +106,37 @@ def test_reserved_range_spans_every_published_ratio():
         int(10 * 2**30 * ratios[0]), int(10 * 2**30 * ratios[-1]))  # fmt: skip
 
 
-def test_logits_held_by_the_loop_moves_the_loss_moment_by_whole_tensors():
+def test_loss_path_moves_the_loss_moment_by_whole_tensors():
     """transformers' output object holds bf16 logits; torchtitan before e29b6b4 held its fp32 output through
-    backward; since then it frees it (``del pred``). One [tokens, vocab] tensor at 2 or 4 bytes each."""
+    backward, since then it frees it (``del pred``): one [tokens, vocab] tensor at 2 or 4 bytes each. TRL's
+    fused LM head never builds one: its loss moment holds fp32 and bf16 gradients of the hidden states and of
+    the LM head, and one 4,096 x 32,768 bf16 tile."""
     from smolfsdp.errors import ConfigError
     from smolfsdp.measure.memory import estimate_memory
 
     kw = dict(world_size=2, seq_len=1024, micro_batch=2)
-    hf, fp32, none = (estimate_memory("smollm3-3b", logits_held=h, **kw) for h in ("compute", "fp32", "none"))
-    tv = 2 * 1024 * 128256
+    paths = ("transformers", "torchtitan-fp32-held", "torchtitan", "trl-fused-lm-head")
+    hf, fp32, none, trl = (estimate_memory("smollm3-3b", loss_path=p, **kw) for p in paths)
+    t, v, h = 2 * 1024, 128256, 2048
+    tv = t * v
     assert (
         fp32.moments["loss"] - hf.moments["loss"] == 2 * tv
         and hf.moments["loss"] - none.moments["loss"] == 2 * tv
     )
     assert fp32.moments["layer"] - hf.moments["layer"] == 2 * tv  # still held through the layers' backward
     assert (hf.logits_bytes, fp32.logits_bytes, none.logits_bytes) == (6 * tv, 4 * tv, 4 * tv)
-    assert hf.moments == estimate_memory("smollm3-3b", **kw).moments  # the default is transformers' loop
-    with pytest.raises(ConfigError, match="logits_held"):
-        estimate_memory("smollm3-3b", logits_held="bf16", **kw)
+    assert hf.moments == estimate_memory("smollm3-3b", **kw).moments  # the default is transformers' loss
+    # transformers at the loss: held bf16 logits, saved fp32 log-softmax + int64 targets, two fp32 gradients;
+    # TRL: saved hidden copy, log_z, entropy, targets, mask; fp32 + bf16 hidden and LM-head gradients, one tile
+    hf_loss = 2 * tv + (4 * tv + 8 * t + 4) + 8 * tv
+    trl_loss = t * (2 * h + 17) + 6 * t * h + 6 * v * h + 2048 * 32768 * 2
+    assert hf.moments["loss"] - trl.moments["loss"] == hf_loss - trl_loss
+    assert hf.moments["layer"] - trl.moments["layer"] == 2 * tv  # the held logits only
+    assert hf.moments["optimizer"] == trl.moments["optimizer"]
+    with pytest.raises(ConfigError, match="loss_path"):
+        estimate_memory("smollm3-3b", loss_path="bf16", **kw)
+    with pytest.raises(ConfigError, match="legacy_hf_loss"):
+        estimate_memory("smollm3-3b", loss_path="torchtitan", legacy_hf_loss=True, **kw)
 
 
 def test_record_stream_blocks_of_the_fitted_pairs_and_the_ddp_verdict(table):

@@ -27,16 +27,22 @@ def test_settings_come_from_the_recipe_and_name_what_is_counted():
     )  # fmt: skip
     assert s["gradient_accumulation_steps"] == 8 and s["activation_checkpointing"] and s["lora"] is None
     tensors, device = recipe_peak(), recipe_peak(include="device")
+    # TRL's fused LM head (the recipe's engine) makes no [tokens, vocab] logits: AdamW's step is the peak,
+    # whatever the accumulation; transformers' loss would peak at the last micro-batch's loss moment
     assert (
-        tensors.moment == device.moment == "loss"
-    )  # accumulation: the last micro-batch's loss holds every grad
+        tensors.moment == device.moment == "optimizer"
+        and tensors.settings["loss_path"] == "trl-fused-lm-head"
+    )
+    assert round(tensors.gib, 2) == 28.64 and round(recipe_peak(loss_path="transformers").gib, 2) == 31.02
+    assert recipe_peak(loss_path="transformers").moment == "loss"
     assert device.bytes - tensors.bytes == 768 * 2**20  # the CUDA context (512 MiB) + NCCL buffers (256 MiB)
     assert (
         tensors.settings_line.endswith("; tensors only")
         and "gradient accumulation 8" in tensors.settings_line
     )
     assert device.settings_line.endswith("; tensors + CUDA context and NCCL buffers")
-    assert "the loss moment" in device.text() and "settings: FSDP1 FULL_SHARD x 2" in device.text()
+    assert "the optimizer moment" in device.text() and "settings: FSDP1 FULL_SHARD x 2" in device.text()
+    assert "TRL's fused LM-head loss (no logits); tensors" in tensors.settings_line
     with pytest.raises(TypeError, match="unknown settings"):
         recipe_settings(gradient_accumulation=8)
     with pytest.raises(ValueError, match="include"):
@@ -79,7 +85,14 @@ def test_every_chapter_quotes_the_same_peak_for_the_same_settings():
     lines = "\n".join(dryrun_views.book_peak_lines(grid))
     assert f"**{recipe_peak().gib:,.2f} GiB**" in lines and f"**{device.gib:,.2f} GiB**" in lines
     run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
-    one = recipe_peak(gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"])
+    # the committed row was traced with transformers' loss (before the dry run took TRL's fused head): its
+    # settings line says so, and the estimate at those settings is the one beside it
+    assert (
+        "loss_path" not in run["setup"] and settings_from_setup(run["setup"])["loss_path"] == "transformers"
+    )
+    one = recipe_peak(
+        gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"], loss_path="transformers"
+    )
     assert settings_line(settings_from_setup(run["setup"])) == one.settings_line  # the same words for both
     assert run["peak_bytes"] == pytest.approx(one.bytes, rel=5e-3)  # traced vs estimated, same settings
 

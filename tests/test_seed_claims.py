@@ -41,9 +41,12 @@ def test_3b_memory_static_and_peak():
     assert j.values["static_bytes"] == 16 * 3_075_098_624
     assert round(j.values["static_bytes"] / GIB, 1) == 45.8
     p = sc.per_gpu_memory()
-    # the peak at its fullest moment (the loss moment of the last of 8 micro-batches, every gradient shard held:
-    # 31.02 GiB of tensors, 31.03 in a 3B dry run with accumulation) + CUDA context and NCCL constants
-    assert round(p.values["static_bytes"] / GIB, 1) == 22.9 and round(p.values["peak_bytes"] / GIB, 1) == 31.8
+    # the peak at its fullest moment (AdamW's step: TRL's fused LM head makes no [tokens, vocab] logits, so the
+    # loss moment, 31.02 GiB of tensors under transformers' loss, is not the peak; 28.64 GiB of tensors, the
+    # dry run's too) + CUDA context and NCCL constants
+    assert (
+        round(p.values["static_bytes"] / GIB, 1) == 22.9 and round(p.values["peak_bytes"] / GIB, 2) == 29.39
+    )
     assert p.values["peak_bytes"] > 18 * 10**9
 
 
@@ -201,10 +204,13 @@ def test_batch_size_is_a_lever_at_long_sequences():
     j = sc.batch_size_lever()
     rows = {int(k): v for k, v in j.values.items()}
     shares = [rows[s]["batch_bytes"] / rows[s]["peak_bytes"] for s in (2048, 4096, 8192)]
-    assert shares == sorted(shares) and shares[0] < 0.25 < shares[2]
+    # TRL's fused LM head (the seed's SFTTrainer) makes no [tokens, vocab] logits: the batch part stays small
+    assert shares == sorted(shares) and shares[2] < 0.25
     assert len({r["static_bytes"] for r in rows.values()}) == 1  # the sharded state does not move
-    assert rows[8192]["peak_bytes"] - rows[8192]["peak_micro_batch_1"] > 10 * GIB
-    assert j.verdict == "partly"
+    assert rows[8192]["peak_bytes"] - rows[8192]["peak_micro_batch_1"] < GIB
+    assert j.verdict == "holds" and "TRL's fused LM-head loss" in j.evidence_text
+    # with transformers' own loss the logits scale with the batch: a lever of ~15 GiB at 8,192 tokens
+    assert "saves 14.9 GiB at micro-batch 1" in j.evidence_text
 
 
 def test_the_seeds_fsdp_config_key_by_key():

@@ -2,6 +2,7 @@
 
     smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096 [--json]
     smolfsdp memory --model smollm3-3b --gpus 8 --activation-checkpointing --ac-mode layer --ac-every 2
+    smolfsdp memory --model smollm3-3b --gpus 2 --seq-len 4096 --loss-path trl-fused-lm-head
 
 Light at import (the parser answers a misspelt option before torch loads).
 """
@@ -15,6 +16,7 @@ import sys
 from smolfsdp.cli_output import format_fit_verdict
 from smolfsdp.lora_options import LORA_LAYOUTS
 from smolfsdp.measure.hardware import GPUS  # light (no torch): the parser lists the names
+from smolfsdp.measure.loss_path import LOSS_PATHS  # light (no torch)
 from smolfsdp.measure.recipes import RECIPES  # light (no torch)
 
 
@@ -40,7 +42,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     common["gpus_per_node"] = args.gpus_per_node
     common["lora"] = lora_spec(args)
     common["lora_layout"] = args.lora_layout
-    common.update(ac_mode=args.ac_mode, ac_every=args.ac_every)  # checked by estimate_memory
+    common.update(ac_mode=args.ac_mode, ac_every=args.ac_every, loss_path=args.loss_path)  # checked there
     est = estimate_memory(
         args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
     )
@@ -137,6 +139,11 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
         help="with --activation-checkpointing: every layer, every --ac-every-th layer, or op-level selective",
     )  # fmt: skip
     p.add_argument("--ac-every", type=int, default=None, help="--ac-mode layer: checkpoint every k-th layer")
+    p.add_argument(
+        "--loss-path", default="transformers", choices=list(LOSS_PATHS),
+        help="the code computing the loss: transformers' (logits held; the native engine) or TRL's fused LM "
+        "head (no logits; TRL 1.16's SFTTrainer, the TRL engine); torchtitan's two loops",
+    )  # fmt: skip
     p.add_argument("--fsdp-version", type=int, default=1, help="1 (the README's Trainer run) or 2")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (HYBRID_SHARD groups)")
     p.add_argument(

@@ -15,6 +15,7 @@ import pandas as pd
 
 from smolfsdp.config import load_config
 from smolfsdp.measure.hfu import run_mfu
+from smolfsdp.measure.loss_path import engine_loss_path
 from smolfsdp.measure.memory import GIB, estimate_memory
 from smolfsdp.measure.scaling import estimate_step, mfu_text, scaling_table
 from smolfsdp.paths import recipe
@@ -36,7 +37,7 @@ def book_assumptions(
     mfu: float | None = None,
 ) -> dict:
     """``scaling_table`` arguments for the committed run recipe: its ``max_length`` as the sequence, its
-    micro-batch, gradient accumulation, FSDP version and activation checkpointing; the cluster is an
+    micro-batch, gradient accumulation, FSDP version, activation checkpointing and its engine's loss; the cluster is an
     assumption; the MFU (a fraction) the published calibration for ``gpu`` unless given
     (``smolfsdp.measure.hfu.run_mfu``: the HFU of torchtitan's published rows, each with its recomputation
     counted, error % stated; the recipe's own checkpointing)."""
@@ -46,6 +47,7 @@ def book_assumptions(
         gpu=gpu, gpus_per_node=gpus_per_node, network=network, mfu=mfu, seq_len=cfg.max_length,
         micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         fsdp_version=cfg.fsdp_version, activation_checkpointing=cfg.activation_checkpointing,
+        loss_path=engine_loss_path(cfg.engine),
     )  # fmt: skip
 
 
@@ -168,7 +170,7 @@ def tokens_sweep(a: dict, model="smollm3-3b", n_gpus: int = 16, micro_batches=(1
                 mem = estimate_memory(
                     model, world_size=n_gpus, strategy=strategy, seq_len=a["seq_len"], micro_batch=mb,
                     activation_checkpointing=a["activation_checkpointing"], fsdp_version=a["fsdp_version"],
-                    gpus_per_node=a["gpus_per_node"], no_sync=no_sync,
+                    gpus_per_node=a["gpus_per_node"], no_sync=no_sync, loss_path=a.get("loss_path", "transformers"),
                 )  # fmt: skip
                 rows.append({
                     "strategy": STRATEGY_NAMES[strategy],

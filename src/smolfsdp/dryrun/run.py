@@ -11,6 +11,9 @@ shapes; rank 0 is the fullest, FSDP padding lands on the last ranks):
   precision, offload, HSDP mesh) and ``train.native.make_optimizer`` with ``foreach=True`` (torch's choice
   on CUDA); for a TRL-engine config the native FSDP1 wrap with the arguments the package hands accelerate
   (:data:`TRAINER_FSDP1_ARGS`: accelerate 1.15 itself refuses to build its FSDP plugin inside a fake world);
+* for a TRL-engine config, TRL's fused LM head (``add_fused_lm_head``, as ``SFTTrainer`` patches the model;
+  its tiles allocate as its Triton kernels do on a GPU: ``gpu_path.trl_triton_tiles``), called with
+  ``fused_lm_head=True`` as ``SFTTrainer.compute_loss`` calls it;
 * ``steps`` of the native step: ``gradient_accumulation_steps`` micro-batches of
   ``per_device_train_batch_size x max_length`` tokens (every row full length: the padded worst case),
   ``train.steps.micro_batch_backward``, ``clip_grad_norm_tensor``, ``optimizer.step``, ``zero_grad``.
@@ -35,7 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.dryrun.gpu_path import unpacked_positions
+from smolfsdp.dryrun.gpu_path import trl_triton_tiles, unpacked_positions
 from smolfsdp.dryrun.streams import record_stream_bytes
 from smolfsdp.dryrun.tracker import (
     FSDP2Tracker,
@@ -47,6 +50,7 @@ from smolfsdp.dryrun.tracker import (
     untracked_sharding_propagation,
 )
 from smolfsdp.measure.benchmark import flops_per_token, matmul_params, model_geometry
+from smolfsdp.measure.loss_path import engine_loss_path
 from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.models.modeling import decoder_layers, resolve_wrap_class
 from smolfsdp.sharding.distributed import DistInfo
@@ -172,8 +176,11 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
         fsdp1_reshard_by_storage(),
         fake_data_pointer_quiet(),
         unpacked_positions(),  # the attention path real tensors take (gpu_path.py says why)
+        trl_triton_tiles() if cfg.engine == "trl" else nullcontext(),  # TRL's fused LM head as on a GPU
     ):
         model = materialize(model)
+        if cfg.engine == "trl":  # SFTTrainer.__init__ patches the model so before accelerate wraps it
+            add_trl_fused_lm_head(model)
         total = matmul_params(model)
         trainable = matmul_params(model, trainable_only=True)
         layers = {
@@ -267,6 +274,7 @@ def _one_step(
             info,
             n_items,
             say=lambda m, i=i: say(f"micro-batch {i + 1}/{len(batches)}: {m}"),
+            **({"fused_lm_head": True} if cfg.engine == "trl" else {}),
         )
     say("gradient clipping and the AdamW step")
     tracker.phase = "clip"
@@ -279,8 +287,11 @@ def _one_step(
     tracker.mark("end")
 
 
-def steps_micro(tracker, model, batch, info: DistInfo, n_items: int, say=lambda m: None) -> None:
-    """``train.steps.micro_batch_backward`` with the tracker's phase set to backward when forward ends."""
+def steps_micro(
+    tracker, model, batch, info: DistInfo, n_items: int, say=lambda m: None, **forward_kwargs
+) -> None:
+    """``train.steps.micro_batch_backward`` with the tracker's phase set to backward when forward ends
+    (``forward_kwargs``: ``fused_lm_head=True`` for a TRL-engine recipe, as ``SFTTrainer.compute_loss`` calls it)."""
 
     def to_backward(*_):
         tracker.phase = "backward"
@@ -288,9 +299,18 @@ def steps_micro(tracker, model, batch, info: DistInfo, n_items: int, say=lambda 
 
     handle = model.register_forward_hook(to_backward)
     try:
-        steps.micro_batch_backward(model, batch, info.world_size, info.device, n_items)
+        steps.micro_batch_backward(model, batch, info.world_size, info.device, n_items, **forward_kwargs)
     finally:
         handle.remove()
+
+
+def add_trl_fused_lm_head(model) -> None:
+    """Patch ``model`` with TRL's fused LM head as ``SFTTrainer.__init__`` does (TRL 1.16: the same outputs,
+    ``train.trl_engine.trl_args`` says why the TRL engine always takes it)."""
+    from trl.trainer.utils import add_fused_lm_head  # deferred: TRL takes seconds to import
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # before PEFT, as TRL does
+    add_fused_lm_head(base, outputs=("log_probs", "entropy", "is_top1"))
 
 
 def grad_bytes(model) -> int:
@@ -329,6 +349,7 @@ def _setup(
         tracker=tracker_cls.__mro__[2].__name__,
         wrap=evidence,
         optimizer="torch.optim.AdamW(foreach=True)",
+        loss_path=engine_loss_path(cfg.engine),  # smolfsdp.measure.loss_path: the code that computes the loss
     )
     if cfg.lora and cfg.fsdp_version == 1:  # where the adapters sit (smolfsdp.lora_options)
         out["lora_layout"] = cfg.lora_layout

@@ -81,12 +81,18 @@ def fake_data_pointer_quiet():
     your code" while the dry run runs. torch's own FSDP1 (``_runtime_utils._catch_all_reshard``) reads
     ``flat_param.data_ptr()``; on fake tensors every pointer is 0, which :func:`fsdp1_reshard_by_storage` and
     ``smolfsdp.sharding.shards.storage_bytes`` (storage identity, not pointers) already allow for, so the
-    warning says nothing about the traced run. Only this message, only inside the dry run."""
+    warning says nothing about the traced run. Two more messages torch's trackers cause, said below; only these,
+    only inside the dry run."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor is deprecated")
         # torch's memory trackers put full backward hooks on every module; under LoRA the frozen embedding's
         # output needs no gradient, so torch says the hook fires on outputs: true, and what the tracker wants
         warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+        # MemTracker (torch 2.13 mem_tracker.py line 594) reads ``param.grad`` of every ``module.parameters()``;
+        # FSDP1 with use_orig_params exposes the original parameters as views of its FlatParameter (non-leaf),
+        # whose .grad is None: torch warns that it will never be filled. The FlatParameter's gradient, what the
+        # tracker counts, is read apart (it is a leaf); nothing traced is lost
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf Tensor")
         yield
 
 

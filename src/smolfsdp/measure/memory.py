@@ -20,7 +20,7 @@ from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError
 from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.layout import sharded_state
-from smolfsdp.measure.loss_path import LEGACY_HF_LOSS, LOGITS_HELD, logits_component_bytes, loss_fp32_copies  # noqa: F401
+from smolfsdp.measure.loss_path import LEGACY_HF_LOSS, LOSS_PATHS, logits_component_bytes, with_loss_path  # noqa: F401
 from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
@@ -92,10 +92,10 @@ class MemoryEstimate:
     # last layer, optimizer); the device peak is the largest, held to the full-size dry run
     moments: dict[str, int] = field(default_factory=dict)
     lora_layout: str = "in-unit"  # one of LORA_LAYOUTS (FSDP1 with LoRA only)
-    # the loss moment's fp32 [tokens, vocab] tensors besides log-softmax's output, and which logits the loop
-    # holds through backward (``smolfsdp.measure.loss_path``: loss_fp32_copies, LOGITS_HELD)
+    # the loss moment's fp32 [tokens, vocab] gradients (3 under LEGACY_HF_LOSS), and the code that computes the
+    # loss (``smolfsdp.measure.loss_path.LOSS_PATHS``: what it holds, saves and makes in backward)
     loss_fp32_copies: int = 2
-    logits_held: str = "compute"
+    loss_path: str = "transformers"
     # FSDP1 sharded strategies: the blocks record_stream keeps active past their frees (one layer's unsharded
     # gradient, one gathered layer; ``smolfsdp.measure.record_stream``): in reserved, not in allocated
     record_stream_bytes: int = 0
@@ -181,7 +181,7 @@ def estimate_memory(
     gradient_accumulation_steps: int = 1,
     lora_layout: str = "in-unit",
     legacy_hf_loss: bool = False,
-    logits_held: str = "compute",
+    loss_path: str = "transformers",
     adamw: str = "foreach",
     ac_mode: str = "full", ac_every: int | None = None,
 ) -> MemoryEstimate:  # fmt: skip
@@ -200,7 +200,7 @@ def estimate_memory(
     every rank then also holds the whole unsharded gradient of the trainable parameters in the compute dtype
     (``no_sync_grads_bytes``; torch ``FullyShardedDataParallel.no_sync``: "accumulated ... in the unsharded form").
     ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``: :func:`_activations`;
-    ``logits_held``: :data:`LOGITS_HELD`, which logits the training loop keeps into backward (``measure.loss_path``).
+    ``loss_path``: :data:`LOSS_PATHS`, the code that computes the loss (``smolfsdp.measure.loss_path``).
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
     ``fused`` none), held to the full-size dry run, plus constants.
@@ -215,6 +215,7 @@ def estimate_memory(
     spec = LoraSpec() if lora is True else (lora or None)
     group = shard_group_size(strategy, world_size, gpus_per_node)
     st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch)
+    act, _ = with_loss_path(act, loss_path, micro_batch * seq_len, config, rec.compute_bytes, legacy_hf_loss)
     full, c = st["full_units"], rec.compute_bytes
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
     host = sum(static.values()) if offload else 0
@@ -230,14 +231,13 @@ def estimate_memory(
         optimizer_bytes=static["optimizer"], gathered_bytes=_gathered_bytes(strategy, group, rec, full),
         grad_buffer_bytes=_grad_buffer_bytes(config, rec, full, 2 if units else fsdp_version, spec),
         **_activations(config, act, micro_batch * seq_len, c, spec, activation_checkpointing, ac_mode, ac_every),
-        logits_bytes=logits_component_bytes(micro_batch * seq_len, config.vocab_size, c, logits_held),
+        logits_bytes=logits_component_bytes(loss_path, micro_batch * seq_len, config.vocab_size, config.hidden_size, c),
         cuda_context_bytes=CUDA_CONTEXT_BYTES, comm_buffer_bytes=COMM_BUFFER_BYTES if world_size > 1 else 0,
         host_bytes=host, n_step_tensors=st["n_step_tensors"],
         load_peak_device_bytes=max(n for n, _ in full.values()) * rec.param_bytes,
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading]
         * counts.total * rec.param_bytes,
-        notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=loss_fp32_copies(legacy_hf_loss),
-        logits_held=logits_held,
+        notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss, loss_path=loss_path,
         no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0, ac_mode=ac_mode, ac_every=ac_every,
     )  # fmt: skip
     est.record_stream_bytes = _record_stream_bytes(config, rec, group, fsdp_version, spec, lora_layout)

@@ -44,7 +44,7 @@ from __future__ import annotations
 from smolfsdp.measure.activations import activation_breakdown
 from smolfsdp.measure.gather_moment import first_layer_gather_moment
 from smolfsdp.measure.layout import sharded_state
-from smolfsdp.measure.loss_path import held_logits_bytes
+from smolfsdp.measure.loss_path import with_loss_path
 from smolfsdp.measure.params import LoraSpec, resolve_model_config
 from smolfsdp.measure.recipes import RECIPES
 from smolfsdp.measure.root_grad import root_grad_before_layers, root_gradient_moments
@@ -82,11 +82,13 @@ def peak_moments(
     root_full, root_trains = full["root"]
     layer_full = max(n for k, (n, _) in full.items() if k != "root")
     act = activation_breakdown(config, tokens, est.seq_len, c, spec, base_grads=est.base_grads)
+    # what the loss code holds, saves and makes in backward (transformers', torchtitan's or TRL's: loss_path.py)
+    act, lb = with_loss_path(act, config=config, loss_path=est.loss_path, tokens=tokens, compute_bytes=c,
+                             legacy_hf_loss=est.loss_fp32_copies > 2)  # fmt: skip
     mode = est.ac_mode if est.activation_checkpointing else None  # full, every k-th layer or op-level
     saved_inputs, recompute = checkpointed_bytes(config, act, tokens, c, mode, est.ac_every, spec)
     saved = saved_inputs + act["head"] + act["rope"] + act["loss"]
-    # the logits the training loop holds through backward (compute dtype, fp32 or none: measure.loss_path)
-    logits_held = held_logits_bytes(tokens, config.vocab_size, c, est.logits_held)
+    logits_held = lb["held"]  # through the whole backward
     state = est.params_bytes + est.master_bytes + est.optimizer_bytes
     grads_then = est.grads_bytes if gradient_accumulation_steps > 1 else 0
     # FSDP1 accumulating under no_sync(): the unsharded gradients stay from the first micro-batch to the last
@@ -100,15 +102,7 @@ def peak_moments(
     layer_units = est.gathered_bytes if sgo else gathered_root + 2 * unit
     # the root's gradient the layers' backward sees (untied: the output layer's, the embedding's comes last)
     root_grad = root_grad_before_layers(config, root_full, root_trains, c)
-    loss = (
-        state
-        + grads_then
-        + no_sync
-        + loss_units
-        + saved
-        + logits_held
-        + est.loss_fp32_copies * 4 * tokens * config.vocab_size
-    )
+    loss = state + grads_then + no_sync + loss_units + saved + logits_held + lb["backward"]
     layer = (
         state + grads_then + no_sync + root_grad + layer_units + saved - act["loss"] + recompute
         + est.grad_buffer_bytes + logits_held

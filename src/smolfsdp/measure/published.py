@@ -58,7 +58,7 @@ def estimate_row(row: dict):
         activation_checkpointing=row.get("activation_checkpointing", False), ac_mode=row.get("ac_mode", "full"),
         fsdp_version=row["fsdp_version"], offload=row.get("offload", False),
         lora_layout="adapter-units" if row.get("layout") == "adapter-units" else "in-unit",
-        legacy_hf_loss=row.get("hf_loss") == "legacy", logits_held=row.get("logits_held", "compute"),
+        legacy_hf_loss=row.get("hf_loss") == "legacy", loss_path=row.get("loss_path", "transformers"),
         ac_every=row.get("ac_every"),
     )  # fmt: skip
 

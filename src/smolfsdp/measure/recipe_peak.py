@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from smolfsdp.config import TrainConfig, load_config
+from smolfsdp.measure.loss_path import engine_loss_path
 from smolfsdp.measure.memory import MemoryEstimate, estimate_memory
 from smolfsdp.measure.params import LoraSpec
 from smolfsdp.paths import recipe
@@ -40,12 +41,22 @@ MOMENT_TEXT = {
 }
 
 
+#: the loss paths (``smolfsdp.measure.loss_path``) in a reader's words, for the settings line
+LOSS_WORDS = {
+    "transformers": "transformers' loss (logits held)",
+    "trl-fused-lm-head": "TRL's fused LM-head loss (no logits)",
+    "torchtitan": "torchtitan's loss (logits freed)",
+    "torchtitan-fp32-held": "torchtitan's loss (fp32 logits held)",
+}
+
+
 def recipe_settings(cfg: TrainConfig | str = BOOK_RECIPE, **overrides) -> dict:
     """``estimate_memory`` keyword arguments (``model`` included) for the setup ``cfg`` runs: a run recipe's
     name under ``configs/runs/`` or a ``TrainConfig``. World size = ``nproc``, its sharding strategy, sequence =
     ``max_length``, micro-batch, gradient accumulation, activation checkpointing, FSDP version, CPU offload,
     LoRA (its dropout included), the precision recipe smolfsdp's engines keep (fp32 state, bf16 compute
-    under ``mixed_precision: bf16``). ``overrides`` replace any of them (e.g. ``gradient_accumulation_steps=1``)."""
+    under ``mixed_precision: bf16``), the engine's loss (``loss_path.engine_loss_path``: TRL's fused LM head).
+    ``overrides`` replace any of them (e.g. ``gradient_accumulation_steps=1``)."""
     if isinstance(cfg, str):
         cfg = load_config(recipe(cfg))
     lora = (
@@ -59,7 +70,7 @@ def recipe_settings(cfg: TrainConfig | str = BOOK_RECIPE, **overrides) -> dict:
         recipe="hf-fsdp-bf16" if cfg.mixed_precision == "bf16" else "fp32", seq_len=cfg.max_length,
         micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         activation_checkpointing=cfg.activation_checkpointing, fsdp_version=cfg.fsdp_version,
-        offload=cfg.cpu_offload, lora=lora,
+        offload=cfg.cpu_offload, lora=lora, loss_path=engine_loss_path(cfg.engine),
     )  # fmt: skip
     unknown = set(overrides) - set(settings)
     if unknown:
@@ -75,7 +86,7 @@ def settings_from_setup(setup: dict) -> dict:
         seq_len=setup["max_length"], micro_batch=setup["per_device_train_batch_size"],
         gradient_accumulation_steps=setup["gradient_accumulation_steps"],
         activation_checkpointing=setup["activation_checkpointing"], lora=setup["lora"],
-        offload=setup.get("cpu_offload", False),
+        offload=setup.get("cpu_offload", False), loss_path=setup.get("loss_path", "transformers"),
     )  # fmt: skip
 
 
@@ -89,6 +100,7 @@ def settings_line(settings: dict, include: str = "tensors") -> str:
         f"gradient accumulation {s['gradient_accumulation_steps']}",
         f"activation checkpointing {'on' if s['activation_checkpointing'] else 'off'}",
         "LoRA" if s.get("lora") else "full fine-tune",
+        LOSS_WORDS.get(s.get("loss_path", "transformers"), s.get("loss_path")),
     ]
     if s.get("offload"):
         parts.append("CPU offload")

@@ -227,12 +227,14 @@ def scaling_table(
     seq_len: int = 4096,
     micro_batch: int = 1,
     mfu: float | None = None,
+    loss_path: str = "transformers",
     **kwargs,
 ) -> pd.DataFrame:
     """One row per (model, strategy, GPU count): :func:`estimate_step` plus the per-GPU memory of
     ``smolfsdp.measure.memory.estimate_memory`` (same recipe, sequence, micro-batch, gradient accumulation, shard
     group: at the book recipe's settings the peak ``smolfsdp.measure.recipe_peak`` gives) and whether
-    it fits the GPU (``memory_gib``, ``gpu_memory_gib``, ``fits``). Weak scaling: tokens per GPU fixed.
+    it fits the GPU (``memory_gib``, ``gpu_memory_gib``, ``fits``; ``loss_path``: the code computing the loss,
+    ``smolfsdp.measure.loss_path``). Weak scaling: tokens per GPU fixed.
     ``models``: names for ``resolve_model_config`` or configs (e.g. ``params.llama3_70b_config()``); a
     single name or config, a single strategy and a single GPU count are taken as one-element lists.
     The recipe sets the communication dtypes too (:func:`recipe_dtypes`: "fp32" all-gathers and
@@ -268,7 +270,7 @@ def scaling_table(
                     config, world_size=n, strategy=step["strategy"], recipe=recipe, seq_len=seq_len,
                     micro_batch=micro_batch, activation_checkpointing=activation_checkpointing,
                     fsdp_version=kwargs.get("fsdp_version", 2), gpus_per_node=cl.gpus_per_node,
-                    gradient_accumulation_steps=kwargs.get("gradient_accumulation_steps", 1),
+                    gradient_accumulation_steps=kwargs.get("gradient_accumulation_steps", 1), loss_path=loss_path,
                 )  # fmt: skip
                 rows.append(
                     {

@@ -55,12 +55,18 @@ def forward_backward(
 
 
 def micro_batch_backward(
-    model: nn.Module, batch: dict[str, torch.Tensor], world_size: int, device: torch.device, n_items: int
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    world_size: int,
+    device: torch.device,
+    n_items: int,
+    **forward_kwargs,
 ) -> torch.Tensor:
     """Forward and backward of one micro-batch whose loss is scaled to the global batch of ``n_items``
     label tokens (see :func:`forward_backward`); returns the detached fp32 loss (a 0-d tensor, no sync).
-    The full-size dry run (``smolfsdp.dryrun``) calls this on fake tensors."""
-    out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1))
+    The full-size dry run (``smolfsdp.dryrun``) calls this on fake tensors, for a TRL-engine recipe with
+    ``fused_lm_head=True`` (``forward_kwargs`` go to the model's forward)."""
+    out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1), **forward_kwargs)
     (out.loss * world_size).backward()
     return out.loss.detach().float()
 
