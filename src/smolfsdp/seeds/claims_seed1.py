@@ -110,7 +110,7 @@ def per_gpu_memory() -> Judgement:
         "holds" if abs(peak.bytes / (18 * GB) - 1) < 0.15 else "wrong",
         [f"The seed halves its 12-byte total ({gb(seed)}). The estimator, for the book's recipe on 2 GPUs with "
          f"FULL_SHARD, gives {gib(two.static_bytes)} of sharded state per GPU and a peak of {gib(peak.bytes)} "
-         f"at {moment_words(peak.moment)} once the gathered units, gradient buffers, activations, logits, CUDA "
+         f"at {moment_words(peak.moment)} once the gathered units, gradient buffers, activations, the loss's tensors, CUDA "
          f"context and NCCL buffers are added; settings: {peak.settings_line}."],
         f"{gib(two.static_bytes)} static and {gib(peak.bytes)} peak per GPU. On the fit table's cards: "
         + ", ".join(f"{g} {'fits' if fits(two, GPUS[g]) else 'does not fit'}" for g in ("A10G", "L40S", "A100 40GB"))
@@ -210,7 +210,7 @@ def static_divides() -> Judgement:
         "FULL_SHARD divides the static memory (weights, gradients, optimizer state) by the number of GPUs.",
         "holds" if all(abs(w * e.static_bytes / est[1].static_bytes - 1) < 0.01 for w, e in est.items()) else "wrong",
         [f"The estimator, the book's recipe: {text}. The static part falls as 1/N (up to FSDP1's padding of the "
-         "flat shards); the peak falls less, because activations, logits, the gathered units and the CUDA "
+         "flat shards); the peak falls less, because activations, the loss's tensors, the gathered units and the CUDA "
          "context are per GPU and do not shard."],
         "Right for the static state. Plan with the peak, which does not halve when the GPUs double.",
         {str(w): {"static_bytes": e.static_bytes, "peak_bytes": peaks[w].bytes} for w, e in est.items()},
