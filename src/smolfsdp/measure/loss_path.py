@@ -72,7 +72,9 @@ def loss_bytes(
     tv = tokens * vocab_size
     if loss_path == "trl-fused-lm-head":
         c, h = compute_bytes, hidden_size
-        tile = min(tokens, TRL_TILE[0]) * TRL_TILE[1] * c  # TRL allocates the full tile width, whatever the vocab
+        tile = (
+            min(tokens, TRL_TILE[0]) * TRL_TILE[1] * c
+        )  # TRL allocates the full tile width, whatever the vocab
         return {"held": 0, "saved": tokens * (c * h + 4 + 4 + 8 + 1),
                 "backward": (4 + c) * tokens * h + (4 + c) * vocab_size * h + tile}  # fmt: skip
     held = {"transformers": compute_bytes, "torchtitan-fp32-held": 4, "torchtitan": 0}[loss_path] * tv
