@@ -226,3 +226,23 @@ def test_overview_says_what_each_form_did(results):
     assert frame.loc[results["tied_embeddings"].title].tolist() == ["error (ValueError)", "ok"]
     assert "ok" not in frame["failing form"].tolist()  # no failing form may read as if it worked
     assert not REPR.search(tables.show(frame).to_html().split("</style>")[-1])
+
+
+def test_run_gotchas_says_it_still_runs_while_a_local_gotcha_works(monkeypatch, tmp_path):
+    """Issue 33: chapter 06's cell sat 18 s silent while tracker_wrong_project ran its two Trainer runs in this
+    process: a local gotcha gets a heartbeat line every HEARTBEAT_S, and a crashing one says each launch."""
+    import time
+
+    def slow(out):
+        time.sleep(0.45)
+        return {"failing": {"outcome": "ok"}, "fixed": {"outcome": "ok"}}
+
+    monkeypatch.setattr(gotchas, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(gotchas.GOTCHAS["tracker_wrong_project"], "fn", slow)
+    monkeypatch.setattr(gotchas, "_crash_form", lambda out, offload: {"outcome": "ok"})
+    said: list[str] = []
+    gotchas.run_gotchas(["tracker_wrong_project", "fsdp1_cpu_offload_state_dict"], tmp_path, said.append)
+    beats = [s for s in said if s.startswith("tracker_wrong_project: still running, ")]
+    assert said[0].startswith("running tracker_wrong_project (") and 2 <= len(beats) <= 5, said
+    assert said[-2].startswith("running fsdp1_cpu_offload_state_dict (")
+    assert said[-1] == "running fsdp1_cpu_offload_state_dict: its fixed form (a second launch)"

@@ -167,3 +167,21 @@ def test_a_long_probe_says_it_still_runs_in_a_notebook(monkeypatch, capsys):
     )
     with progress.heartbeat("x", None) as beat:  # off: no thread started
         assert not beat._thread.is_alive()
+
+
+def test_the_heartbeat_fills_only_the_silences_between_relayed_lines():
+    """Issue 33: a streamed run (runner.run in a kernel) was silent for 10-15 s while its ranks started; its lines
+    go through heartbeat.relay, and a "still running" line comes only where none came for every_s seconds."""
+    import time
+
+    from smolfsdp.launch import progress
+
+    said: list[str] = []
+    with progress.heartbeat("run 'x'", 0.3, said.append) as beat:
+        for i in range(8):  # a line every 0.05 s for 0.4 s: no heartbeat between them
+            time.sleep(0.05)
+            beat.relay(f"line {i}")
+        time.sleep(0.75)  # then silence: a heartbeat about 0.3 s and 0.6 s after the last line
+    assert said[:8] == [f"line {i}" for i in range(8)], said
+    beats = said[8:]
+    assert 1 <= len(beats) <= 3 and all(b.startswith("run 'x': still running, ") for b in beats), said

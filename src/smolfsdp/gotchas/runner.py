@@ -47,6 +47,7 @@ from smolfsdp.gotchas.registry import (
     format_list,
 )
 from smolfsdp.launch.probe import read_results, run_probe
+from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat
 from smolfsdp.measure.results import versions
 from smolfsdp.sharding.distributed import init_distributed, teardown
 
@@ -87,7 +88,8 @@ def run_gotchas(
 
     ``out``: the folder their runs and result files go to, kept; by default a temporary folder removed
     before this returns (the results hold everything the chapter shows). ``progress`` (the CLI passes a
-    printer) is told what starts: the 2-rank launch, then each local gotcha."""
+    printer) is told what starts: the 2-rank launch, then each local gotcha (with a "still running" line every
+    HEARTBEAT_S seconds while one runs), each launch of a crashing one."""
     say = progress or (lambda _msg: None)
 
     names = list(GOTCHAS) if names is None else names
@@ -109,10 +111,13 @@ def run_gotchas(
         g = GOTCHAS[n]
         if g.kind != DIST:
             say(f"running {n} ({KIND_LEGEND[g.kind]})")
-        if g.kind == LOCAL:
-            raw[n] = g.fn(out / n)
+        if g.kind == LOCAL:  # its output captured here (tracker_wrong_project: two Trainer runs, ~18 s)
+            with heartbeat(n, HEARTBEAT_S if progress else None, say):
+                raw[n] = g.fn(out / n)
         elif g.kind == CRASH:
-            raw[n] = {"failing": _crash_form(out / n, True), "fixed": _crash_form(out / n, False)}
+            failing = _crash_form(out / n, True)
+            say(f"running {n}: its fixed form (a second launch)")
+            raw[n] = {"failing": failing, "fixed": _crash_form(out / n, False)}
     vers = versions()
     raw = _without_machine_paths(raw, out)
     return {

@@ -12,7 +12,7 @@ Inside a Jupyter kernel (:func:`in_notebook`) ``run`` streams this way by defaul
 waits for minutes in silence.
 
     from smolfsdp.launch.progress import rank0_progress
-    show = rank0_progress()   # print rank 0's lines, the bar every 10 s
+    show = rank0_progress()   # print rank 0's lines, the bar every 9 s
     show("[rank0] 10:16:00 smolfsdp.train.native: checkpoint /home/me/smolfsdp/runs/x/checkpoints/step-3")
     # -> [rank0] 10:16:00 smolfsdp.train.native: checkpoint runs/x/checkpoints/step-3
 """
@@ -62,9 +62,15 @@ def page_line(line: str, roots: Iterable[str | Path]) -> str:
     return line
 
 
+#: seconds between two lines of :func:`heartbeat`, and at most between two states of a run's progress bar that
+#: :func:`rank0_progress` shows (under the issue-33 bar: no cell silent for 10 s; at 10 s the bar's next state
+#: came 10.1 s after the last on a busy machine)
+HEARTBEAT_S = 9.0
+
+
 def rank0_progress(
     say: Callable[[str], None] | None = None,
-    every_s: float = 10.0,
+    every_s: float = HEARTBEAT_S,
     clock: Callable[[], float] = time.monotonic,
     roots: Iterable[str | Path] | None = None,
 ) -> Callable[[str], None]:
@@ -113,14 +119,13 @@ def rank0_progress(
     return on_line
 
 
-#: seconds between two lines of :func:`heartbeat` (under the issue-33 bar: no cell silent for 10 s)
-HEARTBEAT_S = 9.0
-
-
 class heartbeat:  # noqa: N801 - used as a context manager: `with heartbeat("x"):`
-    """While the block runs, print ``"<what>: still running, <t> s"`` every ``every_s`` seconds from a daemon
-    thread, for a wait whose output is captured until it ends (a probe's ranks); ``every_s`` 0 or None: nothing.
-    The lines are ours and carry no path, so a page may show them."""
+    """While the block runs, print ``"<what>: still running, <t> s"`` from a daemon thread whenever nothing was
+    said for ``every_s`` seconds, for a wait whose output is captured until it ends (a probe's ranks);
+    ``every_s`` 0 or None: nothing. Lines passed through :meth:`relay` (a streamed run's own lines) are said
+    at once and restart the count, so the heartbeat only fills the silences between them (a launched rank's
+    start-up: 7-15 s on two busy cores before its first log line, issue 33). The lines are ours and carry no
+    path, so a page may show them."""
 
     def __init__(self, what: str, every_s: float | None = HEARTBEAT_S, say: Callable[[str], None] = print):
         import threading  # deferred: a thread only where a wait is long
@@ -128,13 +133,22 @@ class heartbeat:  # noqa: N801 - used as a context manager: `with heartbeat("x")
         self.what, self.every_s, self.say = what, every_s, say
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._start = self._last = time.monotonic()
+
+    def relay(self, line: str) -> None:
+        """Say ``line`` now (with ``say``); the next heartbeat line comes ``every_s`` seconds after it at the soonest."""
+        self._last = time.monotonic()
+        self.say(line)
 
     def _beat(self) -> None:
-        start = time.monotonic()
-        while not self._stop.wait(self.every_s):
-            self.say(f"{self.what}: still running, {time.monotonic() - start:.0f} s")
+        while not self._stop.wait(max(0.01, self._last + self.every_s - time.monotonic())):
+            now = time.monotonic()
+            if now - self._last >= self.every_s:
+                self._last = now
+                self.say(f"{self.what}: still running, {now - self._start:.0f} s")
 
     def __enter__(self) -> heartbeat:
+        self._start = self._last = time.monotonic()
         if self.every_s:
             self._thread.start()
         return self
