@@ -63,9 +63,10 @@ def trl_triton_tiles():
     copies of every tile (``_forward_tile``: ``tile.float()``, ``exp``; ``_backward_tile``; ``_addmm_fp32``:
     ``a.float()``, ``b.float()``): 0.5 GiB transients a GPU run never makes. Here, for fake tensors only, the
     tile folds allocate nothing (the Triton kernels' in-place effect; no value is read on fake tensors) and the
-    accumulation adds a compute-dtype product (``addmm_fp32`` says why not CUDA's in-place overload). Which positions are scored is left as on CPU
-    (every position; on CUDA only those with a label, ``hidden_states[mask]``, a data-dependent shape fake
-    tensors cannot take): the dry run's rows are labelled everywhere, so the two score the same tokens.
+    accumulation adds a compute-dtype product (``addmm_fp32`` says why not CUDA's in-place overload). Which
+    positions are scored is left as on CPU (every position; on CUDA only those with a label,
+    ``hidden_states[mask]``, a data-dependent shape fake tensors cannot take): the dry run's rows are labelled
+    everywhere, so the two score the same tokens.
     """
     from trl.kernels import chunked_logprob as kernels  # deferred: heavy, and only TRL-engine recipes need it
 

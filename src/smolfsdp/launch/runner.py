@@ -145,8 +145,8 @@ def run(
     still show progress while the run goes on: ``True`` prints rank 0's lines and the progress bar every 9 s
     (:func:`smolfsdp.launch.progress.rank0_progress`: page-safe, paths relative to the repository or to
     ``cfg.output_dir``, no third-party warning line), and a "still running" line wherever nothing else was said
-    for 9 s (:class:`smolfsdp.launch.progress.heartbeat`: the ranks' start-up), or a callable is given every line of output as it
-    arrives; ``None`` (the default): ``True`` inside a Jupyter kernel (a chapter's cell, a reader's notebook:
+    for 9 s (:class:`smolfsdp.launch.progress.heartbeat`: the ranks' start-up), or a callable is given every
+    line of output as it arrives; ``None`` (the default): ``True`` inside a Jupyter kernel (a chapter's cell, a reader's notebook:
     :func:`smolfsdp.launch.progress.in_notebook`), so no cell waits in silence; off elsewhere; ``False``: off.
     ``Run.log`` keeps every line either way. Raises ConfigError before launching on bad input, RuntimeError if
     the launched run fails.

@@ -32,6 +32,7 @@ March 2024 runs), with the ``transformers`` path.
 
 from __future__ import annotations
 
+from smolfsdp.errors import ConfigError
 from smolfsdp.measure.recipes import check_choice
 
 #: ``estimate_memory(loss_path=...)``: the code that computes the loss (module docstring), and what each keeps.
@@ -68,17 +69,21 @@ def loss_bytes(
     ConfigError for a name not in :data:`LOSS_PATHS`, or ``legacy_hf_loss`` with another path."""
     check_choice(loss_path, tuple(LOSS_PATHS), "loss_path")
     if legacy_hf_loss and loss_path != "transformers":
-        check_choice(loss_path, ("transformers",), "loss_path with legacy_hf_loss")
+        raise ConfigError(f"legacy_hf_loss is transformers' old loss: it goes with loss_path 'transformers', "
+                          f"not {loss_path!r}.")  # fmt: skip
     tv = tokens * vocab_size
     if loss_path == "trl-fused-lm-head":
         c, h = compute_bytes, hidden_size
-        tile = (
-            min(tokens, TRL_TILE[0]) * TRL_TILE[1] * c
-        )  # TRL allocates the full tile width, whatever the vocab
         return {"held": 0, "saved": tokens * (c * h + 4 + 4 + 8 + 1),
-                "backward": (4 + c) * tokens * h + (4 + c) * vocab_size * h + tile}  # fmt: skip
+                "backward": (4 + c) * tokens * h + (4 + c) * vocab_size * h + trl_tile_bytes(tokens, c)}  # fmt: skip
     held = {"transformers": compute_bytes, "torchtitan-fp32-held": 4, "torchtitan": 0}[loss_path] * tv
     return {"held": held, "saved": 4 * tv + 8 * tokens + 4, "backward": (2 + bool(legacy_hf_loss)) * 4 * tv}
+
+
+def trl_tile_bytes(tokens: int, compute_bytes: int) -> int:
+    """TRL's projection tile (``mm_buf``): ``min(tokens, 4,096) x 32,768`` in the compute dtype, whatever the
+    vocabulary (TRL allocates the full width)."""
+    return min(tokens, TRL_TILE[0]) * TRL_TILE[1] * compute_bytes
 
 
 def logits_component_bytes(
@@ -87,7 +92,7 @@ def logits_component_bytes(
     """The ``logits`` component of the stacked bars: the held logits plus the loss's fp32 upcast (none when the
     held logits already are fp32); for TRL's fused head, one tile (it never builds the logits)."""
     if loss_path == "trl-fused-lm-head":
-        return min(tokens, TRL_TILE[0]) * TRL_TILE[1] * compute_bytes
+        return trl_tile_bytes(tokens, compute_bytes)
     held = loss_bytes(loss_path, tokens, vocab_size, hidden_size, compute_bytes)["held"]
     upcast = 0 if loss_path == "torchtitan-fp32-held" or compute_bytes == 4 else 4 * tokens * vocab_size
     return held + upcast

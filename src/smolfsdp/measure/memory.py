@@ -92,8 +92,7 @@ class MemoryEstimate:
     # last layer, optimizer); the device peak is the largest, held to the full-size dry run
     moments: dict[str, int] = field(default_factory=dict)
     lora_layout: str = "in-unit"  # one of LORA_LAYOUTS (FSDP1 with LoRA only)
-    # the loss moment's fp32 [tokens, vocab] gradients (3 under LEGACY_HF_LOSS), and the code that computes the
-    # loss (``smolfsdp.measure.loss_path.LOSS_PATHS``: what it holds, saves and makes in backward)
+    # fp32 [tokens, vocab] gradients at the loss moment (3 under LEGACY_HF_LOSS); the code computing the loss
     loss_fp32_copies: int = 2
     loss_path: str = "transformers"
     # FSDP1 sharded strategies: the blocks record_stream keeps active past their frees (one layer's unsharded
@@ -109,11 +108,15 @@ class MemoryEstimate:
         return self.fsdp_version == 1 and self.lora_layout == "in-unit"
 
     @property
+    def active_bytes(self) -> int:
+        """Peak active bytes (``active_bytes.all.peak``): the tensor peak + FSDP1's ``record_stream_bytes``."""
+        return self.moments[self.peak_moment] + self.record_stream_bytes
+
+    @property
     def reserved_bytes(self) -> int:
-        """What ``torch.cuda.max_memory_reserved`` would read: the tensor peak x the fitted fragmentation
-        factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, each constant with its source); for FSDP1
-        the tensor peak includes ``record_stream_bytes``, the blocks its frees keep busy."""
-        return reserved_from_allocated(self.moments[self.peak_moment] + self.record_stream_bytes)
+        """What ``torch.cuda.max_memory_reserved`` would read: :attr:`active_bytes` x the fitted fragmentation
+        factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, each constant with its source)."""
+        return reserved_from_allocated(self.active_bytes)
 
     @property
     def device_need_bytes(self) -> int:
@@ -199,8 +202,8 @@ def estimate_memory(
     with CPU offload, where FSDP1 accepts nothing else; ``smolfsdp.train.trl_engine.accumulates_under_no_sync``):
     every rank then also holds the whole unsharded gradient of the trainable parameters in the compute dtype
     (``no_sync_grads_bytes``; torch ``FullyShardedDataParallel.no_sync``: "accumulated ... in the unsharded form").
-    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``: :func:`_activations`;
-    ``loss_path``: :data:`LOSS_PATHS`, the code that computes the loss (``smolfsdp.measure.loss_path``).
+    ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``:
+    :func:`_activations`; ``loss_path``: :data:`LOSS_PATHS`, the code computing the loss (``measure.loss_path``).
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
     ``fused`` none), held to the full-size dry run, plus constants.

@@ -6,8 +6,9 @@ which moments those are for the book's recipes, traced on fake tensors:
 
 * ``loss``: backward has just started. Static state, the gathered root and the layer prefetched for backward,
   every tensor saved for backward (all layers' activations, or under activation checkpointing only each
-  layer's input), the logits the step's output object still holds (compute dtype; ``measure.loss_path`` for other loops), the fp32 log-softmax the
-  loss saved and two fp32 ``tokens x vocab`` gradients (of the loss and of the log-softmax).
+  layer's input), the logits the step's output object still holds (compute dtype), the fp32 log-softmax the
+  loss saved and two fp32 ``tokens x vocab`` gradients (of the loss and of the log-softmax); other loss code
+  (torchtitan's, TRL's fused LM head) holds and makes other tensors: ``measure.loss_path``.
 * ``layer``: the last decoder layer's backward, with the loss's tensors gone: static state, the gradients of
   the root when it trains (kept unsharded until backward ends; untied, the output layer's and not yet the
   embedding's: ``root_grad.root_grad_before_layers``), the root and two layers gathered, the saved

@@ -74,7 +74,7 @@ def _memory_rows(row: dict) -> list[dict]:
                "modelled": modelled, "reason": row.get("reason", "")}  # fmt: skip
         if est is not None:
             got = {"reserved": est.reserved_bytes, "allocated": est.moments[est.peak_moment],
-                   "active": est.moments[est.peak_moment] + est.record_stream_bytes}[what]  # fmt: skip
+                   "active": est.active_bytes}[what]  # fmt: skip
             rec.update(
                 estimate_gib=round(got / GIB, 3),
                 error_pct=round(100 * (got / GIB - published) / published, 2),
@@ -83,7 +83,7 @@ def _memory_rows(row: dict) -> list[dict]:
                 estimated_outcome=verdict(est, get_gpu(None, row["gpu_memory_gib"])),
             )
             if what == "reserved":  # the published ratios' spread (``reserved.reserved_range_bytes``)
-                lo, hi = reserved_range_bytes(est.moments[est.peak_moment] + est.record_stream_bytes)
+                lo, hi = reserved_range_bytes(est.active_bytes)
                 rec.update(published_range_gib=f"{lo / GIB:.1f} to {hi / GIB:.1f}",
                            within_range=lo / GIB <= published <= hi / GIB)  # fmt: skip
         out.append(rec)
@@ -151,10 +151,11 @@ def check_summary(table: dict | None = None) -> str:
     misses = [r for r in rows if not r["within_tolerance"]]
     text = "; ".join(parts) + "."
     if misses:
+        inside = " (inside the published range)"
         named = ", ".join(
-            f"{r['id']} {r['what']} {r['error_pct']:+.1f} %" + (" (inside the published range)" if r.get("within_range") else "")
+            f"{r['id']} {r['what']} {r['error_pct']:+.1f} %" + (inside if r.get("within_range") else "")
             for r in misses
-        )  # fmt: skip
+        )
         text += f" Missed: {named}."
     wrong = [r["id"] for r in rows if r["published_outcome"] == "ran" and r["estimated_outcome"] != "fits"]
     text += f" Verdicts that contradict the published outcome: {', '.join(wrong) or 'none'}."

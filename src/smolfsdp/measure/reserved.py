@@ -107,7 +107,7 @@ def format_reserved(est, width: int = 41) -> str:
         ("= GPU need (+ CUDA context, NCCL)", est.device_need_bytes),
     ]
     lines = [f"{k:<{width}}  {v / 2**30:10.3f} GiB" for k, v in rows]
-    lo, hi = reserved_range_bytes(est.moments[est.peak_moment] + est.record_stream_bytes)
+    lo, hi = reserved_range_bytes(est.active_bytes)
     ratios = published_ratios()
     label = f"reserved, published x {ratios[0]:.2f}-{ratios[-1]:.2f}"
     lines.append(f"{label:<{width}}  {lo / 2**30:10.3f} to {hi / 2**30:.3f} GiB")
