@@ -247,6 +247,10 @@ def test_dryrun_command(mid):
         "optimizer state",
     ]
     table = pd.DataFrame(report.pop("estimate_vs_dry_run"))
+    # the caching allocator replayed on the step's allocation order (smolfsdp.measure.allocator)
+    replayed = report.pop("allocator_replay")
+    assert replayed["peak_reserved"] >= replayed["peak_allocated"] >= replayed["peak_requested"]
+    assert replayed["peak_requested"] == report["peak_bytes"]  # no FSDP1 record_stream here (FSDP2)
     text = format_dryrun(DryRun(**report), table)
     assert (
         "over 4 ranks (fake)" in text

@@ -86,3 +86,12 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` inside the repository as a repository path (``data/models/llama2_7b``), anything else as given:
+    for output a reader sees, which should not carry this machine's folders."""
+    try:
+        return str(Path(path).resolve().relative_to(repo_root()))
+    except (ValueError, OSError):
+        return str(path)

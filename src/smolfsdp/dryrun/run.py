@@ -39,7 +39,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.dryrun.gpu_path import trl_triton_tiles, unpacked_positions
-from smolfsdp.dryrun.streams import record_stream_bytes
+from smolfsdp.dryrun.streams import allocator_trace, record_stream_bytes
 from smolfsdp.dryrun.tracker import (
     FSDP2Tracker,
     ModuleTracker,
@@ -53,6 +53,7 @@ from smolfsdp.measure.benchmark import flops_per_token, matmul_params, model_geo
 from smolfsdp.measure.loss_path import engine_loss_path
 from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.models.modeling import decoder_layers, resolve_wrap_class
+from smolfsdp.paths import shown_path
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.sharding.fsdp1 import fsdp_units as fsdp1_units
 from smolfsdp.sharding.lora import apply_lora
@@ -97,9 +98,13 @@ class DryRun:
     # with CPU offload: what the host holds after the step (parameter shards, gradients, optimizer state) and
     # the device's own peak without it, with its moment (None without offload: everything is on the device)
     offload: dict[str, Any] | None = None
+    # the allocation order (``smolfsdp.measure.allocator.replay``); not written with the report (large)
+    alloc_events: list = dataclasses.field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out.pop("alloc_events")
+        return out
 
 
 @contextmanager
@@ -156,19 +161,10 @@ def micro_batches(cfg: TrainConfig, vocab_size: int) -> list[dict[str, torch.Ten
     return [{"input_ids": ids, "labels": ids.clone()} for _ in range(cfg.gradient_accumulation_steps)]
 
 
-def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake: bool = True) -> DryRun:
-    """One optimizer step of ``cfg`` at full size on fake tensors (with AdamW's state already created).
-
-    ``world_size`` defaults to ``cfg.nproc``. ``progress(str)`` is called at each stage (the CLI prints it).
-    """
-    world = int(world_size or cfg.nproc)
-    say = progress or (lambda msg: log.info(msg))
-    t0 = time.perf_counter()
-    info = DistInfo(rank=0, world_size=world, local_rank=0, device=torch.device("cpu"), backend="fake")
-    say(f"building {cfg.model} from its config (meta device, then fake tensors)")
-    model = build_meta_model(cfg)
-    batches = micro_batches(cfg, model.config.vocab_size)  # real: the step reads their label count
-    n_items = sum(count_label_tokens(b) for b in batches) * world  # every rank the same shapes
+@contextmanager
+def _patched(cfg: TrainConfig, world: int, fake: bool):
+    """The fake world and every change the dry run makes to torch's and transformers' behaviour while it runs
+    (each context manager says why where it is defined)."""
     with (
         fake_world(world, fake=fake),
         untracked_sharding_propagation(),
@@ -178,6 +174,28 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
         unpacked_positions(),  # the attention path real tensors take (gpu_path.py says why)
         trl_triton_tiles() if cfg.engine == "trl" else nullcontext(),  # TRL's fused LM head as on a GPU
     ):
+        yield
+
+
+def dry_run(
+    cfg: TrainConfig, world_size: int | None = None, progress=None, fake: bool = True, loop=None
+) -> DryRun:
+    """One optimizer step of ``cfg`` at full size on fake tensors (with AdamW's state already created).
+
+    ``world_size`` defaults to ``cfg.nproc``. ``progress(str)`` is called at each stage (the CLI prints it).
+    ``loop``: another project's micro-batch forward and backward (``smolfsdp.dryrun.published.TorchtitanLoop``),
+    called as ``loop(model, batch)`` in place of ``train.steps.micro_batch_backward``; its ``loss_path`` is
+    recorded in ``setup``.
+    """
+    world = int(world_size or cfg.nproc)
+    say = progress or (lambda msg: log.info(msg))
+    t0 = time.perf_counter()
+    info = DistInfo(rank=0, world_size=world, local_rank=0, device=torch.device("cpu"), backend="fake")
+    say(f"building {shown_path(cfg.model)} from its config (meta device, then fake tensors)")
+    model = build_meta_model(cfg)
+    batches = micro_batches(cfg, model.config.vocab_size)  # real: the step reads their label count
+    n_items = sum(count_label_tokens(b) for b in batches) * world  # every rank the same shapes
+    with _patched(cfg, world, fake):
         model = materialize(model)
         if cfg.engine == "trl":  # SFTTrainer.__init__ patches the model so before accelerate wraps it
             add_trl_fused_lm_head(model)
@@ -200,12 +218,14 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
         if cfg.cpu_offload:
             tracker.offload()
         handles = mark_modules(tracker, layers)
-        with tracker:
-            _one_step(tracker, model, optimizer, batches, cfg, info, n_items, say=_timed(say, t0))
+        with tracker, allocator_trace(tracker):
+            _one_step(tracker, model, optimizer, batches, cfg, info, n_items, say=_timed(say, t0), loop=loop)
+            # the step's allocation order; frees after this are the dry run's teardown, not the step's
+            alloc_events = list(tracker.alloc_events)
         for h in handles:
             h.remove()
         held = tracker.held
-        setup = _setup(cfg, world, evidence, total, trainable, tracker_cls)
+        setup = _setup(cfg, world, evidence, total, trainable, tracker_cls, loop)
         if cfg.fsdp_version == 1:  # on a GPU, active beyond the traced bytes (dryrun.streams)
             setup["fsdp1_record_stream_bytes"] = record_stream_bytes(model)
     tokens = cfg.per_device_train_batch_size * cfg.max_length * cfg.gradient_accumulation_steps
@@ -234,6 +254,7 @@ def dry_run(cfg: TrainConfig, world_size: int | None = None, progress=None, fake
         }
         if cfg.cpu_offload
         else None,  # fmt: skip
+        alloc_events=alloc_events,
     )
 
 
@@ -257,7 +278,15 @@ def _timed(say, t0: float):
 
 
 def _one_step(
-    tracker, model, optimizer, batches, cfg: TrainConfig, info: DistInfo, n_items: int, say=lambda m: None
+    tracker,
+    model,
+    optimizer,
+    batches,
+    cfg: TrainConfig,
+    info: DistInfo,
+    n_items: int,
+    say=lambda m: None,
+    loop=None,
 ) -> None:
     """The native step (``NativeTrainer.train_step``) without reading a number back to the host;
     ``say(str)`` at each stage (forward, backward per micro-batch, the optimizer step)."""
@@ -274,6 +303,7 @@ def _one_step(
             info,
             n_items,
             say=lambda m, i=i: say(f"micro-batch {i + 1}/{len(batches)}: {m}"),
+            loop=loop,
             **({"fused_lm_head": True} if cfg.engine == "trl" else {}),
         )
     say("gradient clipping and the AdamW step")
@@ -288,7 +318,7 @@ def _one_step(
 
 
 def steps_micro(
-    tracker, model, batch, info: DistInfo, n_items: int, say=lambda m: None, **forward_kwargs
+    tracker, model, batch, info: DistInfo, n_items: int, say=lambda m: None, loop=None, **forward_kwargs
 ) -> None:
     """``train.steps.micro_batch_backward`` with the tracker's phase set to backward when forward ends
     (``forward_kwargs``: ``fused_lm_head=True`` for a TRL-engine recipe, as ``SFTTrainer.compute_loss`` calls it)."""
@@ -299,7 +329,10 @@ def steps_micro(
 
     handle = model.register_forward_hook(to_backward)
     try:
-        steps.micro_batch_backward(model, batch, info.world_size, info.device, n_items, **forward_kwargs)
+        if loop is not None:
+            loop(model, batch)
+        else:
+            steps.micro_batch_backward(model, batch, info.world_size, info.device, n_items, **forward_kwargs)
     finally:
         handle.remove()
 
@@ -324,7 +357,7 @@ def grad_bytes(model) -> int:
 
 
 def _setup(
-    cfg: TrainConfig, world: int, evidence: dict, total: int, trainable: int, tracker_cls
+    cfg: TrainConfig, world: int, evidence: dict, total: int, trainable: int, tracker_cls, loop=None
 ) -> dict[str, Any]:
     keys = (
         "model",
@@ -355,4 +388,6 @@ def _setup(
         out["lora_layout"] = cfg.lora_layout
     if cfg.engine == "trl":
         out["trainer_path"] = "modelled: " + TRAINER_FSDP1_ARGS
+    if loop is not None:  # another project's loop stepped the model: its loss
+        out.update(loss_path=loop.loss_path, loop=type(loop).__name__)
     return out

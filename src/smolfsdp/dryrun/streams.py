@@ -14,6 +14,12 @@ model itself, so the dry run names what it could not trace.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+import torch.distributed.fsdp._flat_param as flat_param_mod
+from torch.distributed.fsdp import _runtime_utils as fsdp_runtime
+from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
 from smolfsdp.sharding.fsdp1 import fsdp_units
 
 
@@ -35,3 +41,48 @@ def record_stream_bytes(model) -> dict[str, int]:
         "unsharded gradient (record_stream)": max((b for b, trains in sizes if trains), default=0),
         "gathered unit (record_stream)": max((b for b, _ in sizes), default=0),
     }
+
+
+@contextmanager
+def allocator_trace(tracker):
+    """While active, the tracker's allocation order (``tracker.alloc_events``) also says what a GPU's caching
+    allocator would see besides sizes, for ``smolfsdp.measure.allocator.replay``:
+
+    * the stream of each allocation: FSDP1 and FSDP2 open ``device_handle.stream(...)`` around their unshard,
+      all-gather and reduce-scatter work; on the CPU ``torch.cpu.stream`` only sets ``torch.cpu``'s current
+      stream, which the tracker reads at each allocation (0: the default stream, 1, 2, ... in order of first
+      use). A block freed on one stream's pool is reused only by that stream on a GPU.
+    * FSDP1's ``record_stream`` calls (``_no_dispatch_record_stream``, torch/distributed/fsdp/_common_utils.py,
+      a no-op off cuda): ``("r", id, stream)``; on a GPU such a block is freed only when that stream's work
+      queued so far is done.
+    * FSDP1's and FSDP2's lazy initialisation in the first forward, between ``("lazy", 1)`` and ``("lazy", 0)``
+      (once per run, so the replay's later steps skip it).
+
+    torch's own functions run unchanged; only these two are wrapped, only inside the dry run."""
+    original_record = fsdp_runtime._no_dispatch_record_stream
+    original_lazy1, original_lazy2 = fsdp_runtime._lazy_init, FSDPState._lazy_init
+
+    def record(tensor, stream) -> None:
+        tracker.record_stream(tensor, stream)
+        original_record(tensor, stream)
+
+    def in_lazy_phase(fn, uninitialised):
+        def wrapped(*args, **kwargs):
+            if not uninitialised(args[0]):
+                return fn(*args, **kwargs)
+            tracker.alloc_events.append(("lazy", 1))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tracker.alloc_events.append(("lazy", 0))
+
+        return wrapped
+
+    fsdp_runtime._no_dispatch_record_stream = flat_param_mod._no_dispatch_record_stream = record
+    fsdp_runtime._lazy_init = in_lazy_phase(original_lazy1, lambda state: state._is_root is None)
+    FSDPState._lazy_init = in_lazy_phase(original_lazy2, lambda state: state._is_root is None)
+    try:
+        yield
+    finally:
+        fsdp_runtime._no_dispatch_record_stream = flat_param_mod._no_dispatch_record_stream = original_record
+        fsdp_runtime._lazy_init, FSDPState._lazy_init = original_lazy1, original_lazy2

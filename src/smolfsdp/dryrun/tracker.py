@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch._guards import active_fake_mode
+from torch.cpu import current_stream
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.fsdp import _runtime_utils as fsdp_runtime
@@ -172,6 +173,8 @@ class _MomentMixin:
     """Keeps the phase and innermost module of the peak, the collectives, and a memory series."""
 
     def _moment_init(self) -> None:
+        self.__dict__.setdefault("alloc_events", [])
+        self._stream_id(current_stream())
         self.phase = "setup"
         self.flops: dict[str, int] = defaultdict(int)
         self.peak_moment: dict[str, Any] = {}
@@ -180,6 +183,47 @@ class _MomentMixin:
         # with offload, the categories the host holds; the device peak is the total without them
         self.host_categories: frozenset = frozenset()
         self.device_peak, self.device_peak_moment = 0, {}
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        self.alloc_events.append(("p", value))
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
+        """The trackers' own bookkeeping, and the allocation order for ``smolfsdp.measure.allocator.replay``:
+        ``("a", id, bytes, category)`` when a storage is allocated (or resized up from 0), ``("f", id)`` when it
+        is freed (or resized to 0), a resize as a free then an allocation (FSDP's unshard and reshard)."""
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        events = self.__dict__.setdefault("alloc_events", [])
+        kind = u_type.name
+        sid = winfo.__dict__.get("sim_id")
+        if sid is None:
+            sid = winfo.sim_id = len(events)
+        if kind == "REF":  # the storage changed category (an output became a gradient): its final use
+            events.append(("c", sid, winfo.reftype.name))
+            return
+        if kind in ("DEL", "SIZE") and (old_mem_consumed if kind == "SIZE" else winfo.mem_consumed):
+            events.append(("f", sid))
+        if kind in ("ADD", "SIZE") and winfo.mem_consumed:
+            events.append(
+                ("a", sid, winfo.mem_consumed, winfo.reftype.name, self._stream_id(current_stream()))
+            )
+
+    def _stream_id(self, stream) -> int:
+        """0 for the default stream (current when the tracker is made: outside any stream context), then 1, 2,
+        ... in order of first use (``dryrun.streams.allocator_trace``)."""
+        ids = self.__dict__.setdefault("stream_ids", {id(current_stream()): 0})
+        return ids.setdefault(id(stream), len(ids))
+
+    def record_stream(self, tensor: torch.Tensor, stream) -> None:
+        """FSDP1 called ``record_stream(tensor, stream)``: ``("r", id, stream)`` for the replay."""
+        winfo, _ = self._WINFO.get(tensor.untyped_storage(), (None, None))
+        if winfo is not None and "sim_id" in winfo.__dict__:
+            self.alloc_events.append(("r", winfo.sim_id, self._stream_id(stream)))
 
     def current_bytes(self) -> int:
         snap = self.get_tracker_snapshot("current")
