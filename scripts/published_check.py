@@ -26,7 +26,7 @@ def provenance() -> dict:
     import transformers
 
     from smolfsdp.measure.published import ROWS_PATH
-    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES, RESERVED_FACTOR
+    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES, DEFAULT_POOL_FACTOR, REPLAY_GRID
 
     sha = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -38,7 +38,8 @@ def provenance() -> dict:
         "rows_sha256": hashlib.sha256(rows).hexdigest(),
         "transformers": transformers.__version__,
         "command": "python scripts/published_check.py",
-        "reserved_factor": RESERVED_FACTOR,
+        "default_pool_factor": DEFAULT_POOL_FACTOR,
+        "default_pool_factor_fitted_to": REPLAY_GRID,
         "cublas_workspace_bytes": CUBLAS_WORKSPACE_BYTES,
         "what": "smolfsdp's estimator (no GPU) against numbers published by others; error % = (estimate - "
         "published) / published. dry_run: the fake-tensor dry run of six rows and the caching allocator replayed "

@@ -105,17 +105,32 @@ def test_replay_holds_a_record_stream_block_until_the_next_one_and_skips_lazy_in
             ("a", 11, 50 * MIB, "PARAM", 1), ("r", 11, 0), ("f", 11), ("a", 12, 50 * MIB, "ACT", 0), ("f", 12)]  # fmt: skip
     held = A.replay(_events(*step), steps=2, lazy_optimizer_state=False)
     free = A.replay(_events(*step), steps=2, lazy_optimizer_state=False, record_stream=False)
-    assert held["allocated_by_step"][1] == 300 * MIB + 100 * MIB  # block 10 still held when 11 is allocated
-    assert free["allocated_by_step"][1] == 300 * MIB + 50 * MIB  # freed at once: one block at a time
+    assert held["peak_active"] == 300 * MIB + 100 * MIB  # block 10 still held when 11 is allocated
+    assert held["peak_allocated"] == free["peak_allocated"] == 300 * MIB + 64 * MIB  # step 1's lazy init
+    assert held["allocated_by_step"][1] == 300 * MIB + 50 * MIB  # a held block is no longer allocated
+    assert free["peak_active"] == 300 * MIB + 64 * MIB  # freed at once: one block at a time
     one_pool = A.replay(_events(*step), steps=2, lazy_optimizer_state=False, streams=False)
     assert one_pool["reserved_by_step"][1] < held["reserved_by_step"][1]
+
+
+def test_held_blocks_survive_one_pool_and_are_freed_before_the_cache_is_released():
+    """A block recorded on another stream stays held with ``streams=False`` too (its own stream is the event's);
+    at capacity the held blocks are freed first, as the allocator syncs its events before giving memory back."""
+    step = [("a", 10, 50 * MIB, "PARAM", 1), ("r", 10, 0), ("f", 10), ("a", 11, 50 * MIB, "PARAM", 1),
+            ("r", 11, 0), ("f", 11)]  # fmt: skip
+    one_pool = A.replay(_events(*step), steps=1, lazy_optimizer_state=False, streams=False)
+    assert one_pool["peak_active"] == 400 * MIB
+    roomy = A.replay(_events(*step), steps=1, lazy_optimizer_state=False)
+    assert roomy["peak_reserved"] == 400 * MIB
+    squeezed = A.replay(_events(*step), steps=1, lazy_optimizer_state=False, capacity_bytes=350 * MIB)
+    assert squeezed["retries"] == 1 and squeezed["peak_reserved"] == 350 * MIB
 
 
 def test_replay_moves_the_reduce_scatter_input_to_the_reduce_scatter_stream():
     step = [("a", 20, 40 * MIB, "TEMP", 0), ("c", 20, "REDUCE_SCATTER"), ("a", 21, 5 * MIB, "TEMP", 2),
             ("c", 21, "SHARDED_GRAD"), ("f", 20)]  # fmt: skip
-    moved = A._rs_input_on_rs_stream(_events(*step))
-    assert [e for e in moved if e[0] == "a" and e[1] == 20][0][4] == 2
+    moved = A._rs_input_on_rs_stream(_events(*step, ("a", 20, 40 * MIB, "TEMP", 0)))  # reused after its "c"
+    assert [e[4] for e in moved if e[0] == "a" and e[1] == 20] == [2, 2]
     assert A._rs_input_on_rs_stream(_events(("a", 5, MIB, "ACT", 0))) == _events(("a", 5, MIB, "ACT", 0))
 
 
@@ -139,6 +154,28 @@ def test_dry_run_records_an_order_whose_replay_reproduces_its_peak(fsdp_version)
     full = A.replay(ev)
     assert full["peak_reserved"] >= full["peak_allocated"] >= report.peak_bytes
     assert "alloc_events" not in report.to_dict()
+    if fsdp_version == 2:  # what `smolfsdp dryrun --gpu` says, from the replay at the card's capacity
+        _fit_verdicts(report, full)
+
+
+def _fit_verdicts(report, full):
+    from smolfsdp.cli_dryrun import fit_on_gpu, format_dryrun
+    from smolfsdp.measure.hardware import get_gpu
+
+    outside = fit_on_gpu(report, get_gpu("H100 SXM"))["outside_allocator_gib"] * GIB
+    roomy = get_gpu(None, memory_gib=(full["peak_reserved"] + outside) / GIB + 0.01)
+    assert fit_on_gpu(report, roomy)["verdict"] == "fits"
+    # room for the fullest moment's blocks but not for everything it cached: it gives back its cache and retries
+    assert full["peak_reserved"] > full["peak_allocated"]
+    between = get_gpu(None, memory_gib=(full["peak_allocated"] + outside) / GIB)
+    assert fit_on_gpu(report, between)["verdict"] in ("tight", "does not fit")
+    small = get_gpu(None, memory_gib=(report.peak_bytes + outside) / GIB / 2)
+    assert fit_on_gpu(report, small)["verdict"] == "does not fit"
+    text = format_dryrun(report, __import__("pandas").DataFrame({"component": ["peak"]}), roomy)
+    reserved = (full["peak_reserved"] + 32 * 2**20) / GIB
+    assert (
+        f"on a real GPU ~{reserved:,.2f} GiB reserved" in text and ": fits, by the allocator replayed" in text
+    )
 
 
 def test_committed_dry_run_rows_are_within_the_issue_tolerance():

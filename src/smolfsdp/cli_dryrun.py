@@ -31,6 +31,11 @@ def add_dryrun_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     p.add_argument("--config", default=None, metavar="YAML", help="a run recipe; options override it")
     p.add_argument("--gpus", type=int, default=None, help="world size of the fake group (default: nproc)")
     p.add_argument("--json", action="store_true", help="the report as JSON (progress goes to stderr)")
+    p.add_argument(
+        "--gpu", default=None, metavar="NAME",
+        help="also say whether the step fits that GPU (the replayed allocator at its memory; names as in "
+        "`smolfsdp memory --gpu`)",
+    )  # fmt: skip
 
 
 def cmd_dryrun(args: argparse.Namespace) -> int:
@@ -38,6 +43,9 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.gpus < 1:  # before torch loads
         raise ConfigError(f"--gpus {args.gpus}: the fake group needs at least 1 rank; give --gpus 1 or more.")
     cfg = load_config(args.config, **overrides_from(args))
+    from smolfsdp.measure.hardware import get_gpu  # deferred: measure loads torch
+
+    gpu = get_gpu(args.gpu) if args.gpu else None  # an unknown name fails here, before the dry run
     from smolfsdp.dryrun.compare import compare_with_estimate  # deferred: torch, transformers
     from smolfsdp.dryrun.run import dry_run  # deferred: torch, transformers
 
@@ -48,10 +56,11 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
         from smolfsdp.measure.allocator import replay  # no torch
 
         allocator = None if report.offload else replay(report.alloc_events)
+        fit = fit_on_gpu(report, gpu) if gpu else None
         print(json.dumps({**report.to_dict(), "estimate_vs_dry_run": table.to_dict("records"),
-                          "allocator_replay": allocator}, indent=1))  # fmt: skip
+                          "allocator_replay": allocator, "fit": fit}, indent=1))  # fmt: skip
         return 0
-    print(format_dryrun(report, table))
+    print(format_dryrun(report, table, gpu))
     return 0
 
 
@@ -89,18 +98,60 @@ def _replay_lines(report) -> list[str]:
     from smolfsdp.measure.allocator import replay  # no torch
     from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES  # no torch; deferred as the module's others
 
-    if report.offload:
+    if getattr(report, "offload", None):
         return ["(the allocator replay is left out with CPU offload: the trace cannot tell host from device)"]
-    if not report.alloc_events:  # a report read back from JSON carries no allocation order
+    if not getattr(report, "alloc_events", None):  # a report read back from JSON carries no allocation order
         return []
     out = replay(report.alloc_events)
     reserved = out["peak_reserved"] + CUBLAS_WORKSPACE_BYTES
     return [
         f"on a real GPU ~{reserved / GIB:,.2f} GiB reserved ({reserved / report.peak_bytes:.2f} x the tensors; "
-        f"{out['peak_allocated'] / GIB:,.2f} GiB allocated or held by record_stream): PyTorch's caching allocator "
+        f"{out['peak_active'] / GIB:,.2f} GiB active: allocated or held by record_stream): PyTorch's caching allocator "
         "replayed on this step's allocation order (smolfsdp.measure.allocator: 3 steps, AdamW's state made in the "
         "first, a pool per stream, FSDP1's record_stream; + 32 MiB cuBLAS workspace). Held to six published "
         "torchtitan runs within 6 % (data/results/published/check.json, dry_run)"
+    ]
+
+
+def fit_on_gpu(report, gpu) -> dict:
+    """Whether the traced step fits ``gpu``: the allocation order replayed with the card's memory as the
+    allocator's capacity, less the CUDA context, NCCL's buffers (``smolfsdp.measure.memory``'s constants) and the
+    cuBLAS workspace. ``fits``: no segment had to be given back; ``tight``: the allocator had to release its
+    cache and retry (``num_alloc_retries``: slower, and fragmentation can still fail it later); ``does not fit``:
+    out of memory even after that. With CPU offload: ``None`` verdict (the trace cannot tell host from device)."""
+    from smolfsdp.measure.allocator import OutOfMemory, replay  # no torch
+    from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES  # deferred: measure loads torch
+    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES  # no torch
+
+    outside = (
+        CUDA_CONTEXT_BYTES
+        + CUBLAS_WORKSPACE_BYTES
+        + (COMM_BUFFER_BYTES if report.setup["world_size"] > 1 else 0)
+    )
+    rec = {"gpu": gpu.name, "memory_gib": gpu.memory_bytes / GIB, "outside_allocator_gib": outside / GIB}
+    if report.offload or not report.alloc_events:
+        return {**rec, "verdict": None}
+    try:
+        out = replay(report.alloc_events, capacity_bytes=gpu.memory_bytes - outside)
+    except OutOfMemory:
+        return {**rec, "verdict": "does not fit"}
+    return {**rec, "verdict": "tight" if out["retries"] else "fits", "retries": out["retries"],
+            "peak_reserved_gib": out["peak_reserved"] / GIB}  # fmt: skip
+
+
+def _fit_line(report, gpu) -> list[str]:
+    fit = fit_on_gpu(report, gpu)
+    if fit["verdict"] is None:
+        return []
+    retried = (
+        f"; the allocator released its cache and retried {fit['retries']} time(s)"
+        if fit.get("retries")
+        else ""
+    )
+    return [
+        f"on {gpu.name} ({fit['memory_gib']:.1f} GiB): {fit['verdict']}, by the allocator replayed at that "
+        f"capacity less {fit['outside_allocator_gib']:.2f} GiB of CUDA context, NCCL buffers and cuBLAS "
+        f"workspace{retried}"
     ]
 
 
@@ -113,7 +164,7 @@ def _moment_text(moment: dict) -> str:
     return words[:-1] + f"; traced in {module})" if words.endswith(")") else f"{words} (traced in {module})"
 
 
-def format_dryrun(report, table) -> str:
+def format_dryrun(report, table, gpu=None) -> str:
     """The report for people: the setup, the peak and its moment, collectives, FLOPs, the estimate beside it."""
     s = report.setup
     lines = [
@@ -128,18 +179,8 @@ def format_dryrun(report, table) -> str:
     lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
     lines += [_allowance_line(s)]
     lines += _record_stream_lines(s)
-    from smolfsdp.measure.reserved import (
-        margin_text,
-        reserved_from_allocated,
-        reserved_range_bytes,
-    )  # no torch
-
-    lo, hi = reserved_range_bytes(report.peak_bytes)
     lines += _replay_lines(report)
-    lines += [
-        f"by the estimator's factor ~{reserved_from_allocated(report.peak_bytes) / GIB:,.2f} GiB reserved "
-        f"({lo / GIB:,.2f} to {hi / GIB:,.2f} GiB at the published runs' lowest and highest ratios); {margin_text()}"
-    ]
+    lines += _fit_line(report, gpu) if gpu else []
     if report.offload:  # parameter shards, gradients and optimizer state on the host: the device peaks apart
         o, m = report.offload, report.offload["device_peak_moment"]
         lines += [

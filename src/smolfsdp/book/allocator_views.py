@@ -1,10 +1,11 @@
-"""The caching-allocator replay in the book: published reserved memory beside the factor and the replay.
+"""The caching-allocator replay in the book: published reserved memory beside the estimate and the replay.
 
 Chapter "Where the memory goes", section "The caching allocator, replayed". The rows come from
 ``data/results/published/check.json`` (``scripts/published_check.py``: the estimator's ``memory`` rows and the
 ``dry_run`` rows of ``smolfsdp.dryrun.published``); the ablation replays one dry run's allocation order with each
-mechanism of ``smolfsdp.measure.allocator.replay`` taken away in turn. Traced and replayed on a CPU, not measured
-on a GPU: every view says so.
+mechanism of ``smolfsdp.measure.allocator.replay`` taken away in turn; the replay grid
+(``data/results/dryrun/replay_grid.json``) is what the estimate's default-pool factor is fitted to. Traced and
+replayed on a CPU, not measured on a GPU: every view says so.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import plotly.graph_objects as go
 from smolfsdp.book.figures import palette
 from smolfsdp.measure.allocator import replay
 from smolfsdp.measure.published import CHECK_PATH
-from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES
+from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES, REPLAY_GRID
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
@@ -37,8 +38,8 @@ def load_check() -> dict:
 
 def reserved_table(check: dict) -> pd.DataFrame:
     """One row per dry-run row (seven columns): the dry run's tensor peak; published active GiB and the replay's
-    error %; published reserved GiB, the replay's figure and error %, and the estimator's factor error %."""
-    factor = {
+    error %; published reserved GiB, the replay's figure and error %, and the estimator's error %."""
+    estimated = {
         r["id"]: r["error_pct"] for r in check["memory"] if r.get("modelled") and r["what"] == "reserved"
     }
     out = []
@@ -47,7 +48,7 @@ def reserved_table(check: dict) -> pd.DataFrame:
         out.append({"row": r["id"].split("/", 1)[1], "tensors GiB": r["dry_run_peak_gib"],
                     "active GiB": act.get("published_gib"), "replay active %": act.get("error_pct"),
                     "reserved GiB": res["published_gib"], "replay GiB": res["ours_gib"],
-                    "replay %": res["error_pct"], "factor %": factor.get(r["id"])})  # fmt: skip
+                    "replay %": res["error_pct"], "estimate %": estimated.get(r["id"])})  # fmt: skip
     return pd.DataFrame(out).set_index("row")
 
 
@@ -55,13 +56,13 @@ def reading(check: dict) -> str:
     """The table in words: how many rows each method meets the bar on, and the largest error of each."""
     rows = check["dry_run"]
     rep = [r["reserved"]["error_pct"] for r in rows]
-    factor = {
+    estimated = {
         r["id"]: r["error_pct"] for r in check["memory"] if r.get("modelled") and r["what"] == "reserved"
     }
-    fac = [factor[r["id"]] for r in rows if r["id"] in factor]
+    fac = [estimated[r["id"]] for r in rows if r["id"] in estimated]
     act = [r["active"]["error_pct"] for r in rows if "active" in r]
     return (
-        f"On these {len(rows)} runs the fitted factor's reserved figure is within 10 % on "
+        f"On these {len(rows)} runs the estimate's reserved figure (no trace) is within 10 % on "
         f"{sum(abs(e) <= 10 for e in fac)} of {len(fac)} (worst {max(fac, key=abs):+.1f} %); the replayed allocator "
         f"on {sum(abs(e) <= 10 for e in rep)} of {len(rep)} (worst {max(rep, key=abs):+.1f} %), and the active bytes "
         f"it holds on {sum(abs(e) <= 5 for e in act)} of {len(act)} within 5 % (worst {max(act, key=abs):+.1f} %). "
@@ -78,7 +79,7 @@ def ablation(events: list, tensor_peak: int, **fixed) -> pd.DataFrame:
         reserved = r["peak_reserved"] + CUBLAS_WORKSPACE_BYTES
         out.append({"replay": label, "reserved GiB": round(reserved / GIB, 2),
                     "x tensors": round(reserved / tensor_peak, 3),
-                    "held GiB": round(r["peak_allocated"] / GIB, 2)})  # fmt: skip
+                    "active GiB": round(r["peak_active"] / GIB, 2)})  # fmt: skip
     return pd.DataFrame(out).set_index("replay")
 
 
@@ -96,16 +97,16 @@ def ablation_reading(table: pd.DataFrame) -> str:
 
 
 def plot_reserved(check: dict) -> go.Figure:
-    """Bars per dry-run row: the dry run's tensor peak, the factor's and the replay's reserved figure, and the
+    """Bars per dry-run row: the dry run's tensor peak, the estimate's and the replay's reserved figure, and the
     published reserved memory (GiB)."""
-    factor = {r["id"]: r for r in check["memory"] if r.get("modelled") and r["what"] == "reserved"}
+    estimated = {r["id"]: r for r in check["memory"] if r.get("modelled") and r["what"] == "reserved"}
     rows = check["dry_run"]
     names = [r["id"].split("/", 1)[1] for r in rows]
     series = [
         ("dry-run tensors", [r["dry_run_peak_gib"] for r in rows], palette.PHASE["forward"]),
         (
-            "fitted factor (estimator)",
-            [factor[r["id"]]["estimate_gib"] for r in rows],
+            "estimate, no trace (smolfsdp memory)",
+            [estimated[r["id"]]["estimate_gib"] for r in rows],
             palette.SOURCE["estimated"],
         ),
         ("allocator replay", [r["reserved"]["ours_gib"] for r in rows], palette.PHASE["optimizer"]),
@@ -113,5 +114,25 @@ def plot_reserved(check: dict) -> go.Figure:
     ]
     fig = go.Figure([go.Bar(name=n, x=names, y=y, marker_color=c) for n, y, c in series])
     fig.update_layout(barmode="group", yaxis_title="GiB per GPU", legend_orientation="h",
-                      title="Reserved memory: published, the fitted factor and the replayed allocator (no GPU)")  # fmt: skip
+                      title="Reserved memory: published, estimated and the replayed allocator (no GPU)")  # fmt: skip
     return fig
+
+
+def replay_grid_table() -> pd.DataFrame:
+    """The 16 book setups of ``data/results/dryrun/replay_grid.json``: the dry run's tensor peak, the replayed
+    reserved memory, today's estimate (``smolfsdp.measure.reserved.reserved_parts``) and its error % (GiB)."""
+    from smolfsdp.config import load_config  # deferred: the chapter's other views need no config
+    from smolfsdp.dryrun.compare import estimate_for  # deferred: torch, transformers
+
+    grid = json.loads((repo_root() / REPLAY_GRID).read_text())
+    out = []
+    for r in grid["rows"]:
+        o = r["overrides"]
+        est = estimate_for(load_config(repo_root() / r["recipe"], **o), o["nproc"], r["loss_path"])
+        replayed = r["replay_reserved_bytes"]
+        out.append({"setup": f"FSDP{o['fsdp_version']} {'LoRA' if o['lora'] else 'full'} AC "
+                             f"{'on' if o['activation_checkpointing'] else 'off'} x{o['nproc']}",
+                    "tensors GiB": round(r["tensor_peak_bytes"] / GIB, 2), "replay GiB": round(replayed / GIB, 2),
+                    "estimate GiB": round(est.reserved_bytes / GIB, 2),
+                    "error %": round(100 * (est.reserved_bytes / replayed - 1), 1)})  # fmt: skip
+    return pd.DataFrame(out).set_index("setup")

@@ -106,7 +106,7 @@ def dry_run_row(row: dict, progress=None) -> dict:
     out = replay(report.alloc_events, steps=REPLAY_STEPS, rs_input_on_rs_stream=rs_stream)
     ours = {
         "reserved": (out["peak_reserved"] + CUBLAS_WORKSPACE_BYTES) / GIB,
-        "active": out["peak_allocated"] / GIB,
+        "active": out["peak_active"] / GIB,
         "allocated": out["peak_allocated"] / GIB,
     }
     rec = {

@@ -24,8 +24,10 @@ What is modelled, from ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.x, the def
 * when a new segment would pass ``capacity_bytes``, every free *unsplit* segment is released
   (``release_cached_blocks``) and the request retried; counted in ``retries``, an ``OutOfMemory`` beyond.
 
-Not modelled: ``record_stream``'s delayed frees (FSDP1's, counted apart in ``MemoryEstimate.active_bytes``),
-memory outside the allocator (CUDA context, NCCL, cuBLAS workspaces).
+``record_stream`` (FSDP1's) is modelled by :func:`replay`, not by the allocator here: a block recorded on another
+stream is held until the next such free (the allocator polls the stream's events at each request; the replay
+has no clock). Not modelled: ``expandable_segments``, memory outside the allocator (CUDA context, NCCL, cuBLAS
+workspaces).
 
     from smolfsdp.measure.allocator import CachingAllocator
     a = CachingAllocator(); a.malloc("x", 5 << 20); a.free("x"); a.peak_reserved   # 20 MiB
@@ -80,9 +82,12 @@ class Block:
 class CachingAllocator:
     """The allocator's state: segments, free blocks per pool, live blocks by key; peaks in bytes.
 
-    ``allocated`` / ``peak_allocated``: bytes of blocks handed out (``memory_allocated``: the rounded block size,
-    whole unsplit blocks included); ``requested`` / ``peak_requested``: the bytes asked for (the tensor bytes a
-    dry run counts); ``reserved`` / ``peak_reserved``: bytes of segments (``memory_reserved``)."""
+    ``allocated`` / ``peak_allocated``: bytes of blocks handed out and not freed by the program
+    (``memory_allocated``: the rounded block size, whole unsplit blocks included); ``active`` / ``peak_active``:
+    those and the blocks :meth:`hold` keeps for pending stream work (``active_bytes``); ``requested`` /
+    ``peak_requested``: the bytes asked for, live or held (the tensor bytes a dry run counts); ``reserved`` /
+    ``peak_reserved``: bytes of segments (``memory_reserved``). ``before_release``: called before the cache is
+    released at capacity (the replay frees its held blocks then, as ``synchronize_and_free_events`` does)."""
 
     capacity_bytes: int | None = None
     allocated: int = 0
@@ -91,12 +96,17 @@ class CachingAllocator:
     peak_reserved: int = 0
     requested: int = 0
     peak_requested: int = 0
+    active: int = 0
+    peak_active: int = 0
+    before_release: object = None
     segments: int = 0
     retries: int = 0
+    by_stream: dict = field(default_factory=dict)  # stream -> bytes of its segments
     _free: dict = field(default_factory=dict)  # (small, stream) -> sorted [(size, addr)]
     _by_addr: dict = field(default_factory=dict)  # addr -> free Block
     _live: dict = field(default_factory=dict)  # key -> Block
     _requested: dict = field(default_factory=dict)  # key -> bytes asked for
+    _held: set = field(default_factory=set)  # keys freed by the program, their blocks waiting on a stream
     _next_addr: int = 0
 
     def malloc(self, key, nbytes: int, stream: int = 0) -> None:
@@ -117,16 +127,29 @@ class CachingAllocator:
         self._live[key] = block
         self._requested[key] = nbytes
         self.allocated += block.size
+        self.active += block.size
         self.requested += nbytes
         self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_active = max(self.peak_active, self.active)
         self.peak_requested = max(self.peak_requested, self.requested)
+
+    def hold(self, key) -> None:
+        """The program freed ``key`` but its block waits for another stream's work (``record_stream``):
+        ``allocated`` drops now, ``active`` and the block stay until :meth:`free`."""
+        if key not in self._held:
+            self._held.add(key)
+            self.allocated -= self._live[key].size
 
     def free(self, key) -> None:
         """Free ``key``'s block (KeyError if it is not live) and merge it with free neighbours."""
         block = self._live.pop(key)
         self.requested -= self._requested.pop(key)
         block.allocated = False
-        self.allocated -= block.size
+        if key in self._held:
+            self._held.discard(key)
+        else:
+            self.allocated -= block.size
+        self.active -= block.size
         prev, nxt = block.prev, block.next
         if prev is not None and not prev.allocated:
             self._remove(prev)
@@ -169,6 +192,8 @@ class CachingAllocator:
         alloc = allocation_size(size)
         if self.capacity_bytes is not None and self.reserved + alloc > self.capacity_bytes:
             self.retries += 1
+            if self.before_release is not None:
+                self.before_release()
             self._release_cached()
             if self.reserved + alloc > self.capacity_bytes:
                 raise OutOfMemory(f"{alloc} bytes more than the {self.capacity_bytes}-byte capacity allows")
@@ -176,6 +201,7 @@ class CachingAllocator:
         self._next_addr += alloc
         self.reserved += alloc
         self.segments += 1
+        self.by_stream[stream] = self.by_stream.get(stream, 0) + alloc
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         return block
 
@@ -186,6 +212,7 @@ class CachingAllocator:
                 self._remove(block)
                 self.reserved -= block.size
                 self.segments -= 1
+                self.by_stream[block.stream] -= block.size
 
 
 def _split_events(events: list) -> tuple[list, list]:
@@ -203,21 +230,54 @@ class _Replay:
     record_stream: bool
     recorded: dict = field(default_factory=dict)  # key -> streams it was recorded on
     pending: dict = field(default_factory=dict)  # recorded stream -> key whose free waits for it
+    own: dict = field(default_factory=dict)  # key -> the stream it was allocated on (also with streams=False)
+
+    def __post_init__(self) -> None:
+        self.alloc.before_release = self.flush  # at capacity the allocator syncs its events first
 
     def malloc(self, key, event) -> None:
         if key in self.pending.values():  # its storage is being reused: the earlier free has happened
             self._release(next(s for s, k in self.pending.items() if k == key))
-        self.alloc.malloc(key, event[2], event[4] if self.streams and len(event) > 4 else 0)
+        stream = event[4] if len(event) > 4 else 0
+        self.own[key] = stream
+        self.alloc.malloc(key, event[2], stream if self.streams else 0)
 
     def free(self, key) -> None:
-        own = self.alloc._live[key].stream
+        own = self.own.pop(key, 0)
         later = sorted(s for s in self.recorded.pop(key, ()) if s != own) if self.record_stream else []
         if not later:
             self.alloc.free(key)
             return
+        self.alloc.hold(key)
         for s in later[:1]:  # held until that stream's queued work is done: the next such free
             self._release(s)
             self.pending[s] = key
+
+    def step(self, k: int, events: list, deferred: list) -> None:
+        """Step ``k`` of the traced step's ``events``; ``deferred``: optimizer-state allocations to make at its
+        ``optimizer`` phase (AdamW's lazy state, step 0 only). FSDP's lazy initialisation runs in step 0 only."""
+        lazy = False
+        for e in events:
+            if e[0] == "lazy":
+                lazy = bool(e[1])
+            elif lazy and k:
+                continue
+            elif e[0] == "p" and e[1] == "optimizer":
+                self.flush()
+                for d in deferred:
+                    self.malloc(("setup", d[1]), d)
+                deferred = []
+            elif e[0] == "a":
+                self.malloc((k, e[1]), e)
+            elif e[0] in ("f", "r"):
+                key = next((key for key in ((k, e[1]), ("setup", e[1])) if self.alloc.is_live(key)), None)
+                if key is not None and e[0] == "f":
+                    self.free(key)
+                elif key is not None:
+                    self.recorded.setdefault(key, set()).add(e[2])
+        self.flush()
+        for d in deferred:  # a trace without an optimizer phase: the state is made at the step's end
+            self.malloc(("setup", d[1]), d)
 
     def _release(self, stream) -> None:
         key = self.pending.pop(stream, None)
@@ -230,13 +290,16 @@ class _Replay:
 
 
 def _rs_input_on_rs_stream(events: list) -> list:
-    """``events`` with FSDP2's reduce-scatter inputs (final category ``REDUCE_SCATTER``) allocated on the stream
-    its reduce-scatter outputs (``SHARDED_GRAD``) were allocated on."""
-    final = {e[1]: e[-1] for e in events if e[0] in ("a", "c")}
-    rs = next((e[4] for e in events if e[0] == "a" and final[e[1]] == "SHARDED_GRAD" and e[4]), None)
+    """``events`` with FSDP2's reduce-scatter inputs (storages the tracker turned into ``REDUCE_SCATTER``) allocated
+    on the stream its reduce-scatter outputs (turned into ``SHARDED_GRAD``) were allocated on."""
+    became = {}  # storage -> the categories the trackers gave it after its allocation
+    for e in events:
+        if e[0] == "c":
+            became.setdefault(e[1], set()).add(e[2])
+    rs = next((e[4] for e in events if e[0] == "a" and "SHARDED_GRAD" in became.get(e[1], ()) and e[4]), None)
     if rs is None:
         return events
-    return [(*e[:4], rs) if e[0] == "a" and final[e[1]] == "REDUCE_SCATTER" else e for e in events]
+    return [(*e[:4], rs) if e[0] == "a" and "REDUCE_SCATTER" in became.get(e[1], ()) else e for e in events]
 
 
 def replay(
@@ -261,14 +324,15 @@ def replay(
     block FSDP1 recorded on another stream is freed only at the next such free for that stream (one unit
     later) or at the optimizer step.
 
-    ``rs_input_on_rs_stream``: FSDP2 as torch built it through 2024 (pytorch/pytorch 01d66d21 and 415cc262,
+    ``rs_input_on_rs_stream``: FSDP2 as torch built it until pytorch/pytorch#129721 (2024-06-27; 01d66d21 and 415cc262,
     ``torch/distributed/_composable/fsdp/_fsdp_collectives.py``: ``foreach_reduce`` allocates the reduce-scatter
     input inside ``torch.cuda.stream(reduce_scatter_stream)``; torch 2.13 allocates it on the current stream),
     so the reduce-scatter input's blocks go to the pool of the stream the reduce-scatter output was made on.
 
-    Returns ``peak_reserved``, ``peak_allocated`` and ``peak_requested`` (bytes, over all steps; requested: the
-    tensor bytes, what the dry run's tracker counts), ``reserved_by_step``, ``allocated_by_step`` and
-    ``requested_by_step`` (each step's peaks), ``segments``, ``retries`` (releases of the cache at
+    Returns ``peak_reserved``, ``peak_allocated``, ``peak_active`` (allocated + blocks held for record_stream)
+    and ``peak_requested`` (bytes, over all steps; requested: the tensor bytes, what the dry run's tracker counts), ``reserved_by_step``, ``allocated_by_step`` and
+    ``requested_by_step`` (each step's peaks), ``segments``, ``reserved_by_stream`` (bytes of each stream's
+    segments at the end), ``retries`` (releases of the cache at
     ``capacity_bytes``). Raises ``OutOfMemory`` when the replay cannot fit ``capacity_bytes``."""
     if rs_input_on_rs_stream:
         events = _rs_input_on_rs_stream(events)
@@ -282,40 +346,25 @@ def replay(
             run.malloc(("setup", e[1]), e)
         elif e[0] == "f" and run.alloc.is_live(("setup", e[1])):
             run.free(("setup", e[1]))
-    by_step = []
+    by_step, active = [], 0
     for k in range(steps):
         for key in [key for key in run.alloc._live if key[0] == k - 1]:
             run.free(key)
         a = run.alloc
         a.peak_reserved, a.peak_allocated, a.peak_requested = a.reserved, a.allocated, a.requested
-        lazy = False
-        for e in step:
-            if e[0] == "lazy":
-                lazy = bool(e[1])
-            elif lazy and k:
-                continue
-            elif e[0] == "p" and e[1] == "optimizer":
-                run.flush()
-                for d in deferred:
-                    run.malloc(("setup", d[1]), d)
-                deferred = []
-            elif e[0] == "a":
-                run.malloc((k, e[1]), e)
-            elif e[0] in ("f", "r"):
-                key = next((key for key in ((k, e[1]), ("setup", e[1])) if run.alloc.is_live(key)), None)
-                if key is not None and e[0] == "f":
-                    run.free(key)
-                elif key is not None:
-                    run.recorded.setdefault(key, set()).add(e[2])
-        run.flush()
+        a.peak_active = a.active
+        run.step(k, step, deferred if k == 0 else [])
         by_step.append((run.alloc.peak_reserved, run.alloc.peak_allocated, run.alloc.peak_requested))
+        active = max(active, run.alloc.peak_active)
     return {
         "peak_reserved": max(r for r, _, _ in by_step),
         "peak_allocated": max(a for _, a, _ in by_step),
         "peak_requested": max(q for _, _, q in by_step),
+        "peak_active": active,
         "reserved_by_step": [r for r, _, _ in by_step],
         "allocated_by_step": [a for _, a, _ in by_step],
         "requested_by_step": [q for _, _, q in by_step],
         "segments": run.alloc.segments,
+        "reserved_by_stream": dict(sorted(run.alloc.by_stream.items())),
         "retries": run.alloc.retries,
     }

@@ -171,9 +171,10 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
 def fits(estimate, gpu: GPU, *, basis: str = "reserved") -> bool:
     """True when what the GPU must hold is within its memory.
 
-    ``basis="reserved"`` (the default): ``MemoryEstimate.device_need_bytes`` = the tensor peak x the fitted
-    fragmentation factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, fitted to published
-    reserved/allocated pairs) + CUDA context + NCCL buffers. ``basis="tensors"``: the tensor peak + CUDA
+    ``basis="reserved"`` (the default): ``MemoryEstimate.device_need_bytes`` = the caching allocator's reserved
+    memory, pool by pool (``smolfsdp.measure.reserved.reserved_parts``: the default stream's tensors x a factor
+    fitted to the allocator replay, the all-gather and reduce-scatter streams' pools, the cuBLAS workspace) +
+    CUDA context + NCCL buffers. ``basis="tensors"``: the tensor peak + CUDA
     context + NCCL (``peak_bytes``), the optimistic verdict before issue 31. Raises ValueError for another basis.
     """
     if basis not in ("reserved", "tensors"):

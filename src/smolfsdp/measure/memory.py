@@ -25,7 +25,7 @@ from smolfsdp.measure.moments import peak_moments
 from smolfsdp.measure.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.measure.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
 from smolfsdp.measure.record_stream import fsdp1_stream_held
-from smolfsdp.measure.reserved import reserved_from_allocated
+from smolfsdp.measure.reserved import reserved_parts
 from smolfsdp.measure.selective_ac import checkpointed_bytes
 
 #: CUDA context + kernel images per process. Not visible to ``torch.cuda.memory_allocated``; with lazy
@@ -114,9 +114,9 @@ class MemoryEstimate:
 
     @property
     def reserved_bytes(self) -> int:
-        """What ``torch.cuda.max_memory_reserved`` would read: :attr:`active_bytes` x the fitted fragmentation
-        factor + the cuBLAS workspace (``smolfsdp.measure.reserved``, each constant with its source)."""
-        return reserved_from_allocated(self.active_bytes)
+        """What ``torch.cuda.max_memory_reserved`` would read: the caching allocator's pools per stream, sized
+        from this estimate (``smolfsdp.measure.reserved.reserved_parts``, each constant with its source)."""
+        return reserved_parts(self)["reserved"]
 
     @property
     def device_need_bytes(self) -> int:

@@ -21,7 +21,7 @@ from smolfsdp.errors import ConfigError
 from smolfsdp.measure.hardware import get_gpu, verdict
 from smolfsdp.measure.memory import estimate_memory
 from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
-from smolfsdp.measure.reserved import reserved_range_bytes
+from smolfsdp.measure.reserved import reserved_parts, reserved_range_bytes
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
@@ -73,8 +73,14 @@ def _memory_rows(row: dict) -> list[dict]:
         rec = {"id": row["id"], "source": row["source"], "what": what, "published_gib": published,
                "modelled": modelled, "reason": row.get("reason", "")}  # fmt: skip
         if est is not None:
-            got = {"reserved": est.reserved_bytes, "allocated": est.moments[est.peak_moment],
-                   "active": est.active_bytes}[what]  # fmt: skip
+            # the torch the run used: FSDP2 before pytorch#129721 made its reduce-scatter input in that stream
+            rs_stream = row.get("fsdp2_rs_input") == "reduce-scatter stream"
+            reserved = reserved_parts(est, rs_input_on_rs_stream=rs_stream)["reserved"]
+            got = {
+                "reserved": reserved,
+                "allocated": est.moments[est.peak_moment],
+                "active": est.active_bytes,
+            }[what]
             rec.update(
                 estimate_gib=round(got / GIB, 3),
                 error_pct=round(100 * (got / GIB - published) / published, 2),
@@ -82,8 +88,10 @@ def _memory_rows(row: dict) -> list[dict]:
                 published_outcome="ran" if row["outcome"] == "ran" else "out of memory",
                 estimated_outcome=verdict(est, get_gpu(None, row["gpu_memory_gib"])),
             )
-            if what == "reserved":  # the published ratios' spread (``reserved.reserved_range_bytes``)
-                lo, hi = reserved_range_bytes(est.active_bytes)
+            if (
+                what == "reserved"
+            ):  # the estimate's residuals against the replay (``reserved.reserved_range_bytes``)
+                lo, hi = reserved_range_bytes(reserved)
                 rec.update(published_range_gib=f"{lo / GIB:.1f} to {hi / GIB:.1f}",
                            within_range=lo / GIB <= published <= hi / GIB)  # fmt: skip
         out.append(rec)
@@ -140,7 +148,7 @@ def check_table(path: str | Path | None = None) -> dict:
 
 def check_summary(table: dict | None = None) -> str:
     """One paragraph for the book: how many modelled rows of each kind are within their tolerance, and each
-    miss with its error and whether the published ratios' range holds it (``check_table``'s ``memory`` rows)."""
+    miss with its error and whether the estimate's stated range holds it (``check_table``'s ``memory`` rows)."""
     rows = [r for r in (table or check_table())["memory"] if r["modelled"]]
     parts = []
     for what in ("allocated", "active", "reserved"):
