@@ -85,8 +85,12 @@ def test_reserved_parts_sum_and_the_pools_by_fsdp_version():
     assert reserved.stream_pool_bytes(two)["reduce-scatter stream"] == two.grads_bytes
     assert reserved.stream_pool_bytes(two, rs_input_on_rs_stream=True)["reduce-scatter stream"] == (
         two.grads_bytes + two.grad_buffer_bytes)  # fmt: skip
-    solo = estimate_memory("smollm3-3b", world_size=1, **kw)
-    assert reserved.stream_pool_bytes(solo) == {"all-gather stream": 0, "reduce-scatter stream": 0}
+    # without sharding (one GPU, NO_SHARD) every tensor stays in the default pool: reserved >= the tensor peak
+    for solo in (estimate_memory("smollm3-3b", world_size=1, **kw),
+                 estimate_memory("smollm3-3b", world_size=2, strategy="NO_SHARD", fsdp_version=1, lora=True, **kw)):  # fmt: skip
+        assert reserved.stream_pool_bytes(solo) == {"all-gather stream": 0, "reduce-scatter stream": 0}
+        peak = solo.moments[solo.peak_moment] + solo.record_stream_bytes
+        assert reserved.default_stream_tensor_bytes(solo) == peak and solo.reserved_bytes > peak
 
 
 def test_modelled_rows_match_published_outcome_and_tolerance(table):

@@ -36,6 +36,7 @@ def add_dryrun_parser(sub: argparse._SubParsersAction, common: dict) -> None:
         help="also say whether the step fits that GPU (the replayed allocator at its memory; names as in "
         "`smolfsdp memory --gpu`)",
     )  # fmt: skip
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
 
 
 def cmd_dryrun(args: argparse.Namespace) -> int:
@@ -45,7 +46,8 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, **overrides_from(args))
     from smolfsdp.measure.hardware import get_gpu  # deferred: measure loads torch
 
-    gpu = get_gpu(args.gpu) if args.gpu else None  # an unknown name fails here, before the dry run
+    # an unknown name fails here, before the dry run
+    gpu = get_gpu(args.gpu, args.gpu_memory_gib) if args.gpu or args.gpu_memory_gib else None
     from smolfsdp.dryrun.compare import compare_with_estimate  # deferred: torch, transformers
     from smolfsdp.dryrun.run import dry_run  # deferred: torch, transformers
 
@@ -136,13 +138,13 @@ def fit_on_gpu(report, gpu) -> dict:
     except OutOfMemory:
         return {**rec, "verdict": "does not fit"}
     return {**rec, "verdict": "tight" if out["retries"] else "fits", "retries": out["retries"],
-            "peak_reserved_gib": out["peak_reserved"] / GIB}  # fmt: skip
+            "peak_reserved_gib": (out["peak_reserved"] + CUBLAS_WORKSPACE_BYTES) / GIB}  # fmt: skip
 
 
 def _fit_line(report, gpu) -> list[str]:
     fit = fit_on_gpu(report, gpu)
     if fit["verdict"] is None:
-        return []
+        return [f"(no verdict on {gpu.name}: with CPU offload the trace cannot tell host from device memory)"]
     retried = (
         f"; the allocator released its cache and retried {fit['retries']} time(s)"
         if fit.get("retries")

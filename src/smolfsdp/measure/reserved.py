@@ -57,7 +57,9 @@ def stream_pool_bytes(est, rs_input_on_rs_stream: bool = False) -> dict[str, int
     ``foreach_reduce`` make them there), plus for FSDP1 one unit's unsharded gradient and reduce-scatter input
     (``grad_buffer_bytes``: the cast to the reduce dtype runs in the post-backward stream), and for FSDP2 the
     same with ``rs_input_on_rs_stream`` (torch before pytorch/pytorch#129721, 2024-06-27, allocated the
-    reduce-scatter input in that stream; torch 2.13 on the default stream)."""
+    reduce-scatter input in that stream; torch 2.13 on the default stream). Left out: FSDP1's pre-unshard
+    stream (its low-precision shards under mixed precision: 0.1-0.3 GiB in the replays of
+    data/results/dryrun/replay_grid.json), which the fitted factor absorbs."""
     if not _sharded(est):
         return {"all-gather stream": 0, "reduce-scatter stream": 0}
     buffer = est.grad_buffer_bytes if est.fsdp_version == 1 or rs_input_on_rs_stream else 0
@@ -66,10 +68,11 @@ def stream_pool_bytes(est, rs_input_on_rs_stream: bool = False) -> dict[str, int
 
 def default_stream_tensor_bytes(est) -> int:
     """The default stream's tensors at their fullest: each moment of ``est.moments`` less what lives in the other
-    pools then (the gradient shards at every moment but the loss moment, the gathered units at every moment but
-    the optimizer step), plus FSDP1's ``record_stream`` blocks. With gradient accumulation the loss moment also
+    pools then (with a sharded strategy: the gradient shards at every moment but the loss moment, the gathered
+    units at every moment but the optimizer step), plus FSDP1's ``record_stream`` blocks. With gradient accumulation the loss moment also
     holds the gradient shards: counted here (an over-estimate by that much)."""
-    grads, gathered = est.grads_bytes, est.gathered_bytes if _sharded(est) else 0
+    # without sharding there are no other pools: the gradients and replicas stay in the default one
+    grads, gathered = (est.grads_bytes, est.gathered_bytes) if _sharded(est) else (0, 0)
     fullest = max(
         v - (0 if k == "loss" else grads) - (0 if k == "optimizer" else gathered)
         for k, v in est.moments.items()
@@ -123,7 +126,7 @@ def margin_text() -> str:
         "allocator. The caching allocator keeps a pool per stream, and cached memory in one cannot serve another "
         f"(smolfsdp.measure.allocator). {DEFAULT_POOL_FACTOR} is fitted to the allocator replayed on the book's 16 "
         f"setups ({REPLAY_GRID}; this estimate {lo:+.0f} % to {hi:+.0f} % of it); the published runs are held out "
-        "(data/results/published/check.json). `smolfsdp dryrun --gpu NAME` replays the real allocation order"
+        "(data/results/published/check.json). `smolfsdp dryrun --gpu NAME` replays the real allocation order."
     )
 
 

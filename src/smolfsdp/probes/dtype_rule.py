@@ -18,6 +18,7 @@ every parameter of a unit, frozen or not, into one FlatParameter, which has one 
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -81,6 +82,11 @@ def record(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "dtype_rule.json").write_text(json.dumps(results, indent=1))
     dist.barrier()
+    # The failed cases leave FSDP states in reference cycles that hold the process group; freed only at
+    # interpreter exit, the gloo group's threads were torn down there and the process aborted now and then
+    # ("terminate called without an active exception", SIGABRT after the results were written: 1 run in
+    # 5-12 on 2 cores). Collected here, the group is destroyed while Python still runs.
+    gc.collect()
     dist.destroy_process_group()
 
 
