@@ -204,3 +204,20 @@ def test_one_published_row_re_traced_and_replayed_equals_the_committed_row():
     for key in ("dry_run_peak_gib", "active", "reserved"):
         assert got[key] == committed[rid][key], key
     assert got["replay"]["reserved_by_step_gib"] == committed[rid]["replay"]["reserved_by_step_gib"]
+
+
+def test_book_views_of_the_allocator_section():
+    """Chapter 00's allocator section reads check.json and rows.json: a table that fits the page, sentences counted
+    from it, the published ratios one factor would have to cover, the figure's four series."""
+    from smolfsdp.book import allocator_views
+
+    check = allocator_views.load_check()
+    table = allocator_views.reserved_table(check)
+    assert len(table) == 6 and len(table.columns) <= 7
+    assert (table["replay %"].abs() <= 10).all() and (table["estimate %"].abs() <= 10).all()
+    assert "the replayed allocator on 6 of 6" in allocator_views.reading(check)
+    assert allocator_views.published_ratios_text() == (
+        "fsdp_qlora: 1.12 to 1.24 x (2 runs); torchtitan: 1.20 to 1.36 x (4 runs)"
+    )
+    fig = allocator_views.plot_reserved(check)
+    assert [t.name for t in fig.data][-1] == "published reserved" and len(fig.data) == 4

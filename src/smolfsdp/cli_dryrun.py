@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from smolfsdp.cli_args import field_parser, overrides_from
 from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
+from smolfsdp.paths import repo_root
 
 GIB = 2**30
 
@@ -54,15 +56,13 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     report = dry_run(cfg, args.gpus, progress=lambda msg: print(f"[dryrun] {msg}", file=out, flush=True))
     table = compare_with_estimate(report, cfg)
+    replayed = _replayed(report, None)  # once, for the text or JSON and the verdict
     if args.json:
-        from smolfsdp.measure.allocator import replay  # no torch
-
-        allocator = None if report.offload else replay(report.alloc_events)
-        fit = fit_on_gpu(report, gpu) if gpu else None
+        fit = fit_on_gpu(report, gpu, replayed) if gpu else None
         print(json.dumps({**report.to_dict(), "estimate_vs_dry_run": table.to_dict("records"),
-                          "allocator_replay": allocator, "fit": fit}, indent=1))  # fmt: skip
+                          "allocator_replay": replayed, "fit": fit}, indent=1))  # fmt: skip
         return 0
-    print(format_dryrun(report, table, gpu))
+    print(format_dryrun(report, table, gpu, replayed))
     return 0
 
 
@@ -94,33 +94,58 @@ def _record_stream_lines(setup: dict) -> list[str]:
     ]
 
 
-def _replay_lines(report) -> list[str]:
+def _replayed(report, replayed):
+    """``replayed`` or, for a report that has an allocation order and no offload, its replay; None otherwise (a
+    report read back from JSON carries no allocation order; with offload the trace holds the host's tensors)."""
+    from smolfsdp.measure.allocator import replay  # no torch
+
+    if replayed is not None or getattr(report, "offload", None) or not getattr(report, "alloc_events", None):
+        return replayed
+    return replay(report.alloc_events)
+
+
+def _held_to_published() -> str:
+    """How far the replay was from the published runs of ``check.json``'s ``dry_run`` rows, in words."""
+    from smolfsdp.measure.published import CHECK_PATH  # deferred: measure loads torch
+
+    rows = json.loads((repo_root() / CHECK_PATH).read_text()).get("dry_run", [])
+    worst = max((abs(r["reserved"]["error_pct"]) for r in rows), default=None)
+    if worst is None:
+        return "not yet held to published runs (scripts/published_check.py writes the check)"
+    return (
+        f"held to {len(rows)} published torchtitan runs within {math.ceil(worst)} % ({CHECK_PATH}, dry_run)"
+    )
+
+
+def _replay_lines(report, replayed=None) -> list[str]:
     """The caching allocator replayed on the step's allocation order (``smolfsdp.measure.allocator.replay``):
     reserved memory on a GPU. Not with CPU offload (the trace holds the host's tensors too)."""
-    from smolfsdp.measure.allocator import replay  # no torch
+    from smolfsdp.measure.allocator import REPLAY_STEPS  # no torch
     from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES  # no torch; deferred as the module's others
 
     if getattr(report, "offload", None):
         return ["(the allocator replay is left out with CPU offload: the trace cannot tell host from device)"]
-    if not getattr(report, "alloc_events", None):  # a report read back from JSON carries no allocation order
+    out = _replayed(report, replayed)
+    if out is None:
         return []
-    out = replay(report.alloc_events)
     reserved = out["peak_reserved"] + CUBLAS_WORKSPACE_BYTES
     return [
         f"on a real GPU ~{reserved / GIB:,.2f} GiB reserved ({reserved / report.peak_bytes:.2f} x the tensors; "
         f"{out['peak_active'] / GIB:,.2f} GiB active: allocated or held by record_stream): PyTorch's caching allocator "
-        "replayed on this step's allocation order (smolfsdp.measure.allocator: 3 steps, AdamW's state made in the "
-        "first, a pool per stream, FSDP1's record_stream; + 32 MiB cuBLAS workspace). Held to six published "
-        "torchtitan runs within 6 % (data/results/published/check.json, dry_run)"
+        f"replayed on this step's allocation order (smolfsdp.measure.allocator: {REPLAY_STEPS} steps, AdamW's state "
+        f"made in the first, a pool per stream, FSDP1's record_stream; + {CUBLAS_WORKSPACE_BYTES >> 20} MiB cuBLAS "
+        f"workspace); {_held_to_published()}"
     ]
 
 
-def fit_on_gpu(report, gpu) -> dict:
+def fit_on_gpu(report, gpu, replayed=None) -> dict:
     """Whether the traced step fits ``gpu``: the allocation order replayed with the card's memory as the
     allocator's capacity, less the CUDA context, NCCL's buffers (``smolfsdp.measure.memory``'s constants) and the
     cuBLAS workspace. ``fits``: no segment had to be given back; ``tight``: the allocator had to release its
     cache and retry (``num_alloc_retries``: slower, and fragmentation can still fail it later); ``does not fit``:
-    out of memory even after that. With CPU offload: ``None`` verdict (the trace cannot tell host from device)."""
+    out of memory even after that. With CPU offload: ``None`` verdict (the trace cannot tell host from device).
+    ``replayed``: the replay without a capacity, when already made: within the card, the capped replay is that
+    same run, so it is not run again."""
     from smolfsdp.measure.allocator import OutOfMemory, replay  # no torch
     from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES  # deferred: measure loads torch
     from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES  # no torch
@@ -133,16 +158,19 @@ def fit_on_gpu(report, gpu) -> dict:
     rec = {"gpu": gpu.name, "memory_gib": gpu.memory_bytes / GIB, "outside_allocator_gib": outside / GIB}
     if report.offload or not report.alloc_events:
         return {**rec, "verdict": None}
+    capacity = gpu.memory_bytes - outside
+    out = _replayed(report, replayed)
     try:
-        out = replay(report.alloc_events, capacity_bytes=gpu.memory_bytes - outside)
+        if out["peak_reserved"] > capacity:  # the cache would be released somewhere: replay at the capacity
+            out = replay(report.alloc_events, capacity_bytes=capacity)
     except OutOfMemory:
         return {**rec, "verdict": "does not fit"}
     return {**rec, "verdict": "tight" if out["retries"] else "fits", "retries": out["retries"],
             "peak_reserved_gib": (out["peak_reserved"] + CUBLAS_WORKSPACE_BYTES) / GIB}  # fmt: skip
 
 
-def _fit_line(report, gpu) -> list[str]:
-    fit = fit_on_gpu(report, gpu)
+def _fit_line(report, gpu, replayed=None) -> list[str]:
+    fit = fit_on_gpu(report, gpu, replayed)
     if fit["verdict"] is None:
         return [f"(no verdict on {gpu.name}: with CPU offload the trace cannot tell host from device memory)"]
     retried = (
@@ -166,7 +194,7 @@ def _moment_text(moment: dict) -> str:
     return words[:-1] + f"; traced in {module})" if words.endswith(")") else f"{words} (traced in {module})"
 
 
-def format_dryrun(report, table, gpu=None) -> str:
+def format_dryrun(report, table, gpu=None, replayed=None) -> str:
     """The report for people: the setup, the peak and its moment, collectives, FLOPs, the estimate beside it."""
     s = report.setup
     lines = [
@@ -181,8 +209,9 @@ def format_dryrun(report, table, gpu=None) -> str:
     lines += [f"  {k:<16} {v / GIB:10.3f} GiB" for k, v in report.peak_by_category.items()]
     lines += [_allowance_line(s)]
     lines += _record_stream_lines(s)
-    lines += _replay_lines(report)
-    lines += _fit_line(report, gpu) if gpu else []
+    replayed = _replayed(report, replayed)
+    lines += _replay_lines(report, replayed)
+    lines += _fit_line(report, gpu, replayed) if gpu else []
     if report.offload:  # parameter shards, gradients and optimizer state on the host: the device peaks apart
         o, m = report.offload, report.offload["device_peak_moment"]
         lines += [

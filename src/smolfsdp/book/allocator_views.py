@@ -52,6 +52,22 @@ def reserved_table(check: dict) -> pd.DataFrame:
     return pd.DataFrame(out).set_index("row")
 
 
+def published_ratios_text() -> str:
+    """The published runs' reserved memory over their allocated (or active) bytes, per source, in words: what one
+    factor on the tensor peak would have to cover (data/results/published/rows.json)."""
+    from smolfsdp.measure.published import load_rows  # deferred: measure loads torch
+
+    by_source: dict[str, list[float]] = {}
+    for r in load_rows()["rows"]:
+        m = r["measured"]
+        base = m.get("allocated_gib", m.get("active_gib"))
+        if "reserved_gib" in m and base:
+            by_source.setdefault(r["id"].split("/")[0], []).append(m["reserved_gib"] / base)
+    return "; ".join(
+        f"{src}: {min(v):.2f} to {max(v):.2f} x ({len(v)} runs)" for src, v in sorted(by_source.items())
+    )
+
+
 def reading(check: dict) -> str:
     """The table in words: how many rows each method meets the bar on, and the largest error of each."""
     rows = check["dry_run"]

@@ -9,7 +9,7 @@ row of :data:`DRY_RUN_ROWS` (``data/results/published/rows.json``):
    published code's loss differs from transformers' (:class:`TorchtitanLoop`), records every allocation and free
    in order, with its stream (``smolfsdp.dryrun.streams.allocator_trace``);
 2. ``smolfsdp.measure.allocator.replay`` runs that order through the CUDA caching allocator's policy, with
-   AdamW's state made lazily in the first step, over :data:`REPLAY_STEPS` steps;
+   AdamW's state made lazily in the first step, over ``allocator.REPLAY_STEPS`` steps;
 3. reserved = the replay's peak reserved + ``reserved.CUBLAS_WORKSPACE_BYTES``; active = its peak of bytes
    handed out (FSDP1's ``record_stream``'ed blocks held until the next such free).
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.dryrun.run import dry_run
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.allocator import replay
+from smolfsdp.measure.allocator import REPLAY_STEPS, replay
 from smolfsdp.measure.published import TOLERANCE_PCT, load_rows
 from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES
 from smolfsdp.paths import repo_root
@@ -47,8 +47,6 @@ DRY_RUN_ROWS = (
     "torchtitan/h100-8b-fsdp-sac",
     "torchtitan/h100-8b-128gpu-fsdp-sac",
 )
-#: Steps replayed: the first (lazy AdamW state) and two steady ones; the peaks settle by the second.
-REPLAY_STEPS = 3
 #: The recipe a row's overrides start from (its native-engine fields; the row replaces model and shape).
 BASE_RECIPE = "configs/runs/smollm3_3b_medical.yaml"
 

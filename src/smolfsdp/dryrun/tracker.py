@@ -195,8 +195,9 @@ class _MomentMixin:
 
     def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None) -> None:
         """The trackers' own bookkeeping, and the allocation order for ``smolfsdp.measure.allocator.replay``:
-        ``("a", id, bytes, category)`` when a storage is allocated (or resized up from 0), ``("f", id)`` when it
-        is freed (or resized to 0), a resize as a free then an allocation (FSDP's unshard and reshard)."""
+        ``("a", id, bytes, category, stream)`` when a storage is allocated (or resized up from 0), ``("f", id)``
+        when it is freed (or resized to 0), a resize as a free then an allocation (FSDP's unshard and reshard),
+        ``("c", id, category)`` when the trackers re-label a storage (an output that became a gradient)."""
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
         events = self.__dict__.setdefault("alloc_events", [])
         kind = u_type.name
