@@ -17,7 +17,7 @@ fi
 OUT=data/results/gpu_check_sim
 rm -rf "$OUT" && mkdir -p "$OUT"
 FAIL=$(PYTHONPATH=src "$VENV/bin/python" -c \
-  "from smolfsdp.gpu_check.run import FAIL_SHAPE_ENV as e, SIM_SHAPES as s; print(e + '=' + s[0].name)")
+  "from smolfsdp.audit.gpu_check.measure_gpu import FAIL_SHAPE_ENV as e, SIM_SHAPES as s; print(e + '=' + s[0].name)")
 echo "[device-stack] running the simulation with $FAIL (a failure injected in the first shape)"
 set +e
 env "$FAIL" PYTHONPATH=src CUDA_VISIBLE_DEVICES= HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 \

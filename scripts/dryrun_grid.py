@@ -1,9 +1,9 @@
 """The full-size dry run over a grid of setups, the estimator beside each: data/results/dryrun/grid.json.
 
-Each setup runs ``smolfsdp.dryrun.run.dry_run`` in a fresh process (a fake process group per process) and
-``smolfsdp.dryrun.compare.compare_with_estimate``; the file records the provenance (date, git SHA, versions,
+Each setup runs ``smolfsdp.audit.dryrun.dry_run.dry_run`` in a fresh process (a fake process group per process) and
+``smolfsdp.audit.dryrun.compare.compare_with_estimate``; the file records the provenance (date, git SHA, versions,
 machine, command). Chapter "Where the memory goes" reads it; ``tests/test_dryrun.py`` re-runs a subset.
-Traced on fake tensors, not measured on a GPU (``smolfsdp.dryrun.run.LABEL``).
+Traced on fake tensors, not measured on a GPU (``smolfsdp.audit.dryrun.dry_run.LABEL``).
 
     python scripts/dryrun_grid.py --workers 2          # the grid below (48 setups), about 20 min on 2 cores
     python scripts/dryrun_grid.py --workers 2 --resume # keep the setups already in the file, trace the rest
@@ -59,7 +59,7 @@ GRID = _setups()
 SHAPES_OUT = ROOT / "data" / "results" / "dryrun" / "shapes.json"
 #: The shapes grid (``--grid shapes``, issue 31): three models beside SmolLM3-3B, each config written from its
 #: published dimensions (data/models/*/README.md): Llama 3.2 1B and Qwen2.5-1.5B tie the output layer to the embedding
-#: as SmolLM3 does, Llama 3.1 8B does not (the root's gradient of smolfsdp.measure.root_grad both ways). Each at a
+#: as SmolLM3 does, Llama 3.1 8B does not (the root's gradient of smolfsdp.estimate.root_grad both ways). Each at a
 #: short and a long sequence, for setups chosen to cover the moments of the estimate: 8 ranks at 2 x 128 tokens (the
 #: end of backward, the root's gradient, is the peak), 2 x 2048 (saved activations), FSDP1 and FSDP2, full fine-tune
 #: and LoRA, activation checkpointing on and off. SmolLM3-3B at 2 x 128 only: its long sequences are the 48 setups
@@ -101,9 +101,9 @@ def one(item: tuple[str, str, dict]) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
+    from smolfsdp.audit.dryrun.compare import compare_with_estimate
+    from smolfsdp.audit.dryrun.dry_run import dry_run
     from smolfsdp.config import load_config
-    from smolfsdp.dryrun.compare import compare_with_estimate
-    from smolfsdp.dryrun.run import dry_run
 
     label, recipe, overrides = item
     cfg = load_config(ROOT / recipe, **overrides)
@@ -135,7 +135,7 @@ def provenance(command: str) -> dict:
         "transformers": transformers.__version__,
         "machine": f"{platform.machine()}, {mp.cpu_count()} cores, {platform.python_version()}",
         "command": command,
-        "what": "traced on fake tensors (smolfsdp.dryrun), not measured on a GPU",
+        "what": "traced on fake tensors (smolfsdp.audit.dryrun), not measured on a GPU",
     }
 
 
@@ -145,7 +145,7 @@ def reestimate(path: Path, write: bool = False) -> list[str]:
     traced bytes (GiB, %). The file is rewritten only with ``write`` (``--write``): the traced half stays as
     it was traced (its provenance unchanged) and ``provenance["estimated"]`` records the commit the
     estimates come from. Returns the printed lines."""
-    from smolfsdp.dryrun.compare import compare_committed
+    from smolfsdp.audit.dryrun.compare import compare_committed
 
     grid = json.loads(path.read_text())
     lines, changed = [], 0

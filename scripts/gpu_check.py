@@ -1,7 +1,7 @@
 """GPU check (issue 13): the SmolLM3-3B geometry on one GPU, measured beside smolfsdp's estimates.
 
 Started by ``scripts/gpu_check.sh`` (which sets PYTHONPATH=src and HF_HUB_OFFLINE=1, keeps a log and
-nvidia-smi readings); the measuring code is ``smolfsdp.gpu_check.run``. Writes flat files into --out:
+nvidia-smi readings); the measuring code is ``smolfsdp.audit.gpu_check.measure_gpu``. Writes flat files into --out:
 bench.json, trace_summary.json, provenance.json and one trace_<shape>.json.gz.
 
     OUT=/tmp/h200 bash scripts/gpu_check.sh                  # on the lent GPU machine
@@ -17,7 +17,7 @@ accelerate and peft but not trl, datasets or ijson, so nothing on this path may 
 SIGTERM (what ``timeout`` sends): ``--out`` never holds more than the flat files listed above.
 A shape that fails (out of memory or any other error) is recorded in bench.json with its error; the other
 shapes still run and their results and trace are kept (exit status 1 then). The process group is gloo
-(``smolfsdp.gpu_check.group``), NCCL only if gloo fails a tiny FSDP2 step on the GPU, said in bench.json.
+(``smolfsdp.audit.gpu_check.group``), NCCL only if gloo fails a tiny FSDP2 step on the GPU, said in bench.json.
 """
 
 import argparse
@@ -43,8 +43,8 @@ REQUIRED = {
     "tqdm": "smolfsdp.traces.load (progress bar)",
     "yaml": "smolfsdp.config",
     "psutil": "smolfsdp.measure.benchmark",
-    "smolfsdp.gpu_check.run": "the measurement (src/ on PYTHONPATH)",
-    "smolfsdp.gpu_check.trace": "the trace checks and analyze-trace",
+    "smolfsdp.audit.gpu_check.measure_gpu": "the measurement (src/ on PYTHONPATH)",
+    "smolfsdp.audit.gpu_check.profiled_window": "the trace checks and analyze-trace",
 }
 #: Imported where present, read without otherwise (not on the GPU machine's image).
 OPTIONAL = {"ijson": "smolfsdp.traces.load: faster trace parsing; the standard library reads without it"}
@@ -141,11 +141,19 @@ def _measure(args, work: Path) -> int:
     import torch
     import torch.distributed as dist
 
-    from smolfsdp.gpu_check.group import single_process_group
-    from smolfsdp.gpu_check.run import ADAMW, BENCH, PROVENANCE, RECIPE, TRACE_SUMMARY, make_plan, run_shape
-    from smolfsdp.gpu_check.trace import check_trace, keep_trace, run_analyze_trace
+    from smolfsdp.audit.gpu_check.group import single_process_group
+    from smolfsdp.audit.gpu_check.measure_gpu import (
+        ADAMW,
+        BENCH,
+        PROVENANCE,
+        RECIPE,
+        TRACE_SUMMARY,
+        make_plan,
+        run_shape,
+    )
+    from smolfsdp.audit.gpu_check.profiled_window import check_trace, keep_trace, run_analyze_trace
+    from smolfsdp.estimate.params import resolve_model_config
     from smolfsdp.measure import benchmark
-    from smolfsdp.measure.params import resolve_model_config
     from smolfsdp.measure.results import provenance
     from smolfsdp.measure.timing import measure_matmul_tflops
     from smolfsdp.sharding.distributed import teardown

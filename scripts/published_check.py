@@ -3,10 +3,11 @@ write the error tables with their provenance.
 
     .venv/bin/python scripts/published_check.py            # writes data/results/published/check.json (~1 min)
     .venv/bin/python scripts/published_check.py --print    # the estimator's table only, written nowhere
+    .venv/bin/python scripts/published_check.py --calibration  # only data/results/published/calibration.json (~5 s)
 
 Reads data/results/published/rows.json (sources, configurations, published numbers and what they are);
-``smolfsdp.measure.published.check_table`` (estimator) and ``smolfsdp.dryrun.published.dry_run_rows`` (dry run +
-``smolfsdp.measure.allocator.replay``) do the work; tests/test_published.py holds the written file to today's
+``smolfsdp.audit.published_rows.check_table`` (estimator) and ``smolfsdp.audit.dryrun.published_replay.dry_run_rows`` (dry run +
+``smolfsdp.audit.allocator_replay.replay``) do the work; tests/test_published.py holds the written file to today's
 code. The book's memory chapter shows the same tables.
 """
 
@@ -25,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def provenance() -> dict:
     import transformers
 
-    from smolfsdp.measure.published import ROWS_PATH
-    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES, DEFAULT_POOL_FACTOR, REPLAY_GRID
+    from smolfsdp.audit.published_rows import ROWS_PATH
+    from smolfsdp.estimate.reserved import CUBLAS_WORKSPACE_BYTES, DEFAULT_POOL_FACTOR, REPLAY_GRID
 
     sha = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -43,21 +44,41 @@ def provenance() -> dict:
         "cublas_workspace_bytes": CUBLAS_WORKSPACE_BYTES,
         "what": "smolfsdp's estimator (no GPU) against numbers published by others; error % = (estimate - "
         "published) / published. dry_run: the fake-tensor dry run of six rows and the caching allocator replayed "
-        "on its allocation order (smolfsdp.dryrun.published), traced on a CPU, not measured",
+        "on its allocation order (smolfsdp.audit.dryrun.published_replay), traced on a CPU, not measured",
     }
 
 
+def write_calibration() -> None:
+    """The step-time model's rates (smolfsdp.audit.hfu_fit.calibration_record) where the estimator reads them."""
+    from smolfsdp.audit.hfu_fit import calibration_record
+    from smolfsdp.estimate.calibration import CALIBRATION_PATH
+
+    prov = {k: v for k, v in provenance().items() if not k.startswith(("default_pool", "cublas"))}
+    prov["what"] = (
+        "the step-time model's MFU and HFU per GPU, fitted to the published rows' tokens/s "
+        "(smolfsdp.audit.hfu_fit.calibration_record); read by smolfsdp.estimate.calibration"
+    )
+    out = ROOT / CALIBRATION_PATH
+    out.write_text(json.dumps({"provenance": prov, **calibration_record()}, indent=1) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}", flush=True)
+
+
 def main(argv=None) -> int:
-    from smolfsdp.measure.published import CHECK_PATH, check_table
+    from smolfsdp.audit.published_rows import CHECK_PATH, check_table
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--print", action="store_true", help="print the table, write nothing")
+    ap.add_argument("--calibration", action="store_true", help="write only the step-time calibration")
     args = ap.parse_args(argv)
+    if not args.print:
+        write_calibration()
+        if args.calibration:
+            return 0
     table = check_table()
     if args.print:
         print(json.dumps(table, indent=1))
         return 0
-    from smolfsdp.dryrun.published import dry_run_rows  # deferred: torch, transformers
+    from smolfsdp.audit.dryrun.published_replay import dry_run_rows  # deferred: torch, transformers
 
     dry = dry_run_rows(progress=lambda msg: None)
     for r in dry:

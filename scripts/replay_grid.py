@@ -2,9 +2,9 @@
 
 For each of 16 SmolLM3-3B setups (FSDP1 / FSDP2 x full fine-tune / LoRA x activation checkpointing on / off x 2
 and 8 ranks, 2 x 2,048 tokens, one micro-batch, each from its book recipe) the dry run
-(``smolfsdp.dryrun.run.dry_run``) records the step's allocation order and ``smolfsdp.measure.allocator.replay``
+(``smolfsdp.audit.dryrun.dry_run.dry_run``) records the step's allocation order and ``smolfsdp.audit.allocator_replay.replay``
 runs it through the CUDA caching allocator's policy: peak reserved bytes and each stream pool's segments. The
-estimator's default-pool factor (``smolfsdp.measure.reserved.DEFAULT_POOL_FACTOR``) is fitted to these rows;
+estimator's default-pool factor (``smolfsdp.estimate.reserved.DEFAULT_POOL_FACTOR``) is fitted to these rows;
 tests/test_published.py holds the constant to the fit and re-traces one row. Traced and replayed on a CPU, not
 measured on a GPU.
 
@@ -30,10 +30,10 @@ SETUPS = [
 
 def replay_row(overrides: dict) -> dict:
     """One setup: its recipe and overrides, the dry run's tensor peak, the replay's peaks and pools (bytes)."""
+    from smolfsdp.audit.allocator_replay import replay
+    from smolfsdp.audit.dryrun.dry_run import dry_run
     from smolfsdp.config import load_config
-    from smolfsdp.dryrun.run import dry_run
-    from smolfsdp.measure.allocator import replay
-    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES
+    from smolfsdp.estimate.reserved import CUBLAS_WORKSPACE_BYTES
 
     recipe = LORA if overrides["lora"] else FULL
     cfg = load_config(ROOT / recipe, **overrides)
@@ -61,7 +61,7 @@ def main() -> int:
               f"{r['replay_reserved_bytes'] / 2**30:.2f} GiB ({r['seconds']} s)", flush=True)  # fmt: skip
     prov = provenance("python scripts/replay_grid.py")
     prov["what"] = (
-        "traced on fake tensors (smolfsdp.dryrun) and replayed through smolfsdp.measure.allocator, not measured on a GPU"
+        "traced on fake tensors (smolfsdp.audit.dryrun) and replayed through smolfsdp.audit.allocator_replay, not measured on a GPU"
     )
     OUT.write_text(json.dumps({"provenance": prov, "rows": rows}, indent=1) + "\n")
     print(f"wrote {OUT.relative_to(ROOT)}: {len(rows)} setups")

@@ -151,8 +151,8 @@ def test_sharded_checkpoint_round_trips(two_ranks):
 
 
 def _dry(layout: str):
-    from smolfsdp.dryrun.compare import compare_with_estimate, estimate_for
-    from smolfsdp.dryrun.run import dry_run
+    from smolfsdp.audit.dryrun.compare import compare_with_estimate, estimate_for
+    from smolfsdp.audit.dryrun.dry_run import dry_run
 
     cfg = load_config("configs/runs/lora_smoke.yaml", fsdp_version=1, lora_layout=layout, max_length=128)
     report = dry_run(cfg, world_size=2)

@@ -1,4 +1,4 @@
-"""The caching-allocator replay (smolfsdp.measure.allocator) and the allocation order the dry run records."""
+"""The caching-allocator replay (smolfsdp.audit.allocator_replay) and the allocation order the dry run records."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from smolfsdp.measure import allocator as A
+from smolfsdp.audit import allocator_replay as A
 from smolfsdp.paths import repo_root
 
 MIB = 2**20
@@ -138,8 +138,8 @@ def test_replay_moves_the_reduce_scatter_input_to_the_reduce_scatter_stream():
 def test_dry_run_records_an_order_whose_replay_reproduces_its_peak(fsdp_version):
     """The recorded allocation order is complete: replayed eagerly with no delays, the tensor bytes it holds
     peak exactly at the dry run's traced peak; FSDP's all-gather and reduce-scatter work is on other streams."""
+    from smolfsdp.audit.dryrun.dry_run import dry_run
     from smolfsdp.config import load_config
-    from smolfsdp.dryrun.run import dry_run
 
     cfg = load_config(repo_root() / "configs/runs/smoke.yaml", fsdp_version=fsdp_version, nproc=2,
                       activation_checkpointing=True, max_length=64)  # fmt: skip
@@ -160,7 +160,7 @@ def test_dry_run_records_an_order_whose_replay_reproduces_its_peak(fsdp_version)
 
 def _fit_verdicts(report, full):
     from smolfsdp.cli_dryrun import fit_on_gpu, format_dryrun
-    from smolfsdp.measure.hardware import get_gpu
+    from smolfsdp.estimate.hardware import get_gpu
 
     outside = fit_on_gpu(report, get_gpu("H100 SXM"))["outside_allocator_gib"] * GIB
     roomy = get_gpu(None, memory_gib=(full["peak_reserved"] + outside) / GIB + 0.01)
@@ -193,7 +193,7 @@ def test_committed_dry_run_rows_are_within_the_issue_tolerance():
 
 
 def test_one_published_row_re_traced_and_replayed_equals_the_committed_row():
-    from smolfsdp.dryrun.published import dry_run_row, rows_by_id
+    from smolfsdp.audit.dryrun.published_replay import dry_run_row, rows_by_id
 
     committed = {
         r["id"]: r

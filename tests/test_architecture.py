@@ -54,11 +54,11 @@ def test_lint_imports_contracts_are_kept():
 
 
 def test_lint_imports_refuses_an_upward_import(tmp_path):
-    """The contract is live: a copy of the package where a low layer (measure) imports a high one
+    """The contract is live: a copy of the package where a low layer (estimate) imports a high one
     (train) is refused, naming the import."""
     shutil.copytree(PACKAGE, tmp_path / "smolfsdp", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    bad = tmp_path / "smolfsdp" / "measure" / "hardware.py"
+    bad = tmp_path / "smolfsdp" / "estimate" / "hardware.py"
     bad.write_text(bad.read_text() + "\nfrom smolfsdp.train import sft  # noqa: E402\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     linter = Path(sys.executable).with_name("lint-imports")
@@ -66,8 +66,30 @@ def test_lint_imports_refuses_an_upward_import(tmp_path):
         [str(linter), "--no-cache"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 1
-    assert "smolfsdp.measure is not allowed to import smolfsdp.train" in proc.stdout
-    assert "smolfsdp.measure.hardware -> smolfsdp.train.sft" in proc.stdout
+    assert "smolfsdp.estimate is not allowed to import smolfsdp.train" in proc.stdout
+    assert "smolfsdp.estimate.hardware -> smolfsdp.train.sft" in proc.stdout
+
+
+def test_the_estimator_never_imports_the_audit():
+    """The checks of the project's numbers (``smolfsdp.audit``) sit above the estimator they judge: no module of
+    ``estimate``, ``measure``, ``train`` or ``sharding`` imports it (the contract's layers say so too)."""
+    sys.path.insert(0, str(SRC))
+    try:
+        graph = grimp.build_graph("smolfsdp", cache_dir=None)
+    finally:
+        sys.path.remove(str(SRC))
+    for low in ("smolfsdp.estimate", "smolfsdp.measure", "smolfsdp.train", "smolfsdp.sharding"):
+        assert not graph.chain_exists(importer=low, imported="smolfsdp.audit", as_packages=True), low
+
+
+def test_no_module_file_name_is_used_twice():
+    """Files are named for their subject, once: no two modules of the package share a file name (``__init__``
+    aside), so a name in a traceback or a chapter points at one file."""
+    names: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(path.relative_to(PACKAGE).as_posix())
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}
 
 
 def test_no_import_cycles_inside_any_package():

@@ -10,6 +10,7 @@ import pytest
 from smolfsdp.book import profiling
 from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
+from smolfsdp.estimate import flops
 from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
 from smolfsdp.paths import recipe
@@ -18,10 +19,10 @@ from smolfsdp.paths import recipe
 def test_flops_per_token_palm_formula_on_smollm3_3b_geometry():
     """SmolLM3-3B: 36 layers, 16 heads of 128 (hidden 2048); 6N + 12·L·H·Q·T at T = 4096."""
     n = 3_075_098_624
-    fpt = benchmark.flops_per_token(n, 36, 16, 128, 4096)
+    fpt = flops.flops_per_token(n, 36, 16, 128, 4096)
     assert fpt == 6 * n + 12 * 36 * 16 * 128 * 4096
     # LoRA: frozen weights get no weight gradient: 4 FLOPs per frozen parameter, 6 per trainable one
-    lora = benchmark.flops_per_token(n, 36, 16, 128, 4096, trainable_params=1_000)
+    lora = flops.flops_per_token(n, 36, 16, 128, 4096, trainable_params=1_000)
     assert lora == 4 * n + 2 * 1_000 + 12 * 36 * 16 * 128 * 4096
 
 
@@ -39,7 +40,7 @@ def test_tiny_model_geometry_and_tied_embedding_counted_once(tokenizer):
 
 def test_step_metrics_are_consistent():
     """tokens/s = tokens per step / step time; TFLOP/s per rank; MFU = TFLOP/s / peak."""
-    fpt = benchmark.flops_per_token(1_000_000, 4, 4, 16, 128)
+    fpt = flops.flops_per_token(1_000_000, 4, 4, 16, 128)
     m = benchmark.step_metrics(250.0, 2_000, 16, fpt, world_size=2, peak=989.0)
     assert m["tokens_per_s"] == pytest.approx(2_000 / 0.25)
     assert m["samples_per_s"] == pytest.approx(16 / 0.25)
@@ -67,7 +68,7 @@ def test_peak_tflops_from_hardware_table(device_name, tflops):
 def test_unknown_gpu_or_cpu_leaves_mfu_empty_with_reason(device_name):
     peak, reason = benchmark.peak_tflops(device_name)
     assert peak is None
-    assert ("not in smolfsdp.measure.hardware" in reason) if device_name else ("CPU" in reason)
+    assert ("not in smolfsdp.estimate.hardware" in reason) if device_name else ("CPU" in reason)
 
 
 @pytest.mark.parametrize(
@@ -110,7 +111,7 @@ def test_benchmark_run_bench_json_is_consistent(tmp_path):
     for r in steps.itertuples():
         assert r.tokens > 0 and r.samples == 4 * 2
         assert r.tokens_per_s == pytest.approx(r.tokens / (r.step_time_ms / 1e3))
-        assert r.flops_per_token == benchmark.flops_per_token(n, seq_len=r.seq_len, **geo)
+        assert r.flops_per_token == flops.flops_per_token(n, seq_len=r.seq_len, **geo)
         assert r.tflops == pytest.approx(r.flops_per_token * r.tokens_per_s / 2 / 1e12)
         assert r.mfu is None or (isinstance(r.mfu, float) and math.isnan(r.mfu))
         assert r.tensor_bytes > 0 and r.rss_peak_bytes >= r.rss_bytes  # a peak is never below "now"

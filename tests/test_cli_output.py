@@ -14,7 +14,7 @@ from test_trace_analysis import _fsdp2_gpu_trace, _write
 from smolfsdp import cli, cli_output
 from smolfsdp.checkpoint.dcp import MARKER
 from smolfsdp.config import GROUPS, TrainConfig
-from smolfsdp.gotchas.runner import GOTCHAS, KIND_LEGEND
+from smolfsdp.gotchas.run_all import GOTCHAS, KIND_LEGEND
 from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
 from smolfsdp.paths import umask_modes
@@ -28,7 +28,7 @@ CPU_BENCH = {
     "device": "cpu",
     "device_name": None,
     "warmup_steps": 1,
-    "mfu_reason": "CPU run: smolfsdp.measure.hardware has no peak FLOP/s for CPUs, so MFU is not defined",
+    "mfu_reason": "CPU run: smolfsdp.estimate.hardware has no peak FLOP/s for CPUs, so MFU is not defined",
     "summary": {
         "timed_steps": 4,
         "step_time_ms_median": 1276.2641180001992,
@@ -56,7 +56,7 @@ def test_bench_table_has_units_and_says_why_no_mfu():
     assert rows["TFLOP/s per rank"] == "0.006945"
     assert (
         rows["MFU"]
-        == "- (CPU run: smolfsdp.measure.hardware has no peak FLOP/s for CPUs, so MFU is not defined)"
+        == "- (CPU run: smolfsdp.estimate.hardware has no peak FLOP/s for CPUs, so MFU is not defined)"
     )
     assert rows["memory, rank 0"].startswith("601.9 MiB process RSS peak, 6.6 MiB in parameters")
 

@@ -1,4 +1,4 @@
-"""smolfsdp.measure.comm, cluster and scaling: byte counts by hand, the ring factor, overlap, bad input, and real traces."""
+"""smolfsdp.estimate.comm, cluster and scaling: byte counts by hand, the ring factor, overlap, bad input, and real traces."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure import cluster, comm, comm_trace, scaling
-from smolfsdp.measure.params import count_parameters, resolve_model_config
+from smolfsdp.estimate import cluster, comm, scaling
+from smolfsdp.estimate.params import count_parameters, resolve_model_config
+from smolfsdp.traces import collective_sizes as comm_trace
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 

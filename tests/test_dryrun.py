@@ -1,4 +1,4 @@
-"""The full-size dry run (smolfsdp.dryrun): fake tensors change nothing, and the estimator is held to it.
+"""The full-size dry run (smolfsdp.audit.dryrun): fake tensors change nothing, and the estimator is held to it.
 
 Each dry run makes its own fake process group, so each runs in a fresh process (spawn). A model of SmolLM3's
 shape scaled down ("mid": 12 layers, hidden 512, vocabulary 8,192) allocates little, so it also runs on real
@@ -38,8 +38,8 @@ def _dry(recipe: str, overrides: dict, fake: bool = True, world_size: int | None
     import warnings
 
     warnings.filterwarnings("ignore")
-    from smolfsdp.dryrun.compare import compare_with_estimate
-    from smolfsdp.dryrun.run import dry_run
+    from smolfsdp.audit.dryrun.compare import compare_with_estimate
+    from smolfsdp.audit.dryrun.dry_run import dry_run
 
     cfg = load_config(repo_root() / recipe, **overrides)
     report = dry_run(cfg, world_size, fake=fake)
@@ -120,7 +120,7 @@ def _committed_grid() -> dict:
 def test_estimator_holds_on_the_whole_committed_grid():
     """Every setup of the committed SmolLM3-3B grid against today's estimator (re-estimated from the traced
     bytes, seconds): parameters, gradients and AdamW state byte for byte, the peak at its moment within 3 %."""
-    from smolfsdp.dryrun.compare import compare_committed
+    from smolfsdp.audit.dryrun.compare import compare_committed
 
     grid = _committed_grid()
     kinds = {(r["setup"]["fsdp_version"], r["setup"]["lora"], r["setup"]["activation_checkpointing"],
@@ -176,7 +176,7 @@ def test_trl_fused_lm_head_is_traced_and_estimated(mid):
 def test_smollm3_3b_traces_again_what_the_grid_committed():
     """Five SmolLM3-3B setups run again here: the same bytes, moment, collectives and FLOPs as committed, the
     estimate within 3 %; on the first, the communication model and the MFU's FLOP formula against the trace."""
-    from smolfsdp.measure.comm import estimate_collectives
+    from smolfsdp.estimate.comm import estimate_collectives
 
     committed = {r["label"]: r for r in _committed_grid()["runs"]}
     rows = [committed[label] for label in CI_SUBSET]
@@ -218,8 +218,8 @@ def test_dryrun_command(mid):
 
     import pandas as pd
 
+    from smolfsdp.audit.dryrun.dry_run import DryRun
     from smolfsdp.cli_dryrun import format_dryrun
-    from smolfsdp.dryrun.run import DryRun
 
     cmd = [sys.executable, "-m", "smolfsdp.cli", "dryrun", "--config", str(repo_root() / LORA), "--model", mid,
            "--max_length", "256", "--gradient_accumulation_steps", "1", "--gpus", "4", "--json", "--gpu", "L4"]  # fmt: skip
@@ -246,7 +246,7 @@ def test_dryrun_command(mid):
         "optimizer state",
     ]
     table = pd.DataFrame(report.pop("estimate_vs_dry_run"))
-    # the caching allocator replayed on the step's allocation order (smolfsdp.measure.allocator)
+    # the caching allocator replayed on the step's allocation order (smolfsdp.audit.allocator_replay)
     replayed = report.pop("allocator_replay")
     fit = report.pop("fit")  # --gpu L4: the replay at the card's capacity (24 GB) less what lives outside it
     assert fit["gpu"] == "L4" and fit["verdict"] == "fits" and fit["retries"] == 0
@@ -259,7 +259,7 @@ def test_dryrun_command(mid):
         and "estimated" not in text.split("\n")[0]
     )
     # the traced peak names its settings and what smolfsdp memory adds to it (512 + 256 MiB on 4 ranks)
-    # (the settings line is smolfsdp.measure.recipe_peak.settings_line, the one every chapter prints)
+    # (the settings line is smolfsdp.estimate.recipe_peak.settings_line, the one every chapter prints)
     assert "(settings: FSDP2 FULL_SHARD x 4, " in text and "gradient accumulation 1, " in text
     assert (
         "; tensors only; a GPU adds the CUDA context and NCCL buffers, 0.75 GiB in `smolfsdp memory`'s device peak)"
@@ -290,7 +290,7 @@ def test_book_views_of_the_committed_grid():
     assert (comm["equal"] == "yes").all() and set(comm["ranks"]) == {2, 4, 8}
     assert (dryrun_views.comm_check_table(grid, None)["equal"] == "yes").all()  # every full fine-tune setup
     assert "FSDP1 with LoRA" in dryrun_views.flops_reading(grid)
-    from smolfsdp.seeds import claims as sc
+    from smolfsdp.audit.seeds import claims as sc
 
     judged = dryrun_views.add_dry_run_evidence([sc.full_model_memory(), sc.per_gpu_memory()], grid)
     assert "16.0 bytes per parameter" in judged[0].evidence[-1]  # the seed's 36 GB is 12 bytes per parameter

@@ -49,7 +49,7 @@ def test_estimator_holds_on_the_committed_shapes_grid():
     """Every setup of data/results/dryrun/shapes.json (SmolLM3-3B, Llama 3.2 1B, Qwen2.5-1.5B, Llama 3.1 8B;
     2 x 128 and 2 x 2048 tokens) re-estimated from its traced bytes (seconds, no dry run): parameters, gradients
     and AdamW state byte for byte, the peak within 3 % of the traced one."""
-    from smolfsdp.dryrun.compare import compare_committed
+    from smolfsdp.audit.dryrun.compare import compare_committed
 
     grid = json.loads(SHAPES.read_text())
     assert "not measured on a GPU" in grid["provenance"]["what"] and grid["provenance"]["complete"]
@@ -74,7 +74,7 @@ def test_estimator_holds_on_the_committed_shapes_grid():
         assert abs(table["peak"]["error_pct"]) <= 3.0, (row["label"], table["peak"])
         moments.add(next(r["component"] for r in records if r["component"].startswith("peak")))
         worst = max(worst, abs(table["peak"]["error_pct"]))
-    # the end of backward (the root's gradient, smolfsdp.measure.root_grad) is the peak in some setups: tied, the
+    # the end of backward (the root's gradient, smolfsdp.estimate.root_grad) is the peak in some setups: tied, the
     # embedding's backward (three [V, h] at once); untied (Llama 3.1 8B), the root's reduce-scatter
     assert {"peak (embedding moment)", "peak (root reduce-scatter moment)"} <= moments, moments
     assert worst < 0.25, worst
@@ -85,10 +85,10 @@ def test_untied_root_gradient_during_the_layers_backward_is_the_output_layers():
     and the final norm's (bf16); the embedding's comes last. Tied (SmolLM3-3B): the one shared weight's. The
     8B row that found it (FSDP2, 8 ranks, 2 x 128): the 'last layer' moment was one [V, h] too high, above the
     traced peak; now below it, and the peak is the root's reduce-scatter, byte for byte."""
+    from smolfsdp.audit.dryrun.compare import compare_committed, estimate_for
     from smolfsdp.config import load_config
-    from smolfsdp.dryrun.compare import compare_committed, estimate_for
-    from smolfsdp.measure.params import model_units, resolve_model_config
-    from smolfsdp.measure.root_grad import root_grad_before_layers
+    from smolfsdp.estimate.params import model_units, resolve_model_config
+    from smolfsdp.estimate.root_grad import root_grad_before_layers
 
     llama = resolve_model_config(str(ROOT / "data" / "models" / "llama3_1_8b"))
     v_h = llama.vocab_size * llama.hidden_size
@@ -115,7 +115,7 @@ def test_untied_root_gradient_during_the_layers_backward_is_the_output_layers():
 
 def test_every_activation_checkpointing_row_of_the_grid_is_traced_again():
     """grid.json's provenance.retraced names every activation-checkpointing row (24 of 48): none holds the
-    fake-only [B, 1, T, T] mask (smolfsdp.dryrun.gpu_path); each names the commit that traced it."""
+    fake-only [B, 1, T, T] mask (smolfsdp.audit.dryrun.gpu_path); each names the commit that traced it."""
     grid = json.loads(GRID.read_text())
     ac = [r["label"] for r in grid["runs"] if r["overrides"]["activation_checkpointing"]]
     again = grid["provenance"]["retraced"]

@@ -456,7 +456,7 @@ def test_rendezvous_port_in_use_is_named_not_a_lost_connection(tmp_path):
 def test_second_run_of_the_same_name_is_refused(tmp_path):
     """While one launcher holds the run's lock, a second launch of that name and output_dir is refused
     before it starts anything (before: both ran, and the folder kept only the second)."""
-    from smolfsdp.launch.checks import check_output_dir, lock_path, run_lock
+    from smolfsdp.launch.host_checks import check_output_dir, lock_path, run_lock
 
     cfg = BASE.replace(name="twice", output_dir=str(tmp_path))
     with run_lock(cfg) as held:
@@ -475,7 +475,7 @@ def test_second_run_of_the_same_name_is_refused(tmp_path):
 
 
 def test_output_dir_must_be_a_writable_folder(tmp_path):
-    from smolfsdp.launch.checks import check_output_dir
+    from smolfsdp.launch.host_checks import check_output_dir
 
     afile = tmp_path / "runs"
     afile.write_text("not a folder")
@@ -496,7 +496,7 @@ def test_output_dir_must_be_a_writable_folder(tmp_path):
 
 
 def test_nproc_is_checked_against_cores_memory_and_gpus(monkeypatch, capsys):
-    from smolfsdp.launch import checks as launch_checks
+    from smolfsdp.launch import host_checks as launch_checks
 
     with pytest.raises(ConfigError, match="64 CPU ranks on 2 core.* more than 4 per core"):
         launch_checks.check_resources(BASE.replace(nproc=64), cpu_count=2, gpu_count=0)

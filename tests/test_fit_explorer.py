@@ -14,9 +14,9 @@ from smolfsdp.book.figures.fit_explorer import (
     state_key,
     verdict,
 )
-from smolfsdp.measure.hardware import GPUS
-from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.recipes import GIB
+from smolfsdp.estimate.hardware import GPUS
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.recipes import GIB
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

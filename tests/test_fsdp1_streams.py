@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from smolfsdp.measure import fsdp1_streams as fs
-from smolfsdp.measure.layout import unit_sizes
-from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.audit import fsdp1_record_stream as fs
+from smolfsdp.estimate.layout import unit_sizes
+from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
@@ -81,9 +81,9 @@ def test_why_the_dry_run_shows_them_equal():
 def _record_stream_of_sharded_tiny() -> dict:
     """In a fresh process (its own fake process group): the tiny smoke model wrapped by the package's FSDP1
     on a fake world of 2, bf16 compute, and what ``dryrun.streams`` reads off its FlatParameters."""
+    from smolfsdp.audit.dryrun.dry_run import build_meta_model, fake_world, materialize
+    from smolfsdp.audit.dryrun.streams import record_stream_bytes
     from smolfsdp.config import load_config
-    from smolfsdp.dryrun.run import build_meta_model, fake_world, materialize
-    from smolfsdp.dryrun.streams import record_stream_bytes
     from smolfsdp.sharding.distributed import DistInfo
     from smolfsdp.train import native
 

@@ -3,7 +3,7 @@
 import pytest
 
 from smolfsdp.book import fsdp_versions as fv
-from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
 
 GIB = 2**30
 

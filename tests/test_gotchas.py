@@ -12,7 +12,7 @@ import pytest
 from smolfsdp.book import gotchas_view, tables
 from smolfsdp.errors import ConfigError
 from smolfsdp.gotchas import cases_distributed
-from smolfsdp.gotchas import runner as gotchas
+from smolfsdp.gotchas import run_all as gotchas
 from smolfsdp.gotchas.registry import WRONG
 
 

@@ -17,10 +17,10 @@ import pytest
 from conftest import ROOT, SHARED
 from packaging.requirements import Requirement
 
-from smolfsdp.gpu_check.run import SIM_SHAPES, make_plan
-from smolfsdp.gpu_check.trace import check_trace
-from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.audit.gpu_check.measure_gpu import SIM_SHAPES, make_plan
+from smolfsdp.audit.gpu_check.profiled_window import check_trace
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.traces import analysis as ta
 
 #: The GPU machine image's distributions that this venv also has (every other one is absent there).
@@ -150,7 +150,7 @@ def test_outputs_are_flat_and_fit_the_device_tool(sim):
 
 
 def _gpu_check_script():
-    spec = importlib.util.spec_from_file_location("gpu_check_script", ROOT / "scripts" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_script", ROOT / "scripts" / "audit/gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -266,7 +266,7 @@ def test_provenance_names_code_versions_and_command(sim):
     ).stdout.strip()
     assert prov["git_sha"] == head and prov["git_sha_source"] == "git rev-parse HEAD"
     assert re.fullmatch(r"[0-9a-f]{64}", prov["source_sha256"])
-    assert "src/smolfsdp/gpu_check/run.py" in prov["source_files"]
+    assert "src/smolfsdp/audit/gpu_check/measure_gpu.py" in prov["source_files"]
     import torch
     import transformers
 
@@ -307,7 +307,7 @@ def test_refusals_come_before_any_work(tmp_path):
     (hide / "sitecustomize.py").write_text('import sys\nsys.modules["transformers"] = None\n')
     out = tmp_path / "out"
     bare = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--simulate-cpu", "--out", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "audit/gpu_check.py"), "--simulate-cpu", "--out", str(out)],
         env={**env, "PYTHONPATH": f"{hide}{os.pathsep}{ROOT / 'src'}"},
         capture_output=True,
         text=True,
@@ -318,7 +318,7 @@ def test_refusals_come_before_any_work(tmp_path):
     # GPU mode on a machine without one: refused after importing torch, before anything else (the
     # smolfsdp source is not even on the path, so reaching any other import would fail differently)
     gpu = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "audit/gpu_check.py"), "--out", str(out)],
         env={**env, "PYTHONPATH": str(hide)},
         capture_output=True,
         text=True,

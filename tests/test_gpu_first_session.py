@@ -11,12 +11,12 @@ import pytest
 from conftest import ROOT
 from test_gpu_check import HIDE, modules_missing_on_gpu_image
 
+from smolfsdp.audit.gpu_check.measure_gpu import FAIL_SHAPE_ENV, PHASE_MOMENTS, SIM_SHAPES, phase_check
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
-from smolfsdp.gpu_check.run import FAIL_SHAPE_ENV, PHASE_MOMENTS, SIM_SHAPES, phase_check
-from smolfsdp.launch import checks
-from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.params import count_parameters, resolve_model_config
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.params import count_parameters, resolve_model_config
+from smolfsdp.launch import host_checks as checks
 
 GIB = 2**30
 
@@ -66,7 +66,7 @@ def injected(tmp_path_factory):
     # SMOLFSDP_SIM_PYTHON: another interpreter, e.g. a venv with the GPU image's versions
     # (scripts/device_stack_sim.sh); by default this venv's, with the image's missing modules hidden.
     python = os.environ.get("SMOLFSDP_SIM_PYTHON", sys.executable)
-    cmd = [python, str(ROOT / "scripts" / "gpu_check.py"), "--simulate-cpu", "--out", str(out)]
+    cmd = [python, str(ROOT / "scripts" / "audit/gpu_check.py"), "--simulate-cpu", "--out", str(out)]
     cmd += ["--warmup-steps", "1", "--timed-steps", "1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     return out, proc

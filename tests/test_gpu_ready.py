@@ -13,9 +13,9 @@ from conftest import ROOT
 from smolfsdp.book import chapters, full_budget
 from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
 from smolfsdp.config import load_config
+from smolfsdp.estimate import flops
+from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.launch import runner
-from smolfsdp.measure import benchmark
-from smolfsdp.measure.params import resolve_model_config
 from smolfsdp.paths import recipe
 from smolfsdp.sharding import distributed
 from smolfsdp.sharding.lora import apply_lora
@@ -54,9 +54,9 @@ def test_wait_for_rank0_export_is_sized_to_its_bytes():
 
 def test_training_time_follows_the_flops_formula():
     # 1e9 tokens x 2e10 FLOPs on 2 GPUs of 1000 TFLOP/s at 40 %: 2e19 / 8e14 = 25,000 s
-    assert benchmark.training_time_s(1e9, 2e10, 1000, 2, 0.4) == pytest.approx(25_000)
+    assert flops.training_time_s(1e9, 2e10, 1000, 2, 0.4) == pytest.approx(25_000)
     with pytest.raises(ValueError, match="mfu in"):
-        benchmark.training_time_s(1e9, 2e10, 1000, 2, 1.5)
+        flops.training_time_s(1e9, 2e10, 1000, 2, 1.5)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_full_profile_budget_rows(budgets):
     rows = cfg.max_rows - cfg.eval_size  # 19,800 training rows, 32 per optimizer step
     assert real["optimizer steps"] == -(-rows // 32) == 619
     assert real["tokens (upper bound)"] == 619 * 32 * 2048
-    expected = benchmark.training_time_s(real["tokens (upper bound)"], real["model FLOPs per token"], 989, 2)
+    expected = flops.training_time_s(real["tokens (upper bound)"], real["model FLOPs per token"], 989, 2)
     assert real["train s"] == pytest.approx(expected)
     assert real["checkpoints"] == 619 // cfg.save_steps == 3
     lora, twin = h100.loc["LoRA (FSDP2)"], h100.loc["full fine-tune twin (FSDP2)"]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from smolfsdp.gpu_check.report import error_pct, gpu_results_section, memory_table, throughput_table
+from smolfsdp.audit.gpu_check.report import error_pct, gpu_results_section, memory_table, throughput_table
 from smolfsdp.measure.results import load_gpu_results
 
 GIB = 2**30

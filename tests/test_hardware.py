@@ -5,9 +5,9 @@ import math
 import pytest
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, verdict
-from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.recommend import recommend
+from smolfsdp.estimate.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, verdict
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.recommend import recommend
 
 
 def test_gpu_table_has_the_issue_gpus_with_sources():
@@ -30,9 +30,9 @@ def test_get_gpu_by_name_or_memory_and_unknown_names():
 
 
 def test_fit_verdict_is_reserved_need_against_memory():
-    """Issue 31: the verdict compares reserved memory (the allocator's pools: smolfsdp.measure.reserved) + CUDA
+    """Issue 31: the verdict compares reserved memory (the allocator's pools: smolfsdp.estimate.reserved) + CUDA
     context + NCCL with the card; ``basis="tensors"`` keeps the old tensor-peak verdict."""
-    from smolfsdp.measure.reserved import DEFAULT_POOL_FACTOR, default_stream_tensor_bytes
+    from smolfsdp.estimate.reserved import DEFAULT_POOL_FACTOR, default_stream_tensor_bytes
 
     est = estimate_memory("smollm3-3b", world_size=2, seq_len=4096)
     pools = est.gathered_bytes + est.grads_bytes  # FSDP2 (torch 2.13): gathered units, gradient shards
@@ -79,12 +79,12 @@ def test_recommend_prefers_activation_checkpointing_to_offload_in_the_reported_c
     assert a100.estimate.peak_bytes / 2**30 == pytest.approx(29.4, abs=0.05)
     assert "FSDP1 FULL_SHARD" in a100.reason
     # the cost is counted, not the "one more forward" rule: torch's checkpoint stops before down_proj (76 % of the
-    # layers' forward at 4k, smolfsdp.measure.recompute); op-level selective checkpointing also fits and costs less
+    # layers' forward at 4k, smolfsdp.estimate.recompute); op-level selective checkpointing also fits and costs less
     assert (
         "recomputes 76% of the decoder layers' forward FLOPs in backward, +24% FLOPs per step" in a100.reason
     )
     # op-level selective checkpointing keeps more: as reserved memory FSDP1's gradient shards and reduce buffers
-    # sit in the post-backward stream's own pool (smolfsdp.measure.reserved), and it needs 40.5 GiB: tight
+    # sit in the post-backward stream's own pool (smolfsdp.estimate.reserved), and it needs 40.5 GiB: tight
     assert "Selective checkpointing also fits" not in a100.reason
     op = estimate_memory("smollm3-3b", world_size=2, strategy="FULL_SHARD", seq_len=4096, fsdp_version=1,
                          activation_checkpointing=True, ac_mode="op")  # fmt: skip
@@ -126,7 +126,7 @@ GRID_SETTINGS = [
 
 def _deeper_smollm3():
     """SmolLM3-3B's geometry with twice the layers (~6B parameters): a model where more levers matter."""
-    from smolfsdp.measure.memory import resolve_model_config
+    from smolfsdp.estimate.memory import resolve_model_config
 
     config = resolve_model_config("smollm3-3b")
     deeper = config.__class__.from_dict(config.to_dict())
@@ -146,7 +146,7 @@ def test_recommend_never_skips_a_cheaper_lever(model, gpu, gpus):
     estimator says no cheaper lever fits (alone, or with all the other cheaper ones), and the answer fits."""
     from itertools import combinations
 
-    from smolfsdp.measure.recommend import LEVERS
+    from smolfsdp.estimate.recommend import LEVERS
 
     model = _deeper_smollm3() if model == "deeper" else model
     for setting in GRID_SETTINGS:

@@ -28,8 +28,8 @@ def test_only_lora_parameters_train(tokenizer):
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
     assert sum(p.numel() for p in trainable.values()) == expected
-    from smolfsdp.measure.params import LoraSpec
-    from smolfsdp.measure.params import count_parameters as estimated_counts
+    from smolfsdp.estimate.params import LoraSpec
+    from smolfsdp.estimate.params import count_parameters as estimated_counts
 
     est = estimated_counts(base.config, LoraSpec(r=8, alpha=16, targets=tuple(LORA.lora_target_modules)))
     assert est.trainable == expected  # the memory model counts the same adapters

@@ -6,13 +6,13 @@ import pytest
 import torch
 from _dist import run_distributed
 
-from smolfsdp.dryrun.tracker import cuda_dropout
+from smolfsdp.audit.dryrun.tracker import cuda_dropout
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.activations import saved_activation_bytes
-from smolfsdp.measure.memory import RECIPES, estimate_memory
+from smolfsdp.estimate.activations import saved_activation_bytes
+from smolfsdp.estimate.memory import RECIPES, estimate_memory
+from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.estimate.reference_estimates import accelerate_estimate, deepspeed_zero3_estimate
 from smolfsdp.measure.memory_measure import CASES, LORA_TARGETS, RECIPE_OF, measure_all
-from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
-from smolfsdp.measure.reference_estimates import accelerate_estimate, deepspeed_zero3_estimate
 
 
 # ------------------------------------------------------------------------------ counts
@@ -340,7 +340,7 @@ def _layer_saved_bytes(dtype, full: bool, b=2, s=64) -> int:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_activation_bytes_per_layer_with_and_without_recomputation_equal_saved_tensors(dtype):
-    from smolfsdp.measure import activations
+    from smolfsdp.estimate import activations
 
     cfg, c = resolve_model_config("tiny"), torch.finfo(dtype).bits // 8
     none = activations.layer_activation_bytes(cfg, 2 * 64, c, "none")
@@ -367,7 +367,7 @@ def test_the_components_sum_is_not_called_a_bound(strategy, offload):
     that shows the sum (CLI table, chapter 00's table and prose, figures) may call it an upper bound."""
     from pathlib import Path
 
-    from smolfsdp.measure.memory import format_table
+    from smolfsdp.estimate.memory import format_table
 
     est = estimate_memory("smollm3-3b", world_size=2, strategy=strategy, seq_len=4096, offload=offload,
                           activation_checkpointing=True)  # fmt: skip

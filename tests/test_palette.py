@@ -4,9 +4,10 @@
 import pandas as pd
 
 from smolfsdp.book import dryrun_views
-from smolfsdp.book.figures import fit_explorer, mechanisms, palette, scale, trace
-from smolfsdp.book.figures.memory import plot_estimate_vs_measured, plot_memory_breakdown
-from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.book.figures import fit_explorer, mechanisms, palette, scale
+from smolfsdp.book.figures import timeline as trace
+from smolfsdp.book.figures.memory_bars import plot_estimate_vs_measured, plot_memory_breakdown
+from smolfsdp.estimate.memory import estimate_memory
 
 RED = palette.VERDICT["does not fit"]
 

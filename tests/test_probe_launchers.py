@@ -16,7 +16,8 @@ import pytest
 import torch
 from conftest import ROOT
 
-from smolfsdp.gotchas import cases_local, runner
+from smolfsdp.gotchas import cases_local
+from smolfsdp.gotchas import run_all as runner
 from smolfsdp.launch import probe, processes, torchrun
 from smolfsdp.probes import dtype_rule, measured, mechanics, step
 from smolfsdp.sharding.distributed import choose_backend
@@ -134,7 +135,7 @@ def test_a_probe_says_what_starts_in_a_notebook_only(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ipykernel", sys)
     probe.run_probe("step probe", "smolfsdp.probes.step", [], 2, 60)
     probe.run_probe("dtype-rule run", "smolfsdp.probes.dtype_rule", [], 1, 60)
-    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.runner", [], 2, 60, announce=False)
+    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.run_all", [], 2, 60, announce=False)
     assert capsys.readouterr().out.splitlines() == [
         "step probe: starting 2 CPU ranks (torchrun, gloo)",
         "dtype-rule run: starting 1 CPU rank (torchrun, gloo)",
@@ -157,10 +158,10 @@ def test_a_long_probe_says_it_still_runs_in_a_notebook(monkeypatch, capsys):
     monkeypatch.setattr(probe, "run_group", slow)
     monkeypatch.setattr(probe, "HEARTBEAT_S", 0.1)
     monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
-    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.runner", [], 2, 60, announce=False)
+    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.run_all", [], 2, 60, announce=False)
     assert capsys.readouterr().out == ""
     monkeypatch.setitem(sys.modules, "ipykernel", sys)
-    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.runner", [], 2, 60, announce=False)
+    probe.run_probe("gotchas ['wrap_class']", "smolfsdp.gotchas.run_all", [], 2, 60, announce=False)
     lines = capsys.readouterr().out.splitlines()
     assert 2 <= len(lines) <= 4 and all(
         ln.startswith("gotchas ['wrap_class']: still running, ") for ln in lines

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from smolfsdp.measure import published, reserved
+from smolfsdp.audit import published_rows as published
+from smolfsdp.estimate import reserved
 from smolfsdp.paths import repo_root
 
 
@@ -39,10 +40,27 @@ def test_committed_check_file_is_todays_estimator(table):
     assert committed["provenance"]["default_pool_factor"] == reserved.DEFAULT_POOL_FACTOR
 
 
+def test_the_estimators_calibration_file_is_what_the_audit_fits_today():
+    """The estimator reads the step-time rate from a committed file and never imports the audit that fits it;
+    that file equals what ``smolfsdp.audit.hfu_fit`` computes from the published rows today, and its
+    readers give the same numbers as the fit (scripts/published_check.py --calibration rewrites it)."""
+    from smolfsdp.audit.hfu_fit import calibration_record, hfu_calibration
+    from smolfsdp.estimate import calibration
+
+    committed = json.loads((repo_root() / calibration.CALIBRATION_PATH).read_text())
+    fitted = calibration_record()
+    assert {k: committed[k] for k in ("mfu", "hfu")} == fitted
+    assert calibration.hfu_calibration("A100 80GB")["hfu"] == hfu_calibration("A100 80GB")["hfu"] == 0.636
+    assert calibration.calibrated_mfu() == published.calibrated_mfu()
+    pooled = calibration.mfu_calibration("L4")
+    assert pooled["basis"] == "all GPUs" and "(none on L4)" in pooled["text"]
+    assert pooled == {**published.mfu_calibration("L4"), "error_pct": list(published.mfu_calibration("L4")["error_pct"])}
+
+
 def _replay_grid_pairs():
     """(replayed reserved bytes, today's estimate) for each setup of data/results/dryrun/replay_grid.json."""
+    from smolfsdp.audit.dryrun.compare import estimate_for
     from smolfsdp.config import load_config
-    from smolfsdp.dryrun.compare import estimate_for
 
     rows = json.loads((repo_root() / reserved.REPLAY_GRID).read_text())["rows"]
     assert len(rows) == 16
@@ -70,7 +88,7 @@ def test_reserved_parts_sum_and_the_pools_by_fsdp_version():
     """reserved = factor x default-stream tensors + all-gather pool + reduce-scatter pool + cuBLAS; the pools
     hold the gathered units and the gradient shards (FSDP1 also a unit's reduce buffers), none without
     sharding."""
-    from smolfsdp.measure.memory import estimate_memory
+    from smolfsdp.estimate.memory import estimate_memory
 
     kw = dict(seq_len=2048, micro_batch=2, activation_checkpointing=True)
     one, two = (estimate_memory("smollm3-3b", world_size=8, fsdp_version=v, **kw) for v in (1, 2))
@@ -111,7 +129,7 @@ def test_torchtitan_pr165_rows_active_within_one_percent_and_their_reserved_pair
     """torchtitan 83c879f1 (Llama 7B, 8 x H100, 8 x 2048 tokens): peak active of FSDP1/FSDP2 x AC/op-SAC, with
     the loop's fp32 logits held (``loss_path="torchtitan-fp32-held"``), each within 1 %; the rows' numbers are the commit's
     percentages of 95.0396 GiB, the same pairs ``reserved`` holds out and ``fsdp1_streams`` cites."""
-    from smolfsdp.measure.fsdp1_streams import TORCHTITAN_PR165
+    from smolfsdp.audit.fsdp1_record_stream import TORCHTITAN_PR165
 
     rows = {r["id"]: r for r in published.load_rows()["rows"] if r["source"] == "torchtitan_pr165"}
     assert len(rows) == 4
@@ -137,7 +155,7 @@ def test_loss_path_moves_the_loss_moment_by_whole_tensors():
     fused LM head never builds one: its loss moment holds fp32 and bf16 gradients of the hidden states and of
     the LM head, and one 4,096 x 32,768 bf16 tile."""
     from smolfsdp.errors import ConfigError
-    from smolfsdp.measure.memory import estimate_memory
+    from smolfsdp.estimate.memory import estimate_memory
 
     kw = dict(world_size=2, seq_len=1024, micro_batch=2)
     paths = ("transformers", "torchtitan-fp32-held", "torchtitan", "trl-fused-lm-head")
@@ -191,7 +209,7 @@ def test_out_of_model_rows_keep_their_reason_and_no_error(table):
     [("llama2_7b", 6_738_415_616), ("llama3_1_8b", 8_030_261_248), ("llama3_70b", 70_553_706_496)],
 )
 def test_published_model_configs_count_their_published_sizes(path, total):
-    from smolfsdp.measure.params import count_parameters, resolve_model_config
+    from smolfsdp.estimate.params import count_parameters, resolve_model_config
 
     assert count_parameters(resolve_model_config(str(repo_root() / "data/models" / path))).total == total
 
@@ -214,7 +232,7 @@ def test_step_time_mfu_is_calibrated_on_published_rows(table):
     """The calibration: median formula MFU per GPU (A100 0.568 from torchtitan's table, H100 0.351 from its
     2024-12 FSDP rows against the SXM peak); at 0.4 the tokens/s are 12-16 % high on H100, 23-31 % low on A100."""
     from smolfsdp.errors import ConfigError
-    from smolfsdp.measure.scaling import estimate_step
+    from smolfsdp.estimate.scaling import estimate_step
 
     assert table["calibrated_mfu"] == {"H100 SXM": 0.351, "A100 80GB": 0.568}
     by_id = {r["id"]: r for r in table["mfu"]}
@@ -231,7 +249,7 @@ def test_step_time_takes_the_calibrated_mfu_by_default(table):
     """Issue 31: estimate_step's default MFU is the published calibration of its GPU (H100 0.351 from two rows,
     their tokens/s -1.3 % and +1.4 % off), pooled over all five rows for a GPU without any; a number overrides."""
     from smolfsdp.book.scaling_views import assumptions_markdown, book_assumptions
-    from smolfsdp.measure.scaling import estimate_step
+    from smolfsdp.estimate.scaling import estimate_step
 
     h100 = published.mfu_calibration("H100 SXM", table["mfu"])
     assert (h100["mfu"], h100["rows"], h100["error_pct"]) == (0.351, 2, (-1.3, 1.4))
@@ -252,10 +270,11 @@ def test_step_time_takes_the_calibrated_mfu_by_default(table):
 
 def test_hfu_calibration_holds_the_published_rows_better_than_the_median_mfu():
     """torchtitan's A100 rows recompute 8-25 % of their FLOPs (op-level, every 2nd layer, full: counted by
-    smolfsdp.measure.recompute): their MFU spans 51.7-58.2 %, their HFU 63.1-64.5 %. Each row predicted from the
+    smolfsdp.estimate.recompute): their MFU spans 51.7-58.2 %, their HFU 63.1-64.5 %. Each row predicted from the
     other two is within 2 % by HFU and up to 11 % off by the median MFU (the 70B full-checkpointing row)."""
-    from smolfsdp.measure.hfu import hfu_calibration, hfu_rows, run_mfu
-    from smolfsdp.measure.scaling import estimate_step
+    from smolfsdp.audit.hfu_fit import hfu_calibration, hfu_rows
+    from smolfsdp.estimate.calibration import run_mfu
+    from smolfsdp.estimate.scaling import estimate_step
 
     rows = {r["id"]: r for r in hfu_rows()}
     assert {k: (r["ac_mode"], r["ac_every"]) for k, r in rows.items() if k.startswith("torchtitan/a100")} == {
@@ -285,8 +304,8 @@ def test_hfu_calibration_holds_the_published_rows_better_than_the_median_mfu():
 def test_adapter_units_drop_the_base_gradient():
     """FSDP1 + LoRA with each adapter its own unit (fsdp_qlora, llama-recipes): gradients and Adam state only
     for the adapters, half of them per rank on 2 GPUs; smolfsdp's in-unit wrap gives the frozen base a gradient."""
-    from smolfsdp.measure.memory import estimate_memory
-    from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
+    from smolfsdp.estimate.memory import estimate_memory
+    from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
 
     spec = LoraSpec(
         r=64, alpha=16, targets=("q_proj", "k_proj", "v_proj", "up_proj", "down_proj", "gate_proj")
@@ -304,7 +323,7 @@ def test_adapter_units_drop_the_base_gradient():
 
 
 def test_legacy_hf_loss_adds_one_fp32_logits_copy_at_the_loss():
-    from smolfsdp.measure.memory import estimate_memory
+    from smolfsdp.estimate.memory import estimate_memory
 
     new = estimate_memory("smollm3-3b", world_size=2, seq_len=1024, micro_batch=2)
     old = estimate_memory("smollm3-3b", world_size=2, seq_len=1024, micro_batch=2, legacy_hf_loss=True)

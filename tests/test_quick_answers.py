@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from smolfsdp import cli
-from smolfsdp.gotchas import runner as gotchas
+from smolfsdp.gotchas import run_all as gotchas
 from smolfsdp.launch import runner, torchrun
 
 LIST_PROBE = """

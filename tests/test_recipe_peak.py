@@ -1,5 +1,5 @@
 """One peak per recipe (issue 33): every page that quotes the book recipe's peak takes it from
-``smolfsdp.measure.recipe_peak`` and prints its settings beside it; equal settings give the equal number on
+``smolfsdp.estimate.recipe_peak`` and prints its settings beside it; equal settings give the equal number on
 every page (chapters 00, 04, 07, 08 and ``smolfsdp dryrun``), and no page computes it by another path."""
 
 import ast
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from smolfsdp.measure.recipe_peak import (
+from smolfsdp.estimate.recipe_peak import (
     recipe_peak,
     recipe_settings,
     settings_from_setup,
@@ -51,8 +51,8 @@ def test_settings_come_from_the_recipe_and_name_what_is_counted():
 
 def test_the_cli_estimate_path_gives_the_same_peak():
     """``smolfsdp dryrun`` puts ``dryrun.compare.estimate_for`` beside the traced peak: the same bytes."""
+    from smolfsdp.audit.dryrun.compare import estimate_for
     from smolfsdp.config import load_config
-    from smolfsdp.dryrun.compare import estimate_for
     from smolfsdp.paths import recipe
 
     for ga in (1, 8):
@@ -62,10 +62,10 @@ def test_the_cli_estimate_path_gives_the_same_peak():
 
 
 def test_every_chapter_quotes_the_same_peak_for_the_same_settings():
+    from smolfsdp.audit.seeds import claims as sc
     from smolfsdp.book import dryrun_views, fsdp_versions
     from smolfsdp.book.scaling_views import book_assumptions
-    from smolfsdp.measure.scaling import scaling_table
-    from smolfsdp.seeds import claims as sc
+    from smolfsdp.estimate.scaling import scaling_table
 
     device = recipe_peak(include="device")
     # chapter 08 (seed claims): per GPU on 2 GPUs, the fit table's 2-GPU row
@@ -141,7 +141,10 @@ def test_no_page_computes_the_recipes_peak_by_another_path():
     ``recipe_settings``) calls ``recipe_peak``, never ``estimate_memory`` with them; no notebook cell reads the
     full recipe's settings into ``estimate_memory`` or types its shape (2 x 2,048 tokens) into it."""
     offenders = []
-    for path in [*(ROOT / "src/smolfsdp/book").rglob("*.py"), *(ROOT / "src/smolfsdp/seeds").rglob("*.py")]:
+    for path in [
+        *(ROOT / "src/smolfsdp/book").rglob("*.py"),
+        *(ROOT / "src/smolfsdp/audit/seeds").rglob("*.py"),
+    ]:
         for fn in ast.walk(ast.parse(path.read_text())):
             if isinstance(fn, ast.FunctionDef):
                 calls = _calls(fn)
@@ -159,4 +162,4 @@ def test_no_page_computes_the_recipes_peak_by_another_path():
             typed = "seq_len=2048" in src.replace(" ", "") and "micro_batch=2" in src.replace(" ", "")
             if "smollm3_3b_medical" in src or "book_recipe_kwargs" in src or typed:
                 offenders.append(f"{nb.name} cell {i}")
-    assert not offenders, f"the recipe's peak computed outside smolfsdp.measure.recipe_peak: {offenders}"
+    assert not offenders, f"the recipe's peak computed outside smolfsdp.estimate.recipe_peak: {offenders}"

@@ -1,4 +1,4 @@
-"""The recomputation FLOPs of activation checkpointing (smolfsdp.measure.recompute) held to FLOPs counted on real
+"""The recomputation FLOPs of activation checkpointing (smolfsdp.estimate.recompute) held to FLOPs counted on real
 tensors (torch's FlopCounterMode, every mode, with and without LoRA) and to the committed full-size dry runs."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.config import TrainConfig
-from smolfsdp.measure.params import LoraSpec, resolve_model_config
-from smolfsdp.measure.recompute import recompute_flops_per_token, recompute_share
+from smolfsdp.estimate.params import LoraSpec, resolve_model_config
+from smolfsdp.estimate.recompute import recompute_flops_per_token, recompute_share
 
 ROOT = Path(__file__).resolve().parents[1]
 MATMULS = ("aten.mm", "aten.addmm")

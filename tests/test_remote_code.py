@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.models.modeling import build_meta_model, build_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import inspect
 import torch
 from torch.distributed.fsdp import fully_shard
 
-from smolfsdp.measure.comm import estimate_collectives
-from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.estimate.comm import estimate_collectives
+from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.sharding.fsdp2 import apply_fsdp2
 
 

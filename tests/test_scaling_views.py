@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from smolfsdp.book import scaling_views as sv
-from smolfsdp.measure.scaling import estimate_step, scaling_table
+from smolfsdp.estimate.scaling import estimate_step, scaling_table
 
 
 def test_assumptions_come_from_the_full_recipe():
@@ -88,7 +88,7 @@ def test_ddp_rows_sync_once_per_step_and_show_the_cost_of_not():
 
 def test_log_axes_are_labelled_at_decades():
     from smolfsdp.book.figures import scale as plotting_scale
-    from smolfsdp.measure.params import llama3_70b_config
+    from smolfsdp.estimate.params import llama3_70b_config
 
     a = sv.book_assumptions()
     models = ["smollm3-3b", llama3_70b_config()]  # the chapter's two

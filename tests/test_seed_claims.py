@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 import transformers
 
+from smolfsdp.audit.seeds import claims as sc
+from smolfsdp.audit.seeds.claims_runs import PACKAGE
+from smolfsdp.audit.seeds.code import run_seed_code
 from smolfsdp.book import fsdp_versions
-from smolfsdp.measure.hardware import GPUS
+from smolfsdp.estimate.hardware import GPUS
 from smolfsdp.probes.dtype_rule import check_dtype_rule
-from smolfsdp.seeds import claims as sc
-from smolfsdp.seeds.claims_runs import PACKAGE
-from smolfsdp.seeds.code import run_seed_code
 
 GIB = 2**30
 
@@ -82,7 +82,7 @@ def test_offload_policy_base_means_no_offload():
 
 
 def test_lora_size_is_judged_on_the_seeds_llama_3_1_8b():
-    from smolfsdp.seeds.claims_seed2 import llama31_8b_config
+    from smolfsdp.audit.seeds.claims_seed2 import llama31_8b_config
 
     c = llama31_8b_config()
     assert c.max_position_embeddings == 131072 and c.rope_scaling["rope_type"] == "llama3"
@@ -104,7 +104,7 @@ def test_sixteen_gb_on_four_against_sequence_length():
     on = [p["ac_on"] for p in peaks.values()]
     assert on == sorted(on) and j.values["static_bytes"] < 6 * 10**9 < 8 * 10**9 < peaks["2048"]["ac_on"]
     # at every length the first layer's forward holds the 128k x 4096 root twice (gathered, and FSDP2's all-gather
-    # output kept until the next copy-out: smolfsdp.measure.gather_moment), 4.2 GB on top of the 4 GB shard
+    # output kept until the next copy-out: smolfsdp.estimate.gather_moment), 4.2 GB on top of the 4 GB shard
     assert j.values["within_8gb"] == [] and 8 * 10**9 < peaks["256"]["ac_on"]
     assert j.verdict == "wrong: optimistic" and j.memory
 
@@ -347,7 +347,7 @@ def test_no_verdict_is_a_constant():
     """Every Judgement's verdict is an expression of names (the evidence), never a literal string."""
     import ast
 
-    import smolfsdp.seeds as pkg
+    import smolfsdp.audit.seeds as pkg
 
     found = 0
     for path in Path(pkg.__file__).parent.glob("claims*.py"):
@@ -363,7 +363,7 @@ def test_no_verdict_is_a_constant():
 
 
 def test_verdicts_follow_their_evidence(tmp_path, monkeypatch):
-    from smolfsdp.seeds import claims_seed1, claims_seed2
+    from smolfsdp.audit.seeds import claims_seed1, claims_seed2
 
     # no grid: FSDP1 vs FSDP2 is open; a grid where FSDP2 is higher: wrong
     assert sc.deterministic_memory(tmp_path / "absent.json").verdict.startswith("open")
@@ -378,7 +378,7 @@ def test_verdicts_follow_their_evidence(tmp_path, monkeypatch):
     assert sc.save_strategy_no().kind == "partly"
     # a model that fits in 8 GB at every length: holds (Llama 3.2 1B in the 8B's place: 8B's 128k x 4096 root,
     # gathered twice in the first layer's forward, keeps it above 8 GB at any length)
-    from smolfsdp.measure.params import resolve_model_config
+    from smolfsdp.estimate.params import resolve_model_config
     from smolfsdp.paths import repo_root
 
     monkeypatch.setattr(claims_seed2, "SIXTEEN_SEQS", (64,))

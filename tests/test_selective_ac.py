@@ -10,7 +10,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from smolfsdp.ac_options import checkpointed_layers
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
-from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.estimate.memory import estimate_memory
 
 
 @pytest.mark.parametrize(

@@ -247,7 +247,7 @@ def _saved_tiny(path, *, tie: bool, config_says: bool):
 def test_tie_mismatch_between_config_and_checkpoint_is_reported(tmp_path):
     """config.json says tied, the checkpoint holds its own lm_head: transformers loads it untied (with only
     its own warning) while the checks before launch built the tied model. Refused, naming the fix."""
-    from smolfsdp.launch.checks import check_tied_head
+    from smolfsdp.launch.host_checks import check_tied_head
     from smolfsdp.models.modeling import build_meta_model
 
     untied = _saved_tiny(tmp_path / "untied_says_tied", tie=False, config_says=True)

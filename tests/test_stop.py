@@ -120,7 +120,7 @@ def _gone(pid: int, within_s: float = 5.0) -> bool:
 def test_a_gotcha_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
     """What the chapter's gotcha cell calls (``run_gotchas`` without a folder), on the cheapest case: the
     temporary folder holds the same entries (none) and bytes (0) afterwards."""
-    from smolfsdp.gotchas import runner as gotchas
+    from smolfsdp.gotchas import run_all as gotchas
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

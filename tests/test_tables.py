@@ -1,5 +1,5 @@
 """smolfsdp.book.tables on real frames (the real GPU trace's analysis in ../shared/traces), the seed's
-checks computed in smolfsdp.traces.checks, and the chapter sentences of smolfsdp.book.profiling."""
+checks computed in smolfsdp.traces.seed_reading, and the chapter sentences of smolfsdp.book.profiling."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from smolfsdp.book import profiling, tables
 from smolfsdp.measure.benchmark import peak_tflops
 from smolfsdp.probes.measured import memory_check_view, model_vs_trace_sentence
 from smolfsdp.traces import analysis as ta
-from smolfsdp.traces import checks
+from smolfsdp.traces import seed_reading as checks
 
 DDP = SHARED / "traces" / "ddp_2rank_a100_rank0.json.gz"
 REPR = re.compile(r"[{}\[\]]|\bnan\b|\bNone\b|e\+0", re.I)  # what a reader must never see in a cell
@@ -297,7 +297,7 @@ def test_gpu_timeline_draws_every_kernel_and_each_streams_busy_share(gpu):
     """fig-gpu-timeline: every event counted (none cut), each row's drawn area is its busy time, so a stream's
     share of the picture within each step is the busy share the chapter quotes; ranges in their own lanes,
     never over kernels; a marker for every NCCL kernel, drawn last."""
-    from smolfsdp.book.figures import trace as plotting_trace
+    from smolfsdp.book.figures import timeline as plotting_trace
     from smolfsdp.traces.intervals import union_length
 
     df, report = gpu
@@ -368,7 +368,7 @@ def test_book_workflow_fetches_the_trace_the_chapters_read():
                         fetch["env"]["HTA"])  # fmt: skip
     assert f"-o ../shared/traces/{DDP.name}" in fetch["run"] and "LICENSE" in fetch["run"]
     assert "sha256sum -c" in fetch["run"]
-    read = f'"shared" / "traces" / "{DDP.name}"'  # as chapter 05 and smolfsdp.seeds.claims spell it
+    read = f'"shared" / "traces" / "{DDP.name}"'  # as chapter 05 and smolfsdp.audit.seeds.claims spell it
     chapter = json.loads((ROOT / "notebooks" / "05_profiling.ipynb").read_text())
     assert any(read in "".join(c["source"]) for c in chapter["cells"])
     assert read in (ROOT / "src" / "smolfsdp" / "seeds" / "claims_seed1.py").read_text()
@@ -379,9 +379,9 @@ def test_book_workflow_fetches_the_trace_the_chapters_read():
 def test_book_tables_say_yes_no_or_a_state_never_true_false_and_full_size_memory_in_gib():
     """Issue 33: the chapters' tables of the full-size model (no runs needed) hold no bare True/False cell and
     no MiB column (``tables.UNIT_RULE``: GiB for full-size models)."""
+    from smolfsdp.audit.seeds import claims as sc
     from smolfsdp.book import dryrun_views, fsdp_versions
     from smolfsdp.book.figures import mechanisms as fm
-    from smolfsdp.seeds import claims as sc
 
     grid = dryrun_views.load_grid()
     frames = {

@@ -12,6 +12,7 @@ from smolfsdp.book import drills_view
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
+from smolfsdp.estimate import flops
 from smolfsdp.launch import runner
 from smolfsdp.measure import benchmark
 from smolfsdp.measure.results import load_run
@@ -124,7 +125,7 @@ def test_trl_benchmark_mode_and_trace(tmp_path):
     for r in steps.itertuples():
         assert r.samples == 4 * 2 and r.tokens > 0
         assert r.tokens_per_s == pytest.approx(r.tokens / (r.step_time_ms / 1e3))
-        assert r.flops_per_token == benchmark.flops_per_token(n, seq_len=r.seq_len, **geo)
+        assert r.flops_per_token == flops.flops_per_token(n, seq_len=r.seq_len, **geo)
         assert r.tflops == pytest.approx(r.flops_per_token * r.tokens_per_s / 2 / 1e12)
         # the meter's token count (attention_mask ones) is the Trainer's own non-padding count
         assert train.loc[r.step, "tokens"] == r.tokens

@@ -229,8 +229,8 @@ def test_gradient_accumulation_syncs_each_micro_batch_unless_offloading(tmp_path
 def test_the_memory_estimate_counts_what_no_sync_holds(tmp_path):
     """Offload + accumulation keeps FSDP1 no_sync(): the estimate adds the whole unsharded gradient."""
     from smolfsdp.config import TrainConfig
-    from smolfsdp.measure.memory import estimate_memory
-    from smolfsdp.measure.params import count_parameters, resolve_model_config
+    from smolfsdp.estimate.memory import estimate_memory
+    from smolfsdp.estimate.params import count_parameters, resolve_model_config
 
     cfg = TrainConfig(engine="trl", gradient_accumulation_steps=8, output_dir=str(tmp_path))
     assert not trl_engine.accumulates_under_no_sync(cfg)

@@ -11,7 +11,7 @@ import warnings
 warnings.filterwarnings("ignore", message="IProgress not found")
 # peft 0.21's PeftModel.__init__ reads `model.is_gradient_checkpointing`, which transformers 5.24
 # deprecates in favour of `is_activation_checkpointing` (same value; removal in v6). Every
-# `get_peft_model` call (smolfsdp.sharding.lora, smolfsdp.gotchas.runner) hits it; nothing of ours uses the old
+# `get_peft_model` call (smolfsdp.sharding.lora, smolfsdp.gotchas.run_all) hits it; nothing of ours uses the old
 # name, so the FutureWarning is peft's to fix and only noise in the LoRA chapter.
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 

@@ -2,10 +2,10 @@
 
 One source for the run config (``smolfsdp.config``: ``activation_checkpointing``, ``ac_mode``, ``ac_every``),
 the native engine and the dry run (``smolfsdp.sharding.selective_ac`` applies them) and the memory estimate
-(``smolfsdp.measure.selective_ac`` models them). The names follow torchtitan's ``[activation_checkpoint]``
+(``smolfsdp.estimate.selective_ac_bytes`` models them). The names follow torchtitan's ``[activation_checkpoint]``
 section at 9dec370 (2024-12, the commit of its H100 benchmark; ``torchtitan/parallelisms/parallelize_llama.py``).
 Each trades memory for recomputation: full checkpointing recomputes most of a forward per step (not all:
-torch stops before each layer's last matmul; ``smolfsdp.measure.recompute`` counts it).
+torch stops before each layer's last matmul; ``smolfsdp.estimate.recompute`` counts it).
 
 * ``full``: every decoder layer recomputed in backward (torchtitan ``mode = 'full'``).
 * ``layer``: every ``ac_every``-th decoder layer recomputed, the others keep all they save (torchtitan

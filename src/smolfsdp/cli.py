@@ -45,7 +45,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         )
     elif rank == "0":  # a rank: what it does before its first logged line
         print("[rank0] started: loading torch, the model and the data", flush=True)
-    from smolfsdp.launch.checks import check_runs_here  # deferred: imports torch, as validate
+    from smolfsdp.launch.host_checks import check_runs_here  # deferred: imports torch, as validate
     from smolfsdp.launch.validate import validate  # deferred: imports torch, as is_launched below
     from smolfsdp.sharding.distributed import is_launched  # deferred: imports torch
 
@@ -178,7 +178,7 @@ def cmd_gotchas(args: argparse.Namespace) -> int:
         print(format_list(as_json=args.json))
         return 0
     print(f"[smolfsdp] gotchas {args.run}: loading torch and the cases", file=sys.stderr, flush=True)
-    from smolfsdp.gotchas.runner import main as gotchas_main  # deferred: torch, peft
+    from smolfsdp.gotchas.run_all import main as gotchas_main  # deferred: torch, peft
 
     flags = ["--list"] * args.list + ["--json"] * args.json
     flags += ["--run", args.run] * bool(args.run) + ["--out", args.out] * bool(args.out)

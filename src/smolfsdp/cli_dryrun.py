@@ -1,4 +1,4 @@
-"""``smolfsdp dryrun``: a run config at full size on fake tensors (``smolfsdp.dryrun``), as a table or JSON.
+"""``smolfsdp dryrun``: a run config at full size on fake tensors (``smolfsdp.audit.dryrun``), as a table or JSON.
 
     smolfsdp dryrun --config configs/runs/smollm3_3b_medical.yaml [--gpus 4] [--<field> VALUE ...] [--json]
 
@@ -46,12 +46,12 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
     if args.gpus is not None and args.gpus < 1:  # before torch loads
         raise ConfigError(f"--gpus {args.gpus}: the fake group needs at least 1 rank; give --gpus 1 or more.")
     cfg = load_config(args.config, **overrides_from(args))
-    from smolfsdp.measure.hardware import get_gpu  # deferred: measure loads torch
+    from smolfsdp.estimate.hardware import get_gpu  # deferred: measure loads torch
 
     # an unknown name fails here, before the dry run
     gpu = get_gpu(args.gpu, args.gpu_memory_gib) if args.gpu or args.gpu_memory_gib else None
-    from smolfsdp.dryrun.compare import compare_with_estimate  # deferred: torch, transformers
-    from smolfsdp.dryrun.run import dry_run  # deferred: torch, transformers
+    from smolfsdp.audit.dryrun.compare import compare_with_estimate  # deferred: torch, transformers
+    from smolfsdp.audit.dryrun.dry_run import dry_run  # deferred: torch, transformers
 
     out = sys.stderr if args.json else sys.stdout
     report = dry_run(cfg, args.gpus, progress=lambda msg: print(f"[dryrun] {msg}", file=out, flush=True))
@@ -67,11 +67,14 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
 
 
 def _allowance_line(setup: dict) -> str:
-    """The settings the traced peak was computed at (``smolfsdp.measure.recipe_peak.settings_line``, the line every
+    """The settings the traced peak was computed at (``smolfsdp.estimate.recipe_peak.settings_line``, the line every
     chapter prints beside the same number), what it leaves out (fake tensors have no CUDA context or NCCL buffers)
     and what ``smolfsdp memory``'s device peak adds for them, so the two numbers are not read as one."""
-    from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES  # deferred: measure loads torch
-    from smolfsdp.measure.recipe_peak import (  # deferred: measure loads torch
+    from smolfsdp.estimate.memory import (
+        COMM_BUFFER_BYTES,
+        CUDA_CONTEXT_BYTES,
+    )  # deferred: measure loads torch
+    from smolfsdp.estimate.recipe_peak import (  # deferred: measure loads torch
         settings_from_setup,
         settings_line,
     )
@@ -97,7 +100,7 @@ def _record_stream_lines(setup: dict) -> list[str]:
 def _replayed(report, replayed):
     """``replayed`` or, for a report that has an allocation order and no offload, its replay; None otherwise (a
     report read back from JSON carries no allocation order; with offload the trace holds the host's tensors)."""
-    from smolfsdp.measure.allocator import replay  # no torch
+    from smolfsdp.audit.allocator_replay import replay  # no torch
 
     if replayed is not None or getattr(report, "offload", None) or not getattr(report, "alloc_events", None):
         return replayed
@@ -106,7 +109,7 @@ def _replayed(report, replayed):
 
 def _held_to_published() -> str:
     """How far the replay was from the published runs of ``check.json``'s ``dry_run`` rows, in words."""
-    from smolfsdp.measure.published import CHECK_PATH  # deferred: measure loads torch
+    from smolfsdp.audit.published_rows import CHECK_PATH  # deferred: measure loads torch
 
     rows = json.loads((repo_root() / CHECK_PATH).read_text()).get("dry_run", [])
     worst = max((abs(r["reserved"]["error_pct"]) for r in rows), default=None)
@@ -118,10 +121,10 @@ def _held_to_published() -> str:
 
 
 def _replay_lines(report, replayed=None) -> list[str]:
-    """The caching allocator replayed on the step's allocation order (``smolfsdp.measure.allocator.replay``):
+    """The caching allocator replayed on the step's allocation order (``smolfsdp.audit.allocator_replay.replay``):
     reserved memory on a GPU. Not with CPU offload (the trace holds the host's tensors too)."""
-    from smolfsdp.measure.allocator import REPLAY_STEPS  # no torch
-    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES  # no torch; deferred as the module's others
+    from smolfsdp.audit.allocator_replay import REPLAY_STEPS  # no torch
+    from smolfsdp.estimate.reserved import CUBLAS_WORKSPACE_BYTES  # no torch; deferred as the module's others
 
     if getattr(report, "offload", None):
         return ["(the allocator replay is left out with CPU offload: the trace cannot tell host from device)"]
@@ -132,7 +135,7 @@ def _replay_lines(report, replayed=None) -> list[str]:
     return [
         f"on a real GPU ~{reserved / GIB:,.2f} GiB reserved ({reserved / report.peak_bytes:.2f} x the tensors; "
         f"{out['peak_active'] / GIB:,.2f} GiB active: allocated or held by record_stream): PyTorch's caching allocator "
-        f"replayed on this step's allocation order (smolfsdp.measure.allocator: {REPLAY_STEPS} steps, AdamW's state "
+        f"replayed on this step's allocation order (smolfsdp.audit.allocator_replay: {REPLAY_STEPS} steps, AdamW's state "
         f"made in the first, a pool per stream, FSDP1's record_stream; + {CUBLAS_WORKSPACE_BYTES >> 20} MiB cuBLAS "
         f"workspace); {_held_to_published()}"
     ]
@@ -140,15 +143,18 @@ def _replay_lines(report, replayed=None) -> list[str]:
 
 def fit_on_gpu(report, gpu, replayed=None) -> dict:
     """Whether the traced step fits ``gpu``: the allocation order replayed with the card's memory as the
-    allocator's capacity, less the CUDA context, NCCL's buffers (``smolfsdp.measure.memory``'s constants) and the
+    allocator's capacity, less the CUDA context, NCCL's buffers (``smolfsdp.estimate.memory``'s constants) and the
     cuBLAS workspace. ``fits``: no segment had to be given back; ``tight``: the allocator had to release its
     cache and retry (``num_alloc_retries``: slower, and fragmentation can still fail it later); ``does not fit``:
     out of memory even after that. With CPU offload: ``None`` verdict (the trace cannot tell host from device).
     ``replayed``: the replay without a capacity, when already made: within the card, the capped replay is that
     same run, so it is not run again."""
-    from smolfsdp.measure.allocator import OutOfMemory, replay  # no torch
-    from smolfsdp.measure.memory import COMM_BUFFER_BYTES, CUDA_CONTEXT_BYTES  # deferred: measure loads torch
-    from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES  # no torch
+    from smolfsdp.audit.allocator_replay import OutOfMemory, replay  # no torch
+    from smolfsdp.estimate.memory import (
+        COMM_BUFFER_BYTES,
+        CUDA_CONTEXT_BYTES,
+    )  # deferred: measure loads torch
+    from smolfsdp.estimate.reserved import CUBLAS_WORKSPACE_BYTES  # no torch
 
     outside = (
         CUDA_CONTEXT_BYTES
@@ -187,7 +193,7 @@ def _fit_line(report, gpu, replayed=None) -> list[str]:
 
 def _moment_text(moment: dict) -> str:
     """A traced moment in the estimator's words: ``the loss moment (backward has just started; traced in M)``."""
-    from smolfsdp.measure.recipe_peak import moment_words, traced_moment  # deferred: measure loads torch
+    from smolfsdp.estimate.recipe_peak import moment_words, traced_moment  # deferred: measure loads torch
 
     words = moment_words(traced_moment(moment))
     module = moment.get("module", "?")
@@ -244,7 +250,7 @@ def _flops_ratio_words(setup: dict) -> str:
     why = []
     if setup.get("activation_checkpointing"):
         why.append(
-            "the forward recomputed in backward under activation checkpointing (most of a forward: torch stops before each layer's last matmul; smolfsdp.measure.recompute)"
+            "the forward recomputed in backward under activation checkpointing (most of a forward: torch stops before each layer's last matmul; smolfsdp.estimate.recompute)"
         )
     if (
         setup.get("lora")

@@ -14,15 +14,15 @@ import json
 import sys
 
 from smolfsdp.cli_output import format_fit_verdict
+from smolfsdp.estimate.hardware import GPUS  # light (no torch): the parser lists the names
+from smolfsdp.estimate.loss_path import LOSS_PATHS  # light (no torch)
+from smolfsdp.estimate.recipes import RECIPES  # light (no torch)
 from smolfsdp.lora_options import LORA_LAYOUTS
-from smolfsdp.measure.hardware import GPUS  # light (no torch): the parser lists the names
-from smolfsdp.measure.loss_path import LOSS_PATHS  # light (no torch)
-from smolfsdp.measure.recipes import RECIPES  # light (no torch)
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
-    from smolfsdp.measure.hardware import fits, get_gpu  # light: checked before torch loads
+    from smolfsdp.estimate.hardware import fits, get_gpu  # light: checked before torch loads
 
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
     gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
@@ -31,9 +31,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    from smolfsdp.measure.memory import estimate_memory, format_table  # deferred: transformers configs
-    from smolfsdp.measure.recommend import recommend  # deferred with hardware
-    from smolfsdp.measure.reserved import format_reserved  # deferred with hardware
+    from smolfsdp.estimate.memory import estimate_memory, format_table  # deferred: transformers configs
+    from smolfsdp.estimate.recommend import recommend  # deferred with hardware
+    from smolfsdp.estimate.reserved import format_reserved  # deferred with hardware
 
     common = {
         k: getattr(args, k)
@@ -70,7 +70,7 @@ def lora_spec(args: argparse.Namespace):
     """A ``LoraSpec`` from ``--lora`` / ``--lora-rank`` / ``--lora-alpha`` / ``--lora-targets`` (any of them
     turns LoRA on), else None. Raises ConfigError for a rank or alpha below 1 or an empty target list."""
     from smolfsdp.errors import ConfigError  # deferred with the other smolfsdp modules: a light parser
-    from smolfsdp.measure.params import LoraSpec  # deferred: transformers configs
+    from smolfsdp.estimate.params import LoraSpec  # deferred: transformers configs
 
     given = [args.lora_rank, args.lora_alpha, args.lora_targets]
     if not args.lora and all(v is None for v in given):
@@ -116,7 +116,7 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     p.add_argument(
         "--recipe", default="hf-fsdp-bf16", choices=list(RECIPES),
         help="precision recipe: bytes per parameter of weights, gradients, master copy, optimizer state "
-        "(smolfsdp.measure.recipes.RECIPES)",
+        "(smolfsdp.estimate.recipes.RECIPES)",
     )  # fmt: skip
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per row")
     p.add_argument("--micro-batch", type=int, default=1, help="rows per rank per step")

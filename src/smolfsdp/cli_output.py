@@ -239,7 +239,7 @@ def format_trace(s: dict) -> str:
 
 def asked_label(est) -> str:
     """The configuration a ``smolfsdp memory`` call asked for, as the verdict names it: 'FSDP1 FULL_SHARD +
-    activation checkpointing + CPU offload, micro-batch 2' (an estimate of ``smolfsdp.measure.memory``)."""
+    activation checkpointing + CPU offload, micro-batch 2' (an estimate of ``smolfsdp.estimate.memory``)."""
     parts = [f"FSDP{est.fsdp_version} {est.strategy}"]
     parts += ["activation checkpointing"] * bool(est.activation_checkpointing) + ["CPU offload"] * bool(
         est.offload
@@ -249,7 +249,7 @@ def asked_label(est) -> str:
 
 def format_fit_verdict(est, fits_as_asked: bool, gpu_name: str, gpu_bytes: int, rec) -> str:
     """The "Does FSDP fit?" answer: the configuration asked and its verdict, then the recommendation (the
-    cheapest lever that fits, ``smolfsdp.measure.recommend``) and why it differs from what was asked."""
+    cheapest lever that fits, ``smolfsdp.estimate.recommend``) and why it differs from what was asked."""
     gib = 2**30
     verdict = "fits" if fits_as_asked else "does not fit"
     head = (

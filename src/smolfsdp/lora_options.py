@@ -1,7 +1,7 @@
 """Where FSDP1 puts the LoRA adapters, by name, and the checks on it.
 
 One source for the run config (``smolfsdp.config``: ``lora_layout``), the native engine and the dry run
-(``smolfsdp.sharding.adapter_units`` wraps them) and the memory estimate (``smolfsdp.measure.memory``
+(``smolfsdp.sharding.adapter_units`` wraps them) and the memory estimate (``smolfsdp.estimate.memory``
 models both).
 
 * ``in-unit`` (smolfsdp's default): each adapter shares its decoder layer's FlatParameter

@@ -5,8 +5,8 @@
 ``gotchas_view`` (the gotchas' results), ``probe_views`` (the step probe in sentences), ``drills_view``
 (the drills' rows), ``fsdp_versions``, ``profiling``, ``scaling_views``, ``dryrun_views``, ``full_budget``
 (the full profile's time). What the views read is made elsewhere: the gotchas in ``smolfsdp.gotchas``, the
-chapters' probes in ``smolfsdp.probes``, the seeds' claims in ``smolfsdp.seeds``, the GPU check in
-``smolfsdp.gpu_check``.
+chapters' probes in ``smolfsdp.probes``, the seeds' claims in ``smolfsdp.audit.seeds``, the GPU check in
+``smolfsdp.audit.gpu_check``.
 
 Layer: below ``smolfsdp.cli`` only; may import every other subpackage and the bottom modules. Nothing in
 the package imports it: the chapters, scripts and tests do.

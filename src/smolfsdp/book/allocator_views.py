@@ -2,8 +2,8 @@
 
 Chapter "Where the memory goes", section "The caching allocator, replayed". The rows come from
 ``data/results/published/check.json`` (``scripts/published_check.py``: the estimator's ``memory`` rows and the
-``dry_run`` rows of ``smolfsdp.dryrun.published``); the ablation replays one dry run's allocation order with each
-mechanism of ``smolfsdp.measure.allocator.replay`` taken away in turn; the replay grid
+``dry_run`` rows of ``smolfsdp.audit.dryrun.published_replay``); the ablation replays one dry run's allocation order with each
+mechanism of ``smolfsdp.audit.allocator_replay.replay`` taken away in turn; the replay grid
 (``data/results/dryrun/replay_grid.json``) is what the estimate's default-pool factor is fitted to. Traced and
 replayed on a CPU, not measured on a GPU: every view says so.
 """
@@ -15,10 +15,10 @@ import json
 import pandas as pd
 import plotly.graph_objects as go
 
+from smolfsdp.audit.allocator_replay import replay
+from smolfsdp.audit.published_rows import CHECK_PATH
 from smolfsdp.book.figures import palette
-from smolfsdp.measure.allocator import replay
-from smolfsdp.measure.published import CHECK_PATH
-from smolfsdp.measure.reserved import CUBLAS_WORKSPACE_BYTES, REPLAY_GRID
+from smolfsdp.estimate.reserved import CUBLAS_WORKSPACE_BYTES, REPLAY_GRID
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
@@ -55,7 +55,7 @@ def reserved_table(check: dict) -> pd.DataFrame:
 def published_ratios_text() -> str:
     """The published runs' reserved memory over their allocated (or active) bytes, per source, in words: what one
     factor on the tensor peak would have to cover (data/results/published/rows.json)."""
-    from smolfsdp.measure.published import load_rows  # deferred: measure loads torch
+    from smolfsdp.audit.published_rows import load_rows  # deferred: measure loads torch
 
     by_source: dict[str, list[float]] = {}
     for r in load_rows()["rows"]:
@@ -136,9 +136,9 @@ def plot_reserved(check: dict) -> go.Figure:
 
 def replay_grid_table() -> pd.DataFrame:
     """The 16 book setups of ``data/results/dryrun/replay_grid.json``: the dry run's tensor peak, the replayed
-    reserved memory, today's estimate (``smolfsdp.measure.reserved.reserved_parts``) and its error % (GiB)."""
+    reserved memory, today's estimate (``smolfsdp.estimate.reserved.reserved_parts``) and its error % (GiB)."""
+    from smolfsdp.audit.dryrun.compare import estimate_for  # deferred: torch, transformers
     from smolfsdp.config import load_config  # deferred: the chapter's other views need no config
-    from smolfsdp.dryrun.compare import estimate_for  # deferred: torch, transformers
 
     grid = json.loads((repo_root() / REPLAY_GRID).read_text())
     out = []

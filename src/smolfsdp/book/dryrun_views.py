@@ -15,7 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from smolfsdp.book.figures import palette
-from smolfsdp.measure.recipe_peak import (
+from smolfsdp.estimate.recipe_peak import (
     moment_words,
     recipe_peak,
     settings_from_setup,
@@ -27,7 +27,12 @@ from smolfsdp.paths import repo_root
 GIB = 2**30
 GRID = Path("data/results/dryrun/grid.json")
 #: What the grid's numbers come from: a change here since the traced commit may change a row.
-TRACED_CODE = ("src/smolfsdp/dryrun", "src/smolfsdp/sharding", "src/smolfsdp/models", "src/smolfsdp/measure")
+TRACED_CODE = (
+    "src/smolfsdp/audit/dryrun",
+    "src/smolfsdp/sharding",
+    "src/smolfsdp/models",
+    "src/smolfsdp/measure",
+)
 PHASE_COLOURS = palette.PHASE  # the same phase colours as every other figure
 
 
@@ -144,7 +149,7 @@ def provenance_line(grid: dict, root: Path | None = None) -> str:
 
 
 def traced_settings_line(run: dict) -> str:
-    """The settings line (``smolfsdp.measure.recipe_peak.settings_line``) of a grid row: tensors only."""
+    """The settings line (``smolfsdp.estimate.recipe_peak.settings_line``) of a grid row: tensors only."""
     return settings_line(settings_from_setup(run["setup"]), "tensors")
 
 
@@ -239,10 +244,12 @@ def add_dry_run_evidence(judged: list, grid: dict | None) -> list:
 
 def comm_check_table(grid: dict, only_shape: tuple[int, bool] | None = (2048, True)) -> pd.DataFrame:
     """Per setup and kind: the all-gathers and reduce-scatters one rank traced in a step beside
-    ``smolfsdp.measure.comm.estimate_collectives`` for the same setup (count and full-tensor GiB).
+    ``smolfsdp.estimate.comm.estimate_collectives`` for the same setup (count and full-tensor GiB).
     ``only_shape``: ``(max_length, activation checkpointing)`` of the setups shown (None: every full
     fine-tune setup; sequence length and checkpointing change no collective)."""
-    from smolfsdp.measure.comm import estimate_collectives  # deferred: only this view needs the model's units
+    from smolfsdp.estimate.comm import (
+        estimate_collectives,
+    )  # deferred: only this view needs the model's units
 
     rows = []
     for run in grid["runs"]:

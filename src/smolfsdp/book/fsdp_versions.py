@@ -2,7 +2,7 @@
 
 Used by the chapters "FSDP1 vs FSDP2" and "LoRA + FSDP2". The measurements come from
 ``smolfsdp.probes.mechanics`` (two ranks, each version) and ``smolfsdp.probes.dtype_rule`` (one rank); the
-SmolLM3-3B numbers from ``smolfsdp.measure.memory`` (an estimate, stated as one).
+SmolLM3-3B numbers from ``smolfsdp.estimate.memory`` (an estimate, stated as one).
 
     python -c "from smolfsdp.book.fsdp_versions import lora_state_table; print(lora_state_table())"
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pandas as pd
 
 from smolfsdp.book.tables import gib_text, placement_text
-from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.params import LoraSpec
-from smolfsdp.measure.recipe_peak import BOOK_RECIPE, recipe_peak, settings_line
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.params import LoraSpec
+from smolfsdp.estimate.recipe_peak import BOOK_RECIPE, recipe_peak, settings_line
 
 GIB = 2**30
 CASE_TEXT = {
@@ -98,9 +98,9 @@ def dtype_rule_table(results: list[dict]) -> pd.DataFrame:
 def lora_state_gib(cfg: str = BOOK_RECIPE, **overrides) -> pd.DataFrame:
     """Estimated GiB (floats) per GPU of parameter shards, gradients, Adam state and the device peak, for full
     fine-tuning and LoRA (r=8, q/k/v/o) under FSDP1 and FSDP2, at the settings of the run recipe ``cfg``
-    (``smolfsdp.measure.recipe_peak``: the book's FSDP1 full fine-tune, FULL_SHARD on 2 GPUs; ``overrides``
+    (``smolfsdp.estimate.recipe_peak``: the book's FSDP1 full fine-tune, FULL_SHARD on 2 GPUs; ``overrides``
     change any setting) with only the FSDP version and LoRA varied. The peak is
-    :func:`~smolfsdp.measure.recipe_peak.recipe_peak` with ``include="device"`` (tensors + CUDA context and NCCL
+    :func:`~smolfsdp.estimate.recipe_peak.recipe_peak` with ``include="device"`` (tensors + CUDA context and NCCL
     buffers), the number every chapter quotes for these settings; ``attrs["settings"]`` is its settings line.
     FSDP1's LoRA gradient covers every FlatParameter that holds an adapter."""
     rows, line = {}, ""

@@ -9,7 +9,7 @@ budget and the chapters cannot drift apart; the README's "Full profile: time bud
 
 Per run: training tokens bounded above by optimizer steps x rows per step x ``max_length`` (every row
 padded to the longest possible), at ``6N + 12·L·H·Q·T`` model FLOPs per token (LoRA: ``4N + 2N_train``;
-``smolfsdp.measure.benchmark.flops_per_token``; activation checkpointing's recompute is not counted,
+``smolfsdp.estimate.flops.flops_per_token``; activation checkpointing's recompute is not counted,
 as MFU does not count it); evaluation at a third of that per token (forward only); checkpoint writes
 at :data:`DISK_BYTES_PER_S`; and :data:`RUN_OVERHEAD_S` per run for start-up, loading the 3B weights,
 sharding and the final export. Compute runs at ``BUDGET_MFU`` (35 %) of the GPU's bf16 datasheet peak.
@@ -22,9 +22,9 @@ import math
 import pandas as pd
 
 from smolfsdp.config import load_config
-from smolfsdp.measure.benchmark import BUDGET_MFU, flops_per_token, training_time_s
-from smolfsdp.measure.hardware import get_gpu
-from smolfsdp.measure.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.estimate.flops import BUDGET_MFU, flops_per_token, training_time_s
+from smolfsdp.estimate.hardware import get_gpu
+from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
 from smolfsdp.paths import recipe
 
 #: Chapter "LoRA with FSDP2", full profile: the LoRA run and its full fine-tune twin stop here (a

@@ -1,12 +1,12 @@
 """The gotchas' results as tables for the chapter "Debugging the seams": failing and fixed side by side.
 
-``smolfsdp.gotchas.runner`` runs each gotcha and returns what happened in each form as a dict (the
+``smolfsdp.gotchas.run_all`` runs each gotcha and returns what happened in each form as a dict (the
 outcome, the exception, the measured values). This module only presents those dicts: one row per
 measured quantity, the failing form in one column and the fixed form in the next, every cell as a
 reader reads it (no dict or list reprs, no NaN), long messages wrapped. Nothing is computed here.
 
     from smolfsdp.book import gotchas_view
-    from smolfsdp.gotchas import runner as gotchas
+    from smolfsdp.gotchas import run_all as gotchas
     results = gotchas.run_gotchas(["tied_embeddings"])
     gotchas_view.section(results["tied_embeddings"])   # table + explanation, as HTML in a notebook
 """

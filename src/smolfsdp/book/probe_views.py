@@ -8,7 +8,7 @@ with the spread of the same peak over the probe's steady steps, so no CPU noise 
 
 from __future__ import annotations
 
-from smolfsdp.measure.params import resolve_model_config
+from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.probes.step import MEMORY_STEPS
 
 KIB = 1024

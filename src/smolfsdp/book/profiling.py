@@ -19,7 +19,7 @@ from smolfsdp.book.figures import palette
 from smolfsdp.book.tables import cell_text, number_text
 from smolfsdp.measure.benchmark import steps_frame
 from smolfsdp.traces.analysis import TraceReport, comm_by_row
-from smolfsdp.traces.checks import exposed_share, seed_checks
+from smolfsdp.traces.seed_reading import exposed_share, seed_checks
 
 
 def _steps(steps) -> str:

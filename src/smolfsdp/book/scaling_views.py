@@ -1,6 +1,6 @@
 """Reader-shaped views of the scaling projections, on the book's own full recipe.
 
-Used by the chapter "Scaling out" (notebooks/07_scaling.ipynb). ``smolfsdp.measure.scaling.scaling_table``
+Used by the chapter "Scaling out" (notebooks/07_scaling.ipynb). ``smolfsdp.estimate.scaling.scaling_table``
 computes the projections; this module picks the recipe (sequence, micro-batch, gradient accumulation,
 FSDP version, activation checkpointing from ``configs/runs/smollm3_3b_medical.yaml``), turns the frames
 into tables a reader can scan (units, percentages, "from 8 GPUs" instead of ``8.0``/``NaN``), sweeps the
@@ -14,10 +14,10 @@ from __future__ import annotations
 import pandas as pd
 
 from smolfsdp.config import load_config
-from smolfsdp.measure.hfu import run_mfu
-from smolfsdp.measure.loss_path import engine_loss_path
-from smolfsdp.measure.memory import GIB, estimate_memory
-from smolfsdp.measure.scaling import estimate_step, mfu_text, scaling_table
+from smolfsdp.estimate.calibration import run_mfu
+from smolfsdp.estimate.loss_path import engine_loss_path
+from smolfsdp.estimate.memory import GIB, estimate_memory
+from smolfsdp.estimate.scaling import estimate_step, mfu_text, scaling_table
 from smolfsdp.paths import recipe
 
 STRATEGY_NAMES = {
@@ -39,7 +39,7 @@ def book_assumptions(
     """``scaling_table`` arguments for the committed run recipe: its ``max_length`` as the sequence, its
     micro-batch, gradient accumulation, FSDP version, activation checkpointing and its engine's loss; the cluster is an
     assumption; the MFU (a fraction) the published calibration for ``gpu`` unless given
-    (``smolfsdp.measure.hfu.run_mfu``: the HFU of torchtitan's published rows, each with its recomputation
+    (``smolfsdp.estimate.calibration.run_mfu``: the HFU of torchtitan's published rows, each with its recomputation
     counted, error % stated; the recipe's own checkpointing)."""
     cfg = load_config(recipe(recipe_name))
     mfu = mfu if mfu is not None else run_mfu(gpu, **recipe_run(cfg))["mfu"]
@@ -52,7 +52,7 @@ def book_assumptions(
 
 
 def recipe_run(cfg) -> dict:
-    """``hfu.run_mfu``'s keywords after the GPU for a run config: its model, sequence and checkpointing."""
+    """``calibration.run_mfu``'s keywords after the GPU for a run config: its model, sequence and checkpointing."""
     model = "smollm3-3b" if cfg.model == "HuggingFaceTB/SmolLM3-3B" else cfg.model
     mode = cfg.ac_mode if cfg.activation_checkpointing else None
     return {"model": model, "seq_len": cfg.max_length, "ac_mode": mode, "ac_every": cfg.ac_every}

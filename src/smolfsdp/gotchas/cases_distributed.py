@@ -1,6 +1,6 @@
 """The gotchas that run on 2 gloo ranks (one ``torchrun`` launch for all of them), failing and fixed.
 
-Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.gotchas.runner``, which
+Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.gotchas.run_all``, which
 launches them; each case registers itself in ``smolfsdp.gotchas.registry.GOTCHAS``.
 
     smolfsdp gotchas --run tied_embeddings,optimizer_before_sharding

@@ -1,6 +1,6 @@
 """The gotchas that run in one process, or in a launch of their own because the failing form crashes it.
 
-Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.gotchas.runner``; each
+Chapter "Debugging the seams" (``notebooks/06_gotchas.ipynb``) through ``smolfsdp.gotchas.run_all``; each
 case registers itself in ``smolfsdp.gotchas.registry.GOTCHAS``.
 
     smolfsdp gotchas --run checkpoint_disk_full,tracker_wrong_project
@@ -81,7 +81,7 @@ def tracker_wrong_project(out: Path) -> dict[str, Any]:
     for form in ("failing", "fixed"):
         env = {**os.environ, "TRACKIO_DIR": str(out / f"trackio_{form}"), "HF_HUB_OFFLINE": "1"}
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU Trainer run on purpose, also on a GPU box
-        cmd = [sys.executable, "-m", "smolfsdp.gotchas.runner", "--trackio-form", form, "--out", str(out)]
+        cmd = [sys.executable, "-m", "smolfsdp.gotchas.run_all", "--trackio-form", form, "--out", str(out)]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"trackio {form} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

@@ -3,7 +3,7 @@ how it runs and explanation, in the chapter's order. Loads without torch (``smol
 reads only this); the cases' code attaches itself from ``smolfsdp.gotchas.cases_distributed`` and
 ``smolfsdp.gotchas.cases_local``, their shared builders are in ``smolfsdp.gotchas.builders``.
 
-Used by the chapter "Debugging the seams" through ``smolfsdp.gotchas.runner`` (which runs them).
+Used by the chapter "Debugging the seams" through ``smolfsdp.gotchas.run_all`` (which runs them).
 
     python -c "from smolfsdp.gotchas import registry as r; print(r.format_list())"
 """

@@ -31,7 +31,7 @@ from smolfsdp.checkpoint.dcp import (
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data, too_long_hint
 from smolfsdp.errors import ConfigError
-from smolfsdp.launch.checks import check_model_fits_data, check_output_dir, check_tied_head
+from smolfsdp.launch.host_checks import check_model_fits_data, check_output_dir, check_tied_head
 from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook, rank0_progress
 from smolfsdp.launch.torchrun import launch
 from smolfsdp.launch.validate import validate

@@ -46,8 +46,8 @@ from smolfsdp.checkpoint.dcp import latest_checkpoint
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.accelerate_launch import accelerate_command
-from smolfsdp.launch.checks import check_resources, run_lock
 from smolfsdp.launch.failures import explain_failure
+from smolfsdp.launch.host_checks import check_resources, run_lock
 from smolfsdp.launch.processes import spawn, stop_group
 from smolfsdp.paths import pid_alive
 
@@ -252,8 +252,8 @@ def launch(
 
     Raises:
         ConfigError: on a node other than node_rank 0, the rendezvous endpoint did not answer; more ranks
-            than this node's GPUs, cores or memory allow (:func:`smolfsdp.launch.checks.check_resources`);
-            the same run (name and output_dir) is already running (:func:`smolfsdp.launch.checks.run_lock`).
+            than this node's GPUs, cores or memory allow (:func:`smolfsdp.launch.host_checks.check_resources`);
+            the same run (name and output_dir) is already running (:func:`smolfsdp.launch.host_checks.run_lock`).
         Terminated: SIGTERM reached the launcher (a ``KeyboardInterrupt``, like Ctrl-C): the ranks were
             stopped and the temporary config removed first.
     """

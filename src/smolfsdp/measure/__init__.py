@@ -1,10 +1,10 @@
-"""Measurement and models of cost: memory, time, communication, hardware, run folders.
+"""What a run measures: timed steps, MFU, profiler traces, bytes held per rank, and the run folder.
 
-``memory`` (the per-rank memory formula: parameters, gradients, optimizer state, activations),
-``memory_measure`` (the same bytes counted on a real sharded model), ``benchmark`` (timed steps, MFU,
-profiler traces, bench.json), ``comm`` / ``comm_trace`` (the communication model and its check against a
-trace), ``hardware`` (GPU and network table), ``results`` (the run folder: writer and reader).
+``benchmark`` (timed steps, tokens/s, MFU against ``smolfsdp.estimate.flops``, peak memory, profiler traces,
+bench.json), ``timing`` (CUDA-event step timer, the measured matmul ceiling), ``memory_measure`` (the bytes FSDP
+state really occupies on each rank, beside ``smolfsdp.estimate.memory``), ``results`` (the run folder: writer
+and reader).
 
-Layer: beside ``checkpoint`` (neither imports the other), below ``train``; may import ``sharding``,
-``traces``, ``models``, ``data``, ``config`` and the bottom modules.
+Layer: beside ``checkpoint`` (neither imports the other), below ``train``, above ``estimate``; may import
+``sharding``, ``traces``, ``models``, ``data``, ``config`` and the bottom modules.
 """

@@ -20,7 +20,7 @@ What is counted, per optimizer step (all ranks together):
   LoRA: frozen weights get no weight gradient, so N splits into ``4 N_frozen + 6 N_trainable``
   (forward 2N, input gradients 2N for all weights, weight gradients 2N for trainable ones only).
 * ``tflops``: model FLOPs per second per rank; ``mfu = tflops / peak`` with the bf16 dense peak of
-  the GPU from ``smolfsdp.measure.hardware``. A CPU or a GPU the table does not know: ``mfu`` is None and
+  the GPU from ``smolfsdp.estimate.hardware``. A CPU or a GPU the table does not know: ``mfu`` is None and
   ``mfu_reason`` says why.
 * memory: GPU ``max_memory_allocated`` / ``max_memory_reserved`` in the step; CPU: bytes of the
   tensors this rank holds after the optimizer step (parameter shards, gradients, optimizer state;
@@ -40,51 +40,13 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from smolfsdp.measure.hardware import gpu_from_device_name
+from smolfsdp.estimate.flops import flops_per_token
+from smolfsdp.estimate.hardware import gpu_from_device_name
 from smolfsdp.sharding.distributed import all_gather_object
 from smolfsdp.sharding.shards import storage_bytes
 
 BENCH_FILE = "bench.json"
 TOKENS_COUNTED = "non-padding input tokens (attention_mask == 1) of the global batch, prompt and answer"
-
-
-# ------------------------------------------------------------------------------------ FLOPs
-def flops_per_token(
-    n_params: int,
-    n_layers: int,
-    n_heads: int,
-    head_dim: int,
-    seq_len: float,
-    trainable_params: int | None = None,
-) -> float:
-    """Model FLOPs per token of one training step (forward + backward): ``6N + 12·L·H·Q·T``.
-
-    PaLM appendix B (Chowdhery et al. 2022). ``trainable_params`` < ``n_params`` (LoRA): the frozen
-    weights cost 4 FLOPs per parameter (no weight gradient), the trainable ones 6. Raises ValueError
-    for non-positive sizes.
-    """
-    if min(n_params, n_layers, n_heads, head_dim) <= 0 or seq_len <= 0:
-        raise ValueError("flops_per_token: sizes must be positive")
-    trainable = n_params if trainable_params is None else trainable_params
-    dense = 4 * n_params + 2 * trainable
-    return float(dense + 12 * n_layers * n_heads * head_dim * seq_len)
-
-
-#: The model-FLOPs utilisation a time budget assumes: an assumption stated beside every number made
-#: with it (fully sharded 3B training on 2 GPUs reaches roughly this; the GPU check measures it).
-BUDGET_MFU = 0.35
-
-
-def training_time_s(
-    tokens: float, flops_token: float, peak_tflops: float, n_gpus: int, mfu: float = BUDGET_MFU
-) -> float:
-    """Estimated seconds to process ``tokens`` at ``flops_token`` model FLOPs each (:func:`flops_per_token`)
-    on ``n_gpus`` GPUs, each at ``mfu`` of its bf16 dense datasheet peak ``peak_tflops``:
-    ``tokens · flops_token / (n_gpus · peak · mfu)``. An estimate from the formula, never a measurement.
-    """
-    if min(tokens, flops_token, peak_tflops, n_gpus) <= 0 or not 0 < mfu <= 1:
-        raise ValueError("training_time_s: tokens, FLOPs, peak and GPUs must be positive, mfu in (0, 1]")
-    return tokens * flops_token / (n_gpus * peak_tflops * 1e12 * mfu)
 
 
 def model_geometry(model: torch.nn.Module) -> dict[str, int]:
@@ -112,16 +74,16 @@ def peak_tflops(device_name: str | None) -> tuple[float | None, str]:
     """bf16 dense peak TFLOP/s of a GPU named as ``torch.cuda.get_device_name`` names it.
 
     Returns ``(tflops, source)`` or ``(None, reason)`` for a CPU (``None``) or a GPU the table in
-    ``smolfsdp.measure.hardware`` does not know; never raises.
+    ``smolfsdp.estimate.hardware`` does not know; never raises.
     """
     if not device_name:
-        return None, "CPU run: smolfsdp.measure.hardware has no peak FLOP/s for CPUs, so MFU is not defined"
+        return None, "CPU run: smolfsdp.estimate.hardware has no peak FLOP/s for CPUs, so MFU is not defined"
     g = gpu_from_device_name(device_name)
     if g is not None:
         return float(g.bf16_dense_tflops), f"bf16 dense peak of {g.name} ({g.source})"
     return (
         None,
-        f"GPU {device_name!r} is not in smolfsdp.measure.hardware.GPUS, so its peak FLOP/s is unknown",
+        f"GPU {device_name!r} is not in smolfsdp.estimate.hardware.GPUS, so its peak FLOP/s is unknown",
     )
 
 

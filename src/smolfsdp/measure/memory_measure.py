@@ -2,7 +2,7 @@
 
 After one optimizer step on the tiny SmolLM3, count the storages of the parameter shards, the
 gradient shards and the AdamW state that exist on the rank, each storage once (views of a
-``FlatParameter`` or of FSDP2's reduce-scatter output share one storage). ``smolfsdp.measure.memory``
+``FlatParameter`` or of FSDP2's reduce-scatter output share one storage). ``smolfsdp.estimate.memory``
 estimates the same numbers from the config alone; the test and the chapter put them side by side.
 
     torchrun --standalone --nproc-per-node 2 scripts/measure_memory.py --out /tmp/measured.json
@@ -19,7 +19,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from smolfsdp.measure.memory import estimate_memory
+from smolfsdp.estimate.memory import estimate_memory
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.fsdp1 import wrap_fsdp1
 from smolfsdp.sharding.fsdp2 import apply_fsdp2

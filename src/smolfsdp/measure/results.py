@@ -2,7 +2,7 @@
 
 Written by rank 0 of a run (:class:`RunWriter`), read by the chapters (:func:`load_run`). Also the
 committed one-GPU measurement of ``scripts/gpu_check.sh`` (:func:`load_gpu_results`, shown by
-``smolfsdp.gpu_check.report``) and the provenance it records (:func:`provenance`).
+``smolfsdp.audit.gpu_check.report``) and the provenance it records (:func:`provenance`).
 
     python -c "from smolfsdp.measure.results import load_run; print(load_run('runs/smoke').summary)"
 """
@@ -247,7 +247,7 @@ def load_gpu_results(path: str | Path = GPU_RESULTS_DIR) -> GpuResults | None:
 def source_sha256(root: Path) -> tuple[str, list[str]]:
     """sha256 over the package, this check and the shipped config: identifies the code without git."""
     files = sorted(root.glob("src/smolfsdp/**/*.py"))
-    files += [root / "scripts" / "gpu_check.py", root / "scripts" / "gpu_check.sh"]
+    files += [root / "scripts" / "audit/gpu_check.py", root / "scripts" / "gpu_check.sh"]
     files += [root / "data" / "models" / "smollm3_3b" / "config.json"]
     files = [f for f in files if f.is_file()]
     h = hashlib.sha256()

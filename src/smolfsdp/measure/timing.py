@@ -1,7 +1,7 @@
 """Step timing that a GPU does not fool: CUDA events (no host sync inside the loop) or the wall clock,
 and the measured bf16 matmul ceiling that MFU is set against.
 
-Used by ``smolfsdp.gpu_check.run`` (chapters "Where the memory goes" and "Reading the profiler").
+Used by ``smolfsdp.audit.gpu_check.measure_gpu`` (chapters "Where the memory goes" and "Reading the profiler").
 
     python -c "import torch; from smolfsdp.measure.timing import measure_matmul_tflops as m; print(m(torch.device('cpu'), 256, 3))"
 """

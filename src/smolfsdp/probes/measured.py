@@ -15,11 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from smolfsdp.config import load_config
+from smolfsdp.estimate import comm
 from smolfsdp.launch import runner
 from smolfsdp.launch.probe import read_results, run_probe
-from smolfsdp.measure import comm, comm_trace
 from smolfsdp.measure.memory_measure import compare_with_estimate
 from smolfsdp.paths import recipe, repo_root
+from smolfsdp.traces import collective_sizes as comm_trace
 
 
 def measure_tiny_memory(nproc: int = 2, timeout: float = 600) -> pd.DataFrame:

@@ -5,7 +5,7 @@ module with torchrun (a subprocess, never a process group in the notebook kernel
 tiny SmolLM3 (4 decoder layers), shards it with ``smolfsdp.sharding.fsdp2.apply_fsdp2`` in each of
 :data:`VARIANTS` (layers and root resharded after forward or not; explicit prefetch), takes a warm-up
 step, then profiles one step with ``record_shapes`` and ``profile_memory``: the FSDP annotations, the
-c10d collectives with their sizes (read back by ``smolfsdp.measure.comm_trace``), and the CPU allocator's
+c10d collectives with their sizes (read back by ``smolfsdp.traces.collective_sizes``), and the CPU allocator's
 running total (the memory of the step over time); four more steady steps give the spread of the step's
 peak, the yardstick for any memory difference between variants. The loss of every variant is recorded too: they
 must be equal, since resharding and prefetching change when bytes move, never what is computed.
@@ -27,11 +27,11 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.launch.probe import probe_main, read_results, run_probe
-from smolfsdp.measure.comm_trace import trace_collectives
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.distributed import init_distributed, teardown
 from smolfsdp.sharding.fsdp2 import apply_fsdp2, build_mesh
 from smolfsdp.traces.classify import collective_kind
+from smolfsdp.traces.collective_sizes import trace_collectives
 
 #: name -> (layers reshard after forward, root reshards after forward, explicit prefetch)
 VARIANTS: dict[str, tuple[bool, bool, bool]] = {

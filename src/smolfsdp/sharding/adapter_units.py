@@ -11,7 +11,7 @@ FSDP1 wraps bottom-up, so the adapters become units first and the decoder layer'
 only frozen weights: ``requires_grad`` false, no gradient, no reduce-scatter for it
 (``FlatParamHandle._init_flat_param_and_metadata``: a FlatParameter requires a gradient if any of its
 parameters does). The in-unit layout (the default) puts the adapters in that FlatParameter, so FSDP1 gives
-the frozen base a gradient too (``smolfsdp.measure.layout.sharded_state`` counts both).
+the frozen base a gradient too (``smolfsdp.estimate.layout.sharded_state`` counts both).
 
     python -c "from smolfsdp.sharding.adapter_units import adapter_units_policy as p; print(p(object))"
 """

@@ -189,7 +189,7 @@ def build_mesh(device_type: str, shard_size: int, replicate_size: int | None = N
         else ((shard_size,), MESH_DIM_NAMES[1:])
     )
     # A mesh is bookkeeping (lists of ranks), never model memory: under the full-size dry run's
-    # FakeTensorMode (smolfsdp.dryrun) its rank tensor must still be real, or reading it back fails.
+    # FakeTensorMode (smolfsdp.audit.dryrun) its rank tensor must still be real, or reading it back fails.
     with unset_fake_temporarily():
         return init_device_mesh(device_type, shape, mesh_dim_names=names)
 

@@ -21,7 +21,7 @@ What the ``op`` policy saves (:func:`op_sac_policy`), torchtitan's ``_save_list`
 
 Not ``aten.bmm``: only eager attention calls it, for the ``s x s`` scores, which selective recomputation exists
 to drop (Korthikanti et al. 2022, sec. 5). Everything else (RMSNorm, RoPE, SiLU, the residual adds) is
-recomputed. ``smolfsdp.measure.selective_ac`` models the same choice.
+recomputed. ``smolfsdp.estimate.selective_ac_bytes`` models the same choice.
 
     smolfsdp train --config configs/runs/smoke.yaml --activation_checkpointing --ac_mode op
 """

@@ -64,7 +64,7 @@ def micro_batch_backward(
 ) -> torch.Tensor:
     """Forward and backward of one micro-batch whose loss is scaled to the global batch of ``n_items``
     label tokens (see :func:`forward_backward`); returns the detached fp32 loss (a 0-d tensor, no sync).
-    The full-size dry run (``smolfsdp.dryrun``) calls this on fake tensors, for a TRL-engine recipe with
+    The full-size dry run (``smolfsdp.audit.dryrun``) calls this on fake tensors, for a TRL-engine recipe with
     ``fused_lm_head=True`` (``forward_kwargs`` go to the model's forward)."""
     out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1), **forward_kwargs)
     (out.loss * world_size).backward()

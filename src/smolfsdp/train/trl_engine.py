@@ -203,7 +203,7 @@ def accumulates_under_no_sync(cfg: TrainConfig) -> bool:
     in bf16). smolfsdp asks for ``sync_each_batch`` instead (a reduce-scatter per micro-batch: more
     communication, sharded memory), except with FSDP1 CPU offload, which supports accumulation only
     inside ``no_sync()`` (outside it the gradients come out wrong). The memory estimate takes the same
-    answer (``smolfsdp.measure.memory.estimate_memory(no_sync=...)``), so estimate and run agree.
+    answer (``smolfsdp.estimate.memory.estimate_memory(no_sync=...)``), so estimate and run agree.
     """
     return (
         cfg.engine == "trl"

@@ -1,7 +1,7 @@
 """The interactive "does it fit?" figure: pick a setting, read the per-GPU bytes and the verdict.
 
 Chapter "Where the memory goes" (``notebooks/00_memory.ipynb``). :func:`fit_states` runs
-``smolfsdp.measure.memory.estimate_memory`` for every combination of the :data:`CONTROLS` (the GPU only
+``smolfsdp.estimate.memory.estimate_memory`` for every combination of the :data:`CONTROLS` (the GPU only
 moves the line and the verdict, so it multiplies nothing); :func:`plot_fit_explorer` draws one bar per
 memory component plus the peak, a dashed line at the GPU's memory, and one dropdown per control. All
 states ride in the figure (``layout.meta``); a small script (:data:`COMPOSE_SCRIPT`, no server) combines
@@ -22,12 +22,12 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from smolfsdp.book.figures import palette
-from smolfsdp.book.figures.memory import COMPONENT_COLORS
+from smolfsdp.book.figures.memory_bars import COMPONENT_COLORS
 from smolfsdp.book.figures.plotting import fit_layout, save_figure
-from smolfsdp.measure.hardware import GPUS
-from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.params import llama3_70b_config, resolve_model_config
-from smolfsdp.measure.recipes import GIB
+from smolfsdp.estimate.hardware import GPUS
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.params import llama3_70b_config, resolve_model_config
+from smolfsdp.estimate.recipes import GIB
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def state_key(setting: dict) -> str:
 
 def verdict(peak_bytes: int, gpu: str) -> str:
     """``"fits: peak 30.9 GiB of 37.3 GiB (83%)"`` or ``"does not fit: ..."`` against the datasheet bytes
-    of ``gpu`` (``smolfsdp.measure.hardware.GPUS``). The script formats changed states the same way."""
+    of ``gpu`` (``smolfsdp.estimate.hardware.GPUS``). The script formats changed states the same way."""
     cap = GPUS[gpu].memory_bytes
     word = "fits" if peak_bytes <= cap else "does not fit"
     return f"{word}: peak {peak_bytes / GIB:.1f} GiB of {cap / GIB:.1f} GiB ({100 * peak_bytes / cap:.0f}%)"

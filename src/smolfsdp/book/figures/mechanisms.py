@@ -1,7 +1,7 @@
 """Figures and tables of FSDP's mechanisms, from the step probe and the package's models.
 
 Chapter "FSDP mechanics" (``notebooks/02_fsdp_mechanics.ipynb``). Inputs: the one-step recordings of
-``smolfsdp.probes.step`` (measured on 2 CPU ranks) and the pure models ``smolfsdp.measure.comm`` and
+``smolfsdp.probes.step`` (measured on 2 CPU ranks) and the pure models ``smolfsdp.estimate.comm`` and
 ``smolfsdp.measure.benchmark``. ``plot_*`` return plotly Figures; ``*_table`` return DataFrames shaped for a
 reader (units in the column names, numbers as text with thousands separators).
 
@@ -16,12 +16,12 @@ from plotly.subplots import make_subplots
 
 from smolfsdp.book.figures import palette, plotting  # noqa: F401  (plotting sets the notebook renderer)
 from smolfsdp.book.tables import gib_text, placement_text
-from smolfsdp.measure.benchmark import flops_per_token
-from smolfsdp.measure.comm import estimate_collectives
-from smolfsdp.measure.memory import estimate_memory
-from smolfsdp.measure.params import count_parameters, resolve_model_config
-from smolfsdp.measure.recipes import GIB
-from smolfsdp.measure.recompute import recompute_flops_per_token
+from smolfsdp.estimate.comm import estimate_collectives
+from smolfsdp.estimate.flops import flops_per_token
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.params import count_parameters, resolve_model_config
+from smolfsdp.estimate.recipes import GIB
+from smolfsdp.estimate.recompute import recompute_flops_per_token
 from smolfsdp.probes.step import MEMORY_STEPS, PHASES, unit_of
 
 MIB = 2**20
@@ -281,10 +281,10 @@ def plot_comm_volumes(df: pd.DataFrame, title: str = "") -> go.Figure:
 
 
 def mfu_hfu_table(model: str = "smollm3-3b", seq_len: int = 4096) -> pd.DataFrame:
-    """FLOPs per token the MFU counts (``6N + 12 L H Q T``, PaLM appendix B, ``benchmark.flops_per_token``)
+    """FLOPs per token the MFU counts (``6N + 12 L H Q T``, PaLM appendix B, ``smolfsdp.estimate.flops.flops_per_token``)
     beside what the hardware executes with full activation checkpointing (Korthikanti et al. 2022, sec. 6: HFU
     counts the recompute, MFU does not): the recomputation torch's non-reentrant checkpoint runs, which stops
-    before each layer's last matmul (``smolfsdp.measure.recompute``, held to FLOPs counted on real and fake
+    before each layer's last matmul (``smolfsdp.estimate.recompute``, held to FLOPs counted on real and fake
     tensors), and the rule it is usually given as, one more forward ``2N + 4 L H Q T``. ``attrs``:
     ``hfu_over_mfu`` (counted) and ``rule_hfu_over_mfu`` (the rule)."""
 

@@ -1,7 +1,7 @@
 """Figures of the chapter "Scaling out": pure ``plot_*`` functions returning plotly Figures.
 
-Every point is a row of ``smolfsdp.measure.scaling.scaling_table`` (the communication model and
-``smolfsdp.measure.memory``); the table's assumptions go into the title. Save with
+Every point is a row of ``smolfsdp.estimate.scaling.scaling_table`` (the communication model and
+``smolfsdp.estimate.memory``); the table's assumptions go into the title. Save with
 ``smolfsdp.book.figures.plotting.save_figure``.
 
     python -c "from smolfsdp.measure import scaling; from smolfsdp.book.figures import scale as p; p.plot_scaling(scaling.scaling_table()).show()"
@@ -73,7 +73,7 @@ def _lines(fig, df, y: str, fmt: str, dash_unfit: bool = True) -> None:
 
 
 def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
-    """Peak device memory per GPU (GiB, ``smolfsdp.measure.memory`` device peak at its fullest moment) against GPU count, one line per
+    """Peak device memory per GPU (GiB, ``smolfsdp.estimate.memory`` device peak at its fullest moment) against GPU count, one line per
     strategy, one panel per model, the GPU's memory as a dotted line; x marks a setting that does not fit."""
     models = list(df["model"].unique())
     fig = _subplots(models, title, "GiB per GPU (device peak)", df)

@@ -1,0 +1,197 @@
+"""Today's estimator against published GPU measurements (``data/results/published/rows.json``).
+
+Chapter "Where the memory goes", section "Held to published GPU runs"; ``scripts/published_check.py`` writes
+the table to ``data/results/published/check.json`` and tests/test_published.py holds that file to today's
+estimator. Each row names its source (repository, file, commit), its configuration and what its number is
+(``reserved`` = peak ``torch.cuda.max_memory_reserved``, ``allocated`` = peak ``max_memory_allocated``,
+``active`` = ``memory_stats()["active_bytes.all.peak"]``: allocated plus the blocks FSDP1's ``record_stream``
+keeps busy past their frees, ``MemoryEstimate.record_stream_bytes``).
+Rows the estimator cannot express yet (``"modelled": false``) keep their reason and get no error.
+
+    python -c "from smolfsdp.audit.published_rows import check_table; print(check_table())"
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from smolfsdp.errors import ConfigError
+from smolfsdp.estimate.hardware import get_gpu, verdict
+from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.estimate.reserved import reserved_parts, reserved_range_bytes
+from smolfsdp.paths import repo_root
+
+GIB = 2**30
+ROWS_PATH = "data/results/published/rows.json"
+CHECK_PATH = "data/results/published/check.json"
+#: What "matches" means, from issue 31: reserved within 10 %, allocated / active within 5 %.
+TOLERANCE_PCT = {"reserved": 10.0, "allocated": 5.0, "active": 5.0}
+
+
+def load_rows(path: str | Path | None = None) -> dict:
+    """The published rows file (``sources`` and ``rows``); ConfigError when it is missing or has no rows."""
+    p = Path(path) if path else repo_root() / ROWS_PATH
+    if not p.is_file():
+        raise ConfigError(f"{p} not found; the published rows live in {ROWS_PATH}.")
+    data = json.loads(p.read_text())
+    if not data.get("rows"):
+        raise ConfigError(f"{p} has no 'rows'.")
+    return data
+
+
+def estimate_row(row: dict):
+    """The ``MemoryEstimate`` for a modelled memory row (its model path is relative to the repository)."""
+    lora = row.get("lora")
+    spec = None
+    if lora:
+        spec = LoraSpec(r=lora["r"], alpha=lora["alpha"], targets=tuple(lora["targets"]),
+                        dropout=lora.get("dropout", 0.0))  # fmt: skip
+    model = row["model"]
+    if model.startswith("data/"):
+        model = str(repo_root() / model)
+    return estimate_memory(
+        model, world_size=row["world_size"], strategy=row["strategy"], recipe=row["recipe"],
+        seq_len=row["seq_len"], micro_batch=row["micro_batch"], lora=spec,
+        activation_checkpointing=row.get("activation_checkpointing", False), ac_mode=row.get("ac_mode", "full"),
+        fsdp_version=row["fsdp_version"], offload=row.get("offload", False),
+        lora_layout="adapter-units" if row.get("layout") == "adapter-units" else "in-unit",
+        legacy_hf_loss=row.get("hf_loss") == "legacy", loss_path=row.get("loss_path", "transformers"),
+        ac_every=row.get("ac_every"),
+    )  # fmt: skip
+
+
+def _memory_rows(row: dict) -> list[dict]:
+    """One output row per memory number of a published row (reserved, allocated), with error % if modelled."""
+    out = []
+    measured = {k[: -len("_gib")]: v for k, v in row["measured"].items() if k.endswith("_gib")}
+    modelled = row.get("modelled", True) and "recipe" in row
+    est = estimate_row(row) if modelled else None
+    for what, published in measured.items():
+        rec = {"id": row["id"], "source": row["source"], "what": what, "published_gib": published,
+               "modelled": modelled, "reason": row.get("reason", "")}  # fmt: skip
+        if est is not None:
+            # the torch the run used: FSDP2 before pytorch#129721 made its reduce-scatter input in that stream
+            rs_stream = row.get("fsdp2_rs_input") == "reduce-scatter stream"
+            reserved = reserved_parts(est, rs_input_on_rs_stream=rs_stream)["reserved"]
+            got = {
+                "reserved": reserved,
+                "allocated": est.moments[est.peak_moment],
+                "active": est.active_bytes,
+            }[what]
+            rec.update(
+                estimate_gib=round(got / GIB, 3),
+                error_pct=round(100 * (got / GIB - published) / published, 2),
+                within_tolerance=abs(got / GIB - published) <= TOLERANCE_PCT[what] * published / 100,
+                published_outcome="ran" if row["outcome"] == "ran" else "out of memory",
+                estimated_outcome=verdict(est, get_gpu(None, row["gpu_memory_gib"])),
+            )
+            if (
+                what == "reserved"
+            ):  # the estimate's residuals against the replay (``reserved.reserved_range_bytes``)
+                lo, hi = reserved_range_bytes(reserved)
+                rec.update(published_range_gib=f"{lo / GIB:.1f} to {hi / GIB:.1f}",
+                           within_range=lo / GIB <= published <= hi / GIB)  # fmt: skip
+        out.append(rec)
+    return out
+
+
+def mfu_rows(rows: list[dict]) -> list[dict]:
+    """Published tokens/s per GPU against the MFU torchtitan's formula gives (``6 N + 12 L H Q T`` FLOPs per
+    token, N all parameters, over the GPU's bf16 dense peak): the calibration ``calibrated_mfu`` draws from."""
+    out = []
+    for row in rows:
+        if "tokens_per_s_per_gpu" not in row["measured"] or "gpu" not in row:
+            continue
+        cfg = resolve_model_config(str(repo_root() / row["model"]))
+        n = count_parameters(cfg).total
+        hd = cfg.hidden_size // cfg.num_attention_heads
+        flops = 6 * n + 12 * cfg.num_hidden_layers * cfg.num_attention_heads * hd * row["seq_len"]
+        tps = row["measured"]["tokens_per_s_per_gpu"]
+        mfu = 100 * flops * tps / (get_gpu(row["gpu"]).bf16_dense_tflops * 1e12)
+        pub = row["measured"].get("mfu_pct")
+        out.append({"id": row["id"], "source": row["source"], "gpu": row["gpu"], "tokens_per_s_per_gpu": tps,
+                    "published_mfu_pct": pub, "formula_mfu_pct": round(mfu, 2),
+                    "error_pct": round(100 * (mfu - pub) / pub, 2) if pub else None,
+                    "ac": row.get("ac", "")})  # fmt: skip
+    cal = calibrated_mfu(out)
+    for (
+        r
+    ) in out:  # tokens/s the step-time model gives at 0.4 and at the calibration: (mfu / measured mfu) - 1
+        r["error_pct_at_0.4"] = round(100 * (40.0 / r["formula_mfu_pct"] - 1), 1)
+        r["error_pct_calibrated"] = round(100 * (100 * cal[r["gpu"]] / r["formula_mfu_pct"] - 1), 1)
+    return out
+
+
+def calibrated_mfu(mfu_table: list[dict] | None = None) -> dict[str, float]:
+    """Per GPU, the median MFU (a fraction, 3 places) of the published rows on it, by torchtitan's formula:
+    what ``smolfsdp.estimate.scaling.estimate_step(mfu="calibrated")`` uses. In-sample: the error % beside
+    each row (``mfu_rows``) is a fit's residual, not a prediction's."""
+    table = mfu_table if mfu_table is not None else mfu_rows(load_rows()["rows"])
+    by_gpu: dict[str, list[float]] = {}
+    for r in table:
+        by_gpu.setdefault(r["gpu"], []).append(r["formula_mfu_pct"] / 100)
+    return {g: round(statistics.median(v), 3) for g, v in by_gpu.items()}
+
+
+def check_table(path: str | Path | None = None) -> dict:
+    """``{"memory": [...], "mfu": [...]}``: every published number beside today's estimate and its error %."""
+    rows = load_rows(path)["rows"]
+    memory = [
+        r for row in rows if any(k.endswith("_gib") for k in row["measured"]) for r in _memory_rows(row)
+    ]
+    mfu = mfu_rows(rows)
+    return {"memory": memory, "mfu": mfu, "calibrated_mfu": calibrated_mfu(mfu)}
+
+
+def check_summary(table: dict | None = None) -> str:
+    """One paragraph for the book: how many modelled rows of each kind are within their tolerance, and each
+    miss with its error and whether the estimate's stated range holds it (``check_table``'s ``memory`` rows)."""
+    rows = [r for r in (table or check_table())["memory"] if r["modelled"]]
+    parts = []
+    for what in ("allocated", "active", "reserved"):
+        these = [r for r in rows if r["what"] == what]
+        if these:
+            ok = sum(r["within_tolerance"] for r in these)
+            parts.append(f"{what}: {ok} of {len(these)} within {TOLERANCE_PCT[what]:.0f} %")
+    misses = [r for r in rows if not r["within_tolerance"]]
+    text = "; ".join(parts) + "."
+    if misses:
+        inside = " (inside the published range)"
+        named = ", ".join(
+            f"{r['id']} {r['what']} {r['error_pct']:+.1f} %" + (inside if r.get("within_range") else "")
+            for r in misses
+        )
+        text += f" Missed: {named}."
+    wrong = [r["id"] for r in rows if r["published_outcome"] == "ran" and r["estimated_outcome"] != "fits"]
+    text += f" Verdicts that contradict the published outcome: {', '.join(wrong) or 'none'}."
+    return text
+
+
+def mfu_calibration(gpu_name: str, mfu_table: list[dict] | None = None) -> dict:
+    """The MFU the step-time model uses by default on ``gpu_name`` (``scaling.estimate_step(mfu=None)``), with
+    its provenance and its error against the published rows it comes from.
+
+    ``mfu``: the median formula MFU (a fraction, 3 places) of the published rows on that GPU
+    (``calibrated_mfu``); for a GPU with no published row, the median of every published row, pooled over GPUs
+    (a stated fallback, not a calibration of that GPU). ``basis``: the GPU's name or ``"all GPUs"``. ``rows``:
+    how many rows. ``error_pct``: (lowest, highest) error of the tokens/s this MFU gives against each of those
+    rows, ``100 * (mfu / row MFU - 1)`` (in-sample residuals, not a prediction's error). ``text``: one line
+    for the book."""
+    table = mfu_table if mfu_table is not None else mfu_rows(load_rows()["rows"])
+    rows = [r for r in table if r["gpu"] == gpu_name]
+    basis = gpu_name if rows else "all GPUs"
+    rows = rows or table
+    mfu = round(statistics.median(r["formula_mfu_pct"] / 100 for r in rows), 3)
+    errors = [100 * (100 * mfu / r["formula_mfu_pct"] - 1) for r in rows]
+    lo, hi = round(min(errors), 1), round(max(errors), 1)
+    where = f"{len(rows)} published {gpu_name} rows" if basis == gpu_name else (
+        f"all {len(rows)} published rows (none on {gpu_name})"
+    )  # fmt: skip
+    text = (
+        f"MFU {100 * mfu:.1f} %, the median of {where} (torchtitan, data/results/published/rows.json); "
+        f"tokens/s at this MFU are {lo:+.1f} % to {hi:+.1f} % off those rows' (in-sample)"
+    )
+    return {"mfu": mfu, "basis": basis, "rows": len(rows), "error_pct": (lo, hi), "text": text}

@@ -1,0 +1,214 @@
+"""Exact parameter counts of a model config, grouped as FSDP wraps them (no weights, meta device).
+
+Chapters "Where the memory goes" and "Scaling out" (``notebooks/00_memory.ipynb``,
+``notebooks/07_scaling.ipynb``) count with these; ``smolfsdp.estimate.layout`` pads the groups per rank
+and ``smolfsdp.estimate.memory`` turns them into bytes.
+
+    python -c "from smolfsdp.estimate.params import *; print(count_parameters(resolve_model_config('smollm3-3b')))"
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig
+
+from smolfsdp.errors import ConfigError, nearest
+from smolfsdp.models.modeling import load_tokenizer, refuse_remote_code, tiny_config
+from smolfsdp.paths import repo_root
+
+SHIPPED_MODELS = {
+    "smollm3-3b": "data/models/smollm3_3b",
+    "HuggingFaceTB/SmolLM3-3B": "data/models/smollm3_3b",
+}
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """peft ``LoraConfig(r, lora_alpha, target_modules)``: adapters ``A (r x in)`` and ``B (out x r)``."""
+
+    r: int = 8
+    alpha: int = 16
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    dropout: float = 0.0  # lora_dropout: > 0 saves each adapter's dropped input and its mask for backward
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    numel: int
+    dim0: int
+    trainable: bool
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    trainable: int
+    embedding: int
+    per_layer: int
+    n_layers: int
+    largest_unit: int
+    largest_unit_name: str
+
+
+def resolve_model_config(model, local_files_only: bool | None = None, trust_remote_code: bool = False):
+    """A ``PretrainedConfig`` from ``"smollm3-3b"`` (shipped), ``"tiny"``, a directory or a hub id.
+
+    Raises ConfigError when a hub id cannot be resolved (offline): the config is needed, not weights;
+    and when the folder or hub repo names its own Python (``auto_map``) and ``trust_remote_code`` is off
+    (:func:`smolfsdp.models.modeling.refuse_remote_code`): its code is never run or asked about.
+    """
+    config = _resolve(model, local_files_only, trust_remote_code)
+    check_model_size(config)
+    return config
+
+
+#: Most decoder layers a config may ask for: the largest open models have ~126 (Llama-3.1-405B); a
+#: meta-device build holds a Python module per layer, so 10**6 layers exhaust host memory before any check.
+MAX_LAYERS = 2048
+
+
+def check_model_size(config) -> None:
+    """Raise ConfigError when ``config`` asks for more than ``MAX_LAYERS`` layers or a non-positive
+    geometry: checked from the numbers alone, before any module is built."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and not 1 <= layers <= MAX_LAYERS:
+        raise ConfigError(
+            f"num_hidden_layers={layers:,} in the model's config is outside 1..{MAX_LAYERS:,} (the largest "
+            "open models have ~126); fix config.json."
+        )
+    for key in ("hidden_size", "intermediate_size", "vocab_size"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not 1 <= value <= 2**20 * (8 if key == "vocab_size" else 1):
+            raise ConfigError(
+                f"{key}={value:,} in the model's config is not a plausible size; fix config.json."
+            )
+
+
+def _resolve(model, local_files_only, trust_remote_code):
+    if isinstance(model, PretrainedConfig):
+        return model
+    if model == "tiny":
+        return tiny_config(load_tokenizer("tiny"))
+    if model in SHIPPED_MODELS:
+        return AutoConfig.from_pretrained(repo_root() / SHIPPED_MODELS[model], trust_remote_code=False)
+    path = Path(str(model)).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path} has no config.json; give a directory with the model's config.json.")
+        refuse_remote_code(path, trust_remote_code)
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if "/" not in str(model):
+        hint = nearest(model, ["tiny", *SHIPPED_MODELS])
+        raise ConfigError(
+            f"Unknown model {model!r}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + "; give 'smollm3-3b', 'tiny', a directory with config.json, or a hub id owner/name."
+        )
+    if local_files_only is None:
+        local_files_only = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+    try:
+        config = AutoConfig.from_pretrained(
+            model, local_files_only=local_files_only, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as err:
+        if "trust_remote_code" in str(err):
+            raise ConfigError(
+                f"{model!r} names its own Python (auto_map); refused: pass --trust_remote_code true only "
+                "after reading that code."
+            ) from err
+        raise ConfigError(
+            f"Could not resolve {model!r} offline: the estimate needs only its config.json (no weights). "
+            f"Download it where there is network (huggingface-cli download {model} config.json "
+            "--local-dir DIR) and pass --model DIR."
+        ) from err
+    return config
+
+
+def llama3_70b_config():
+    """A Llama-3-70B geometry as a ``LlamaConfig`` (values of meta-llama/Meta-Llama-3-70B config.json:
+    hidden 8192, 80 layers, 64 heads, 8 KV heads, MLP 28672, vocab 128256, untied embeddings). No
+    download; meta-device counting gives 70,553,706,496 parameters."""
+    return LlamaConfig(
+        hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def llama3_8b_config():
+    """A Llama-3-8B geometry as a ``LlamaConfig`` (meta-llama/Meta-Llama-3-8B config.json: hidden 4096,
+    32 layers, 32 heads, 8 KV heads, MLP 14336, vocab 128256, untied): 8.03 B parameters, 16.1 GB in
+    bf16, the "16 GB model" of seed 2. No download."""
+    return LlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def _param_specs(module, prefix: str, skip: list[str], lora: LoraSpec | None, seen: set[int]):
+    """``module``'s parameters outside ``skip`` (each once: tied weights are seen once), LoRA adapters
+    after each target's weight."""
+    out = []
+    for mname, mod in module.named_modules(prefix=prefix):
+        if any(mname == s or mname.startswith(s + ".") for s in skip):
+            continue
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in seen:  # tied weights (lm_head = embed_tokens) exist once
+                continue
+            seen.add(id(p))
+            out.append(ParamSpec(f"{mname}.{pname}", p.numel(), p.shape[0], lora is None))
+            if lora and pname == "weight" and mname.rsplit(".", 1)[-1] in lora.targets:
+                out.append(ParamSpec(f"{mname}.lora_A", lora.r * p.shape[1], lora.r, True))
+                out.append(ParamSpec(f"{mname}.lora_B", p.shape[0] * lora.r, p.shape[0], True))
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _units_cached(config_json: str, model_type: str, lora: LoraSpec | None):
+    kwargs = {k: v for k, v in json.loads(config_json).items() if k != "model_type"}
+    config = AutoConfig.for_model(model_type, **kwargs)
+    with torch.device("meta"):
+        net = AutoModelForCausalLM.from_config(config)
+    wrap = next(n for n in net._no_split_modules if any(type(m).__name__ == n for m in net.modules()))
+    layers = [(n, m) for n, m in net.named_modules() if type(m).__name__ == wrap]
+    buffers = sum(b.numel() * b.element_size() for b in net.buffers())
+    seen: set[int] = set()
+    units = {name: _param_specs(mod, name, [], lora, seen) for name, mod in layers}
+    root = _param_specs(net, "", [n for n, _ in layers], lora, seen)
+    return {"root": root, **units}, wrap, buffers
+
+
+def model_units(config, lora: LoraSpec | None = None) -> dict[str, list[ParamSpec]]:
+    """Parameters grouped as FSDP wraps them: ``"root"`` (embedding, final norm) then one unit per
+    decoder layer, each in ``named_parameters`` order, with peft's LoRA adapters after each target."""
+    return _units_cached(config.to_json_string(use_diff=False), config.model_type, lora)[0]
+
+
+def buffer_bytes(config) -> int:
+    """Bytes of the model's buffers (rotary ``inv_freq`` and the like) as built from ``config``."""
+    return _units_cached(config.to_json_string(use_diff=False), config.model_type, None)[2]
+
+
+def count_parameters(config, lora: LoraSpec | None = None) -> ParamCounts:
+    """Exact counts from the config on the meta device (tied embeddings once), LoRA adapters included."""
+    units = model_units(config, lora)
+    sizes = {name: sum(p.numel for p in ps) for name, ps in units.items()}
+    layers = [n for n in units if n != "root"]
+    big = max(sizes, key=sizes.get)
+    return ParamCounts(
+        total=sum(sizes.values()),
+        trainable=sum(p.numel for ps in units.values() for p in ps if p.trainable),
+        embedding=config.vocab_size * config.hidden_size,
+        per_layer=sizes[layers[0]],
+        n_layers=len(layers),
+        largest_unit=sizes[big],
+        largest_unit_name=big,
+    )
