@@ -150,7 +150,7 @@ def test_outputs_are_flat_and_fit_the_device_tool(sim):
 
 
 def _gpu_check_script():
-    spec = importlib.util.spec_from_file_location("gpu_check_script", ROOT / "scripts" / "audit/gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_script", ROOT / "scripts" / "gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -307,7 +307,7 @@ def test_refusals_come_before_any_work(tmp_path):
     (hide / "sitecustomize.py").write_text('import sys\nsys.modules["transformers"] = None\n')
     out = tmp_path / "out"
     bare = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "audit/gpu_check.py"), "--simulate-cpu", "--out", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--simulate-cpu", "--out", str(out)],
         env={**env, "PYTHONPATH": f"{hide}{os.pathsep}{ROOT / 'src'}"},
         capture_output=True,
         text=True,
@@ -318,7 +318,7 @@ def test_refusals_come_before_any_work(tmp_path):
     # GPU mode on a machine without one: refused after importing torch, before anything else (the
     # smolfsdp source is not even on the path, so reaching any other import would fail differently)
     gpu = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "audit/gpu_check.py"), "--out", str(out)],
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out)],
         env={**env, "PYTHONPATH": str(hide)},
         capture_output=True,
         text=True,

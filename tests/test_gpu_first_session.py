@@ -66,7 +66,7 @@ def injected(tmp_path_factory):
     # SMOLFSDP_SIM_PYTHON: another interpreter, e.g. a venv with the GPU image's versions
     # (scripts/device_stack_sim.sh); by default this venv's, with the image's missing modules hidden.
     python = os.environ.get("SMOLFSDP_SIM_PYTHON", sys.executable)
-    cmd = [python, str(ROOT / "scripts" / "audit/gpu_check.py"), "--simulate-cpu", "--out", str(out)]
+    cmd = [python, str(ROOT / "scripts" / "gpu_check.py"), "--simulate-cpu", "--out", str(out)]
     cmd += ["--warmup-steps", "1", "--timed-steps", "1"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     return out, proc

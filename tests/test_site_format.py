@@ -27,8 +27,8 @@ def _git(repo, *args):
 def test_provenance_says_whether_the_grid_is_current(tmp_path):
     """Unchanged traced code since the grid's commit: 'current'; a traced file changed: how many and what
     still checks the rows; a commit git does not know (shallow clone): it says it cannot tell."""
-    (tmp_path / "src" / "smolfsdp" / "dryrun").mkdir(parents=True)
-    traced = tmp_path / "src" / "smolfsdp" / "dryrun" / "run.py"
+    (tmp_path / "src" / "smolfsdp" / "audit" / "dryrun").mkdir(parents=True)
+    traced = tmp_path / "src" / "smolfsdp" / "audit" / "dryrun" / "run.py"
     traced.write_text("x = 1\n")
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "grid", "--allow-empty")

@@ -247,7 +247,7 @@ def load_gpu_results(path: str | Path = GPU_RESULTS_DIR) -> GpuResults | None:
 def source_sha256(root: Path) -> tuple[str, list[str]]:
     """sha256 over the package, this check and the shipped config: identifies the code without git."""
     files = sorted(root.glob("src/smolfsdp/**/*.py"))
-    files += [root / "scripts" / "audit/gpu_check.py", root / "scripts" / "gpu_check.sh"]
+    files += [root / "scripts" / "gpu_check.py", root / "scripts" / "gpu_check.sh"]
     files += [root / "data" / "models" / "smollm3_3b" / "config.json"]
     files = [f for f in files if f.is_file()]
     h = hashlib.sha256()
