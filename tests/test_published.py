@@ -54,7 +54,10 @@ def test_the_estimators_calibration_file_is_what_the_audit_fits_today():
     assert calibration.calibrated_mfu() == published.calibrated_mfu()
     pooled = calibration.mfu_calibration("L4")
     assert pooled["basis"] == "all GPUs" and "(none on L4)" in pooled["text"]
-    assert pooled == {**published.mfu_calibration("L4"), "error_pct": list(published.mfu_calibration("L4")["error_pct"])}
+    assert pooled == {
+        **published.mfu_calibration("L4"),
+        "error_pct": list(published.mfu_calibration("L4")["error_pct"]),
+    }
 
 
 def _replay_grid_pairs():
@@ -128,8 +131,8 @@ def test_modelled_rows_match_published_outcome_and_tolerance(table):
 def test_torchtitan_pr165_rows_active_within_one_percent_and_their_reserved_pairs(table):
     """torchtitan 83c879f1 (Llama 7B, 8 x H100, 8 x 2048 tokens): peak active of FSDP1/FSDP2 x AC/op-SAC, with
     the loop's fp32 logits held (``loss_path="torchtitan-fp32-held"``), each within 1 %; the rows' numbers are the commit's
-    percentages of 95.0396 GiB, the same pairs ``reserved`` holds out and ``fsdp1_streams`` cites."""
-    from smolfsdp.audit.fsdp1_record_stream import TORCHTITAN_PR165
+    percentages of 95.0396 GiB, the same pairs ``reserved`` holds out and ``published_rows.fsdp1_minus_fsdp2`` uses."""
+    from smolfsdp.audit.published_rows import TORCHTITAN_PR165
 
     rows = {r["id"]: r for r in published.load_rows()["rows"] if r["source"] == "torchtitan_pr165"}
     assert len(rows) == 4

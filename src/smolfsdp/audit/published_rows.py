@@ -21,6 +21,7 @@ from smolfsdp.errors import ConfigError
 from smolfsdp.estimate.hardware import get_gpu, verdict
 from smolfsdp.estimate.memory import estimate_memory
 from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.estimate.record_stream import fsdp1_stream_held, fsdp2_reduce_scatter_kept
 from smolfsdp.estimate.reserved import reserved_parts, reserved_range_bytes
 from smolfsdp.paths import repo_root
 
@@ -195,3 +196,60 @@ def mfu_calibration(gpu_name: str, mfu_table: list[dict] | None = None) -> dict:
         f"tokens/s at this MFU are {lo:+.1f} % to {hi:+.1f} % off those rows' (in-sample)"
     )
     return {"mfu": mfu, "basis": basis, "rows": len(rows), "error_pct": (lo, hi), "text": text}
+
+
+# ------------------------------------------------------------------ FSDP1 vs FSDP2, the published pair
+#: The published FSDP1-vs-FSDP2 pair: pytorch/torchtitan commit 83c879f18763611bda68586c45f0082fd568d646
+#: ("Used per-parameter FSDP (#165)", Andrew Gu, 2024-03-28), its message: "1k steps of minipile on 8 H100
+#: GPUs, local batch size 8, sequence length 2048, AC/SAC, bf16 mixed precision, fp32 reduce-scatter";
+#: peak *active* memory in % of 95.0396 GiB. The parent commit's ``parallelize_llama.py``: FSDP1 FULL_SHARD,
+#: ``MixedPrecision(param_dtype=bf16, reduce_dtype=fp32)``, ``BACKWARD_PRE``, ``use_orig_params=True``, each
+#: ``TransformerBlock`` then the root wrapped; ``train_configs/llama_7b.toml``: the 7B flavour (dim 4096,
+#: 32 layers, FFN 11008, 32,000-token vocabulary: ``data/models/llama2_7b``).
+TORCHTITAN_PR165 = {
+    "model": "data/models/llama2_7b",
+    "world_size": 8,
+    "seq_len": 2048,
+    "micro_batch": 8,
+    "gpu_gib": 95.0396,
+    "peak_active_pct": {"AC": {"fsdp1": 24.81, "fsdp2": 23.92}, "SAC": {"fsdp1": 52.98, "fsdp2": 52.13}},
+}
+
+
+def published_difference_gib(ac: str = "AC") -> float:
+    """FSDP1 - FSDP2 peak active GiB of :data:`TORCHTITAN_PR165` (``ac``: "AC" or "SAC")."""
+    pct = TORCHTITAN_PR165["peak_active_pct"][ac]
+    return (pct["fsdp1"] - pct["fsdp2"]) / 100 * TORCHTITAN_PR165["gpu_gib"]
+
+
+def fsdp1_minus_fsdp2(model, *, world_size: int, **kwargs) -> dict[str, int]:
+    """FSDP1 - FSDP2 bytes per rank at the step's peak, by component, for ``estimate_memory(model,
+    world_size=..., **kwargs)`` (FULL_SHARD unless ``strategy`` says otherwise):
+
+    * ``padding and layout``: the estimator's tensor peak (``moments``), FSDP1 minus FSDP2 (exact padding);
+    * the two :func:`fsdp1_stream_held` blocks (FSDP1 holds them, active only);
+    * ``FSDP2 reduce-scatter input kept``: ``record_stream.fsdp2_reduce_scatter_kept`` (FSDP2 holds it,
+      allocated and active, from the first reduce-scatter of a backward on);
+    * totals at the ``loss`` moment (no reduce-scatter yet) and during a layer's backward, ``allocated`` (what
+      ``max_memory_allocated`` and the dry run see) and ``active`` (``memory_stats()["active_bytes.all.peak"]``,
+      torchtitan's counter);
+    * ``allocated, at the peaks``: the two estimates' peak moments, FSDP1 minus FSDP2 (what two dry runs'
+      peaks differ by)."""
+    one, two = (estimate_memory(model, world_size=world_size, fsdp_version=v, **kwargs) for v in (1, 2))
+    # per moment: the estimator's own end-of-backward moments (``measure.root_grad``) already hold FSDP2's kept
+    # root reduce-scatter input where it is the peak, so the kept layer input is taken off the layer moment only
+    layout = one.moments["loss"] - two.moments["loss"]
+    layer = one.moments["layer"] - two.moments["layer"]
+    strategy = kwargs.get("strategy", "FULL_SHARD")
+    group = 1 if strategy == "NO_SHARD" else one.shard_group
+    lora = LoraSpec() if kwargs.get("lora") is True else (kwargs.get("lora") or None)
+    held = fsdp1_stream_held(model, world_size=group, recipe=kwargs.get("recipe", "hf-fsdp-bf16"), lora=lora)
+    kept = fsdp2_reduce_scatter_kept(
+        model, world_size=group, recipe=kwargs.get("recipe", "hf-fsdp-bf16"), lora=lora
+    )
+    return {
+        "padding and layout": layout, **held, "FSDP2 reduce-scatter input kept": kept,
+        "allocated, loss moment": layout, "active, loss moment": layout + sum(held.values()),
+        "allocated, layer backward": layer - kept, "active, layer backward": layer + sum(held.values()) - kept,
+        "allocated, at the peaks": one.moments[one.peak_moment] - two.moments[two.peak_moment],
+    }  # fmt: skip

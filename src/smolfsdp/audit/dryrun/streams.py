@@ -6,7 +6,7 @@ Chapter "Where the memory goes"; ``smolfsdp.audit.dryrun.dry_run.dry_run`` recor
 ``_no_dispatch_record_stream`` (torch/distributed/fsdp/_common_utils.py) returns at once off cuda/mtia/xpu,
 so the traced bytes are allocated bytes, equal for FSDP1 and FSDP2. On a GPU FSDP1 also keeps, in *active*
 bytes, one layer's unsharded gradient and one gathered layer past their frees
-(``smolfsdp.audit.fsdp1_record_stream`` says why, from torch's source); this module sizes both from the wrapped
+(``smolfsdp.estimate.record_stream`` says why, from torch's source); this module sizes both from the wrapped
 model itself, so the dry run names what it could not trace.
 
     smolfsdp dryrun --config configs/runs/smollm3_3b_medical.yaml --gpus 2
@@ -27,7 +27,7 @@ def record_stream_bytes(model) -> dict[str, int]:
     """Per rank: the largest non-root FSDP1 unit's padded unsharded FlatParameter (its padded shard x ranks)
     x its compute dtype's bytes (``_fwd_bwd_param_dtype``), once as the unsharded gradient (trainable units
     only) and once as the gathered unit. Both 0 for a model with no sharded FSDP1 unit (FSDP2, NO_SHARD, one
-    rank). Keys as ``smolfsdp.audit.fsdp1_record_stream.fsdp1_stream_held``'s."""
+    rank). Keys as ``smolfsdp.estimate.record_stream.fsdp1_stream_held``'s."""
     sizes = []
     for unit in fsdp_units(model):
         handle = getattr(unit, "_handle", None)

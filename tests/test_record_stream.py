@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from smolfsdp.audit import fsdp1_record_stream as fs
+from smolfsdp.audit import published_rows as fs
 from smolfsdp.estimate.layout import unit_sizes
 from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.paths import repo_root
