@@ -6,8 +6,8 @@ import pytest
 import transformers
 
 from smolfsdp.audit.seeds import claims as sc
-from smolfsdp.audit.seeds.claims_runs import PACKAGE
-from smolfsdp.audit.seeds.code import run_seed_code
+from smolfsdp.audit.seeds.fsdp2_claims import PACKAGE
+from smolfsdp.audit.seeds.seed_code import run_seed_code
 from smolfsdp.book import fsdp_versions
 from smolfsdp.estimate.hardware import GPUS
 from smolfsdp.probes.dtype_rule import check_dtype_rule
@@ -82,7 +82,7 @@ def test_offload_policy_base_means_no_offload():
 
 
 def test_lora_size_is_judged_on_the_seeds_llama_3_1_8b():
-    from smolfsdp.audit.seeds.claims_seed2 import llama31_8b_config
+    from smolfsdp.audit.seeds.memory_claims import llama31_8b_config
 
     c = llama31_8b_config()
     assert c.max_position_embeddings == 131072 and c.rope_scaling["rope_type"] == "llama3"
@@ -350,7 +350,7 @@ def test_no_verdict_is_a_constant():
     import smolfsdp.audit.seeds as pkg
 
     found = 0
-    for path in Path(pkg.__file__).parent.glob("claims*.py"):
+    for path in Path(pkg.__file__).parent.glob("*_claims.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Judgement":
                 if len(node.args) < 6:  # the class's own docstring example aside
@@ -363,7 +363,7 @@ def test_no_verdict_is_a_constant():
 
 
 def test_verdicts_follow_their_evidence(tmp_path, monkeypatch):
-    from smolfsdp.audit.seeds import claims_seed1, claims_seed2
+    from smolfsdp.audit.seeds import memory_claims, trainer_claims
 
     # no grid: FSDP1 vs FSDP2 is open; a grid where FSDP2 is higher: wrong
     assert sc.deterministic_memory(tmp_path / "absent.json").verdict.startswith("open")
@@ -373,7 +373,7 @@ def test_verdicts_follow_their_evidence(tmp_path, monkeypatch):
     (tmp_path / "grid.json").write_text(__import__("json").dumps({"runs": runs}))
     assert sc.deterministic_memory(tmp_path / "grid.json").kind == "wrong"
     # a save that wrote periodic checkpoints: no longer holds
-    monkeypatch.setattr(claims_seed1, "run_save_strategy_no", lambda out: {
+    monkeypatch.setattr(trainer_claims, "run_save_strategy_no", lambda out: {
         "steps": 2, "files_after_training": ["checkpoint-1"], "final_files": ["model.safetensors"]})  # fmt: skip
     assert sc.save_strategy_no().kind == "partly"
     # a model that fits in 8 GB at every length: holds (Llama 3.2 1B in the 8B's place: 8B's 128k x 4096 root,
@@ -381,10 +381,10 @@ def test_verdicts_follow_their_evidence(tmp_path, monkeypatch):
     from smolfsdp.estimate.params import resolve_model_config
     from smolfsdp.paths import repo_root
 
-    monkeypatch.setattr(claims_seed2, "SIXTEEN_SEQS", (64,))
+    monkeypatch.setattr(memory_claims, "SIXTEEN_SEQS", (64,))
     small = resolve_model_config(str(repo_root() / "data/models/llama3_2_1b"))
-    monkeypatch.setattr(claims_seed2, "llama31_8b_config", lambda: small)
-    assert claims_seed2.sixteen_gb_on_four().verdict == "holds"
+    monkeypatch.setattr(memory_claims, "llama31_8b_config", lambda: small)
+    assert memory_claims.sixteen_gb_on_four().verdict == "holds"
 
 
 def test_the_committed_grid_compares_fsdp1_and_fsdp2():

@@ -371,7 +371,7 @@ def test_book_workflow_fetches_the_trace_the_chapters_read():
     read = f'"shared" / "traces" / "{DDP.name}"'  # as chapter 05 and smolfsdp.audit.seeds.claims spell it
     chapter = json.loads((ROOT / "notebooks" / "05_profiling.ipynb").read_text())
     assert any(read in "".join(c["source"]) for c in chapter["cells"])
-    assert read in (ROOT / "src" / "smolfsdp" / "audit" / "seeds" / "claims_seed1.py").read_text()
+    assert read in (ROOT / "src" / "smolfsdp" / "audit" / "seeds" / "step_claims.py").read_text()
     if DDP.is_file():
         assert hashlib.sha256(DDP.read_bytes()).hexdigest() == fetch["env"]["SHA256"]
 

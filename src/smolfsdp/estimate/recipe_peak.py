@@ -4,7 +4,7 @@ Every page that quotes the peak of the book's recipe (``configs/runs/smollm3_3b_
 FSDP1 ``FULL_SHARD`` on 2 GPUs) calls :func:`recipe_peak` and prints :attr:`RecipePeak.settings_line` beside
 the number, so equal settings give the equal number on every page and unequal ones say how they differ:
 chapter "Where the memory goes" (beside the dry run's traced row), "LoRA + FSDP2" (``book.fsdp_versions``),
-"What the seeds say" (``seeds.claims_seed1``) and ``smolfsdp dryrun`` (the CLI). ``tests/test_recipe_peak.py``
+"What the seeds say" (``smolfsdp.audit.seeds.memory_claims``) and ``smolfsdp dryrun`` (the CLI). ``tests/test_recipe_peak.py``
 holds them to it.
 
 The moment of the peak is named as the estimator names it (``smolfsdp.estimate.moments``): ``loss`` (backward

@@ -3,7 +3,7 @@ started through torchrun with the GPUs hidden, checked, and read back.
 
 Every launch of ranks that shard on CPU on purpose goes through here: the chapters' probes
 (``smolfsdp.probes.mechanics``, ``step``, ``dtype_rule``, ``measured``), the seeds' code
-(``smolfsdp.audit.seeds.code``) and the gotchas (``smolfsdp.gotchas.run_all``). Three parts:
+(``smolfsdp.audit.seeds.seed_code``) and the gotchas (``smolfsdp.gotchas.run_all``). Three parts:
 
 * :func:`run_probe`, the launch: ``torchrun`` in a process group of its own (a timeout or Ctrl-C stops
   every rank), GPUs hidden (:func:`cpu_probe_env`), output captured; a failure raises with the ranks'

@@ -8,8 +8,10 @@ trace); seed 2, a blog post on FSDP, FSDP1 vs FSDP2 and LoRA with FSDP2 in a pla
 starts with holds / partly / wrong / open, the evidence (numbers from ``smolfsdp.estimate.memory``, runs on
 gloo ranks, the ``file:line`` of the installed source that decides it) and the correction.
 
-The claims live in ``claims_seed1`` and ``claims_seed2`` (estimator and library source),
-``claims_runs`` (the 2-rank run of ``smolfsdp.audit.seeds.code``); :data:`INVENTORY` is their order.
+The claims live in modules by subject: ``memory_claims`` (bytes per GPU, what fits), ``trainer_claims`` (what TRL,
+transformers and accelerate do with the seed's settings), ``step_claims`` (gathers, traffic, prefetch, overlap),
+``fsdp2_claims`` (dtypes, LoRA, state dicts, meta init); the 2-rank run of the seeds' code as written is
+``seed_code``; :data:`INVENTORY` is the chapter's order.
 Claims whose evidence is a per-GPU memory number have ``memory=True``: their ``evidence`` list is where a
 full-size measurement (a dry run, a GPU run) is appended.
 
@@ -22,7 +24,22 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from smolfsdp.audit.seeds.claims_core import (
+from smolfsdp.audit.seeds.fsdp2_claims import (
+    bf16_reduce,
+    deterministic_memory,
+    dtype_rule,
+    flat_parameter,
+    gotcha1_dtensor,
+    meta_init,
+    offload_policy,
+    seed2_adapters,
+    seed2_reading,
+    seed2_table,
+    seed2_wrap,
+    state_dict_table,
+)
+from smolfsdp.audit.seeds.installed_stack import source_line
+from smolfsdp.audit.seeds.judgement import (
     GB,
     GIB,
     SEED1,
@@ -34,52 +51,41 @@ from smolfsdp.audit.seeds.claims_core import (
     gb,
     gib,
 )
-from smolfsdp.audit.seeds.claims_more import meta_init, sawtooth_units, step_bursts
-from smolfsdp.audit.seeds.claims_runs import (
-    bf16_reduce,
-    checkpoint_size,
-    fsdp_config_table,
-    gathers_per_layer,
-    gotcha1_dtensor,
-    plugin_args_side_by_side,
-    seed2_adapters,
-    seed2_reading,
-    seed2_table,
-    seed2_wrap,
-    shards_everything,
-    state_dict_comm,
-    state_dict_table,
-    wrap_class_trainer,
-)
-from smolfsdp.audit.seeds.claims_seed1 import (
-    GPU_TRACE,
+from smolfsdp.audit.seeds.memory_claims import (
     batch_size_lever,
     bf16_weights,
     bytes_per_param,
+    checkpointing_saves,
+    eight_b_full,
     fit_table_rows,
-    fsdp1_pin,
-    fsdp_config_as_written,
     full_model_memory,
     gpu_memory_order,
-    offload_key,
-    per_gpu_memory,
-    prefetch_overlap,
-    save_strategy_no,
-    static_divides,
-    tracker_env,
-)
-from smolfsdp.audit.seeds.claims_seed2 import (
-    checkpointing_saves,
-    comm_volume,
-    deterministic_memory,
-    dtype_rule,
-    eight_b_full,
-    flat_parameter,
     lora_size,
-    offload_policy,
+    per_gpu_memory,
     sixteen_gb_on_four,
+    static_divides,
 )
-from smolfsdp.audit.seeds.installed_stack import source_line
+from smolfsdp.audit.seeds.step_claims import (
+    GPU_TRACE,
+    comm_volume,
+    gathers_per_layer,
+    prefetch_overlap,
+    sawtooth_units,
+    shards_everything,
+    state_dict_comm,
+    step_bursts,
+)
+from smolfsdp.audit.seeds.trainer_claims import (
+    checkpoint_size,
+    fsdp1_pin,
+    fsdp_config_as_written,
+    fsdp_config_table,
+    offload_key,
+    plugin_args_side_by_side,
+    save_strategy_no,
+    tracker_env,
+    wrap_class_trainer,
+)
 
 __all__ = [
     "GB", "GIB", "GPU_TRACE", "SEED1", "SEED2", "VERDICTS", "INVENTORY", "Judgement", "book_recipe_kwargs",

@@ -1,69 +1,157 @@
-"""The seeds' claims that a run on 2 gloo ranks settles, judged from :func:`smolfsdp.audit.seeds.code.run_seed_code`,
-and the tables of the chapter's section "The seeds' code as written".
+"""The seeds' claims about FSDP2's rules: one dtype per group, DTensor parameters, LoRA adapters, state dicts, meta init.
 
-Used by ``smolfsdp.audit.seeds.claims`` (chapter "What the seeds say, and what we measured"). Each function takes
-the probe's result (``seed_code``: a dict, rank 0's view) and computes nothing by hand.
+Settled by the dtype-rule probe (``smolfsdp.probes.dtype_rule``), the seed-code run on 2 gloo ranks (``seed_code``:
+the seed's LoRA + FSDP2 code as written, beside the package's) and the dry-run grid (FSDP1 vs FSDP2 peaks). Also the
+tables of the chapter's section "The seeds' code as written". Used by ``smolfsdp.audit.seeds.claims``.
 
-    python -c "from smolfsdp.audit.seeds.code import run_seed_code as r; from smolfsdp.audit.seeds.claims_runs \\
+    python -c "from smolfsdp.audit.seeds.seed_code import run_seed_code as r; from smolfsdp.audit.seeds.fsdp2_claims \\
         import seed2_table as t; print(t(r('/tmp/seed-code')))"
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import inspect
+import json
+from pathlib import Path
 
 import pandas as pd
-import torch
 
-from smolfsdp.audit.seeds.claims_core import SEED1, SEED2, Judgement, gb, gib
-from smolfsdp.audit.seeds.claims_seed1 import CONFIG, GOTCHA2, SEED_FSDP_ARG, SEED_FSDP_CONFIG
 from smolfsdp.audit.seeds.installed_stack import source_line
-from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
-from smolfsdp.config import load_config
-from smolfsdp.estimate.params import resolve_model_config
-from smolfsdp.paths import recipe
+from smolfsdp.audit.seeds.judgement import DRYRUN_GRID, GIB, SEED1, SEED2, SETUP, VS, Judgement, gib
+
+
+def offload_policy() -> Judgement:
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy  # deferred: torch is heavy
+
+    doc = inspect.getdoc(OffloadPolicy).split(".")[0].replace("\n", " ")
+    where = source_line(
+        "torch.distributed.fsdp._fully_shard._fsdp_param", "isinstance(offload_policy, CPUOffloadPolicy)"
+    )
+    return Judgement(
+        "offload_policy", SEED2, SETUP, "`OffloadPolicy()`",
+        "Passing `offload_policy=OffloadPolicy()` to `fully_shard` offloads to the CPU.",
+        "holds" if isinstance(OffloadPolicy(), CPUOffloadPolicy) else "wrong",
+        [f"torch's docstring: \"{doc}.\" FSDP2 offloads only when the policy is a `CPUOffloadPolicy` "
+         f"({where}); `CPUOffloadPolicy` is a subclass: {issubclass(CPUOffloadPolicy, OffloadPolicy)}."],
+        "`OffloadPolicy()` is the default and means no offload; write `CPUOffloadPolicy()` "
+        "(with `pin_memory=False` on a CPU-only machine).",
+        {"doc": doc, "line": where},
+    )  # fmt: skip
+
+
+def dtype_rule(results: list[dict]) -> Judgement:
+    """``results``: :func:`smolfsdp.probes.dtype_rule.check_dtype_rule`'s list (a launched run)."""
+    ok = {r["case"]: r for r in results if r.get("fsdp", "FSDP2") == "FSDP2"}
+    where = source_line(
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDP expects uniform original"
+    )
+    fmt = {True: "works", False: "refused"}
+    mixed_ok = ok["frozen_bf16_beside_trainable_fp32"]["ok"] or ok["trainable_fp32_and_bf16_own_groups"]["ok"]
+    verdict = ("wrong" if ok["trainable_fp32_and_bf16_same_group"]["ok"] else
+               "partly: narrower than stated" if mixed_ok else "holds")  # fmt: skip
+    return Judgement(
+        "dtype_rule", SEED2, SETUP, "FSDP2 and parameter dtypes",
+        "FSDP2 requires all parameters to have the same dtype.",
+        verdict,
+        ["One `fully_shard` group, one forward and backward on a gloo process: frozen bf16 weights beside "
+         f"trainable fp32 ones {fmt[ok['frozen_bf16_beside_trainable_fp32']['ok']]}; trainable fp32 and bf16 "
+         f"in one group {fmt[ok['trainable_fp32_and_bf16_same_group']['ok']]} "
+         f"(\"{ok['trainable_fp32_and_bf16_same_group']['error']}\", {where}); the same two dtypes in groups "
+         f"of their own {fmt[ok['trainable_fp32_and_bf16_own_groups']['ok']]}."],
+        "The rule is narrower: the trainable parameters of one `fully_shard` group must share one dtype. "
+        "Frozen weights (a LoRA base) may keep another, and each group may have its own.",
+        {k: v["ok"] for k, v in ok.items()},
+    )  # fmt: skip
+
+
+def flat_parameter(results: list[dict]) -> Judgement:
+    """FSDP1's FlatParameter and per-parameter freezing/casting, from the same dtype-rule run."""
+    ok = {(r["fsdp"], r["case"]): r for r in results}
+    case = "frozen_bf16_beside_trainable_fp32"
+    return Judgement(
+        "flat_parameter", SEED2, VS, "FSDP1's FlatParameter",
+        "FSDP1 flattens a whole unit into one `FlatParameter`, which gets in the way of treating parameters "
+        "one by one (freezing some, casting some).",
+        "holds" if not ok[("FSDP1", case)]["ok"] and ok[("FSDP2", case)]["ok"] else "partly",
+        [f"The dtype-rule run: one unit holding a frozen bf16 weight beside trainable fp32 ones is "
+         f"{'accepted' if ok[('FSDP1', case)]['ok'] else 'refused'} by FSDP1 "
+         f"(\"{ok[('FSDP1', case)]['error']}\") and {'accepted' if ok[('FSDP2', case)]['ok'] else 'refused'} by "
+         "FSDP2. Freezing part of a unit works in FSDP1 only with `use_orig_params=True` (@sec-fsdp1-vs-fsdp2)."],
+        "Right. A LoRA base in bf16 with fp32 adapters needs FSDP2, or FSDP1 with the adapters in the base dtype.",
+        {"fsdp1_ok": ok[("FSDP1", case)]["ok"], "fsdp2_ok": ok[("FSDP2", case)]["ok"]},
+    )  # fmt: skip
+
+
+def _record_stream_calls(folder) -> int:
+    return sum(f.read_text().count("record_stream(") for f in folder.glob("*.py"))
+
+
+def fsdp_version_pairs(grid_path: str | Path = DRYRUN_GRID) -> list[dict]:
+    """Peaks (bytes) of the grid's FSDP1 and FSDP2 rows at equal shapes (LoRA, activation checkpointing,
+    ``max_length``, ranks), one dict per shape; ``[]`` when the grid is absent."""
+    path = Path(grid_path)
+    if not path.is_file():
+        return []
+    by = {}
+    for run in json.loads(path.read_text())["runs"]:
+        o = run["overrides"]
+        if o.get("gradient_accumulation_steps", 1) != 1:
+            continue
+        shape = (bool(o["lora"]), bool(o["activation_checkpointing"]), o["max_length"], o["nproc"])
+        by.setdefault(shape, {})[o["fsdp_version"]] = run["peak_bytes"]
+    return [{"lora": k[0], "ac": k[1], "seq": k[2], "ranks": k[3], "fsdp1": v[1], "fsdp2": v[2]}
+            for k, v in sorted(by.items()) if 1 in v and 2 in v]  # fmt: skip
+
+
+def deterministic_memory(grid_path: str | Path = DRYRUN_GRID) -> Judgement:
+    import torch.distributed.fsdp as fsdp  # deferred: torch is heavy
+
+    root = Path(fsdp.__file__).parent
+    v1, v2 = _record_stream_calls(root), _record_stream_calls(root / "_fully_shard")
+    pairs = fsdp_version_pairs(grid_path)
+    tol = GIB // 10  # the dry run's own jitter between versions (a few MiB of flat-parameter padding)
+    lower = [p for p in pairs if p["fsdp2"] < p["fsdp1"] - tol]
+    higher = [p for p in pairs if p["fsdp2"] > p["fsdp1"] + tol]
+
+    def kinds(ps):
+        return sorted({f"{'LoRA' if p['lora'] else 'full'} AC {'on' if p['ac'] else 'off'}" for p in ps})
+
+    gap = max((p["fsdp1"] - p["fsdp2"] for p in lower), default=0)
+    grid = (
+        f"The committed dry-run grid ({len(pairs)} shapes run with both versions, fake tensors, no GPU): FSDP2's "
+        f"peak is lower in {len(lower)} ({', '.join(kinds(lower)) or 'none'}; by up to {gib(gap)}), higher in "
+        f"{len(higher)}, and within {gib(tol)} in the other {len(pairs) - len(lower) - len(higher)} "
+        f"({', '.join(kinds([p for p in pairs if p not in lower and p not in higher])) or 'none'})."
+        if pairs
+        else f"No dry-run grid is present ({DRYRUN_GRID.name} is absent)."
+    )
+    verdict = ("open: needs GPU memory traces of both versions" if not pairs else
+               "wrong: FSDP2's peak is higher in the dry run" if higher else
+               "partly: lower only for LoRA without checkpointing; predictability open" if lower
+               and kinds(lower) == ["LoRA AC off"] else
+               "partly: lower in some shapes; predictability open" if lower else
+               "partly: equal peaks in the dry run; predictability open")  # fmt: skip
+    return Judgement(
+        "deterministic_memory", SEED2, VS, "FSDP2's memory management",
+        "FSDP2 holds less and more predictable GPU memory than FSDP1 because it does not use `recordStream`, "
+        "and it needs no CPU synchronisation for that.",
+        verdict,
+        [grid, f"The mechanism is in the installed source: `record_stream(` appears {v1} times in FSDP1's files "
+         f"(torch/distributed/fsdp/*.py) and {v2} times in FSDP2's (torch/distributed/fsdp/_fully_shard/). "
+         "The dry run allocates in program order, with no CUDA streams and no caching allocator, so what "
+         "`recordStream` does to memory (blocks held until another stream is done) is not in it."],
+        "Lower: only where FSDP1 keeps more (a LoRA model without activation checkpointing: FSDP1's flat "
+        "gradients cover the frozen base too); for full fine-tunes the peaks are equal. More predictable: still "
+        "open; it needs the allocator's reserved memory and its spread over steps for both versions on 2+ GPUs.",
+        {"fsdp1_record_stream": v1, "fsdp2_record_stream": v2, "pairs": pairs, "lower": len(lower),
+         "higher": len(higher), "max_gap_bytes": gap},
+    )  # fmt: skip
+
 
 SEED_FORM, OWN_CLASS, FP32_REDUCE, REFERENCE, PACKAGE = (
     "seed, LlamaDecoderLayer", "seed, SmolLM3DecoderLayer", "seed, SmolLM3DecoderLayer, fp32 reduce",
     "all fp32 (reference)", "package: apply_lora + apply_fsdp2",
 )  # fmt: skip
-
-
-def gathers_per_layer(seed_code: dict) -> Judgement:
-    f = seed_code["full_step"]
-    per = f["all_gathers_per_unit"]
-    layers = {k: v for k, v in per.items() if k != "root"}
-    twice = set(layers.values()) == {2} and len(layers) == f["layers"]
-    return Judgement(
-        "gathers_per_layer", SEED1, "§3 and §6.1", "all-gathers per layer per step",
-        "Each layer's weights are gathered twice per step, once before forward and once before backward, "
-        "because FSDP frees them after forward; gradients are reduce-scattered back to shards.",
-        "holds" if twice else "wrong",
-        [f"One full fine-tune step of the tiny SmolLM3 ({f['layers']} decoder layers, FSDP2, 2 gloo ranks), "
-         f"`FSDP::all_gather` ranges per unit: {per}; reduce-scatters per unit: {f['reduce_scatters_per_unit']}; "
-         f"c10d all-gathers in the step: {f['c10d_all_gathers']}, reduce-scatters: {f['c10d_reduce_scatters']}."],
-        f"Right for the decoder layers. The root group (embedding, final norm, tied `lm_head`) is gathered "
-        f"{per.get('root', 0)} time(s): the package keeps it gathered from forward to backward, because backward "
-        "needs it first (`smolfsdp.sharding.fsdp2.apply_fsdp2`). A CPU run counts the gathers; whether they "
-        "overlap compute needs a GPU trace (the open claim below).",
-        {"all_gathers_per_unit": per, "reduce_scatters_per_unit": f["reduce_scatters_per_unit"]},
-    )  # fmt: skip
-
-
-def shards_everything(seed_code: dict) -> Judgement:
-    f = seed_code["full_step"]
-    world = seed_code["world_size"]
-    return Judgement(
-        "shards_everything", SEED2, "how FSDP works", "what each rank keeps",
-        "FSDP splits the parameters, gradients and optimizer state across the GPUs instead of copying them, "
-        "and each rank keeps only its own shard.",
-        "holds" if abs(f["local_param_fraction"] - 1 / world) < 0.01 else "partly",
-        [f"On {world} gloo ranks, rank 0 holds {f['local_param_fraction']:.1%} of the tiny model's "
-         f"{f['params']:,} parameters after `fully_shard`; its AdamW state is built on those shards (the DCP "
-         f"checkpoint below writes one file per rank: {', '.join(f['checkpoint_files'])})."],
-        "Right. Memory per rank still holds one or two gathered units and the activations (@sec-mechanics).",
-        {"local_param_fraction": f["local_param_fraction"]},
-    )  # fmt: skip
 
 
 def gotcha1_dtensor(seed_code: dict) -> Judgement:
@@ -89,98 +177,6 @@ def gotcha1_dtensor(seed_code: dict) -> Judgement:
         "length (about 100 steps before the first evaluation). The error still exists in another form: calling "
         "a submodule that FSDP2 did not shard on its own (@sec-gotchas, where FSDP1 fails too).",
         {"reproduced": reproduced, **t},
-    )  # fmt: skip
-
-
-def checkpoint_size(seed_code: dict) -> Judgement:
-    f = seed_code["full_step"]
-    with torch.device("meta"):
-        from transformers import SmolLM3ForCausalLM  # deferred: heavy, only this claim builds a model
-
-        big = SmolLM3ForCausalLM(resolve_model_config("smollm3-3b"))
-    est = estimate_checkpoint_bytes(big)
-    off = f["checkpoint_bytes_on_disk"] / f["checkpoint_bytes_estimate"] - 1
-    return Judgement(
-        "checkpoint_size", SEED1, GOTCHA2, "the size of an FSDP checkpoint",
-        "A 3B FSDP checkpoint holds the weights and the full fp32 Adam state: more than about 30 GB.",
-        "holds" if est > 30 * 10**9 and abs(off) < 0.1 else "partly" if est > 30 * 10**9 else "wrong",
-        [f"`smolfsdp.checkpoint.disk.estimate_checkpoint_bytes` for SmolLM3-3B (fp32 weights, the tied embedding "
-         f"written under both names, AdamW m and v, 5 % for DCP's metadata): {gb(est)} ({gib(est)}).",
-         f"Measured on the tiny model, 2 ranks: a DCP checkpoint of the model and AdamW state after one step is "
-         f"{f['checkpoint_bytes_on_disk']:,} bytes on disk; the same estimate says "
-         f"{f['checkpoint_bytes_estimate']:,} ({off:+.1%})."],
-        f"Right as a floor: plan for about {gb(est)} per checkpoint, and check the free disk before training "
-        "(the package does: `check_disk_space`).",
-        {"estimate_3b": est, "tiny_on_disk": f["checkpoint_bytes_on_disk"], "tiny_estimate": f["checkpoint_bytes_estimate"]},
-    )  # fmt: skip
-
-
-def wrap_class_trainer(seed_code: dict | None = None) -> Judgement:
-    """Through the Trainer, accelerate resolves the class names; ``seed_code`` (``run_seed_code``'s result)
-    adds what torch's own ``fully_shard`` loop does with the wrong class (seed 2's code)."""
-    from accelerate.utils import FullyShardedDataParallelPlugin  # deferred: heavy, only this claim
-    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy  # deferred with it
-
-    from smolfsdp.gotchas.builders import tiny_model  # deferred: builds a model (torch, transformers)
-
-    model, tried = tiny_model()[0], {}
-    for version in (1, 2):
-        plugin = FullyShardedDataParallelPlugin(fsdp_version=version, auto_wrap_policy="TRANSFORMER_BASED_WRAP",
-                                                transformer_cls_names_to_wrap="LlamaDecoderLayer")  # fmt: skip
-        try:
-            plugin.set_auto_wrap_policy(model) if version == 1 else fsdp2_prepare_auto_wrap_policy(
-                plugin, model
-            )
-            tried[f"FSDP{version}"] = "accepted"
-        except ValueError as err:
-            tried[f"FSDP{version}"] = f"ValueError: {err}"
-    lines = [
-        source_line("accelerate.utils.dataclasses", "Could not find the transformer layer class"),
-        source_line("accelerate.utils.fsdp_utils", "Could not find the transformer layer class"),
-    ]
-    evidence = [
-        f"accelerate's plugin, given `LlamaDecoderLayer` for the tiny SmolLM3: FSDP1 "
-        f'"{tried["FSDP1"]}", FSDP2 "{tried["FSDP2"]}" ({lines[0]}, {lines[1]}); the Trainer calls it '
-        f"when it prepares the model ({source_line('accelerate.accelerator', 'set_auto_wrap_policy(model)')})."
-    ]
-    refused = all(v.startswith("ValueError") for v in tried.values())
-    silent_loop = None
-    if seed_code is not None:
-        row = seed_code["seed2"]["seed, LlamaDecoderLayer"]
-        silent_loop = row["fsdp_units"] == 1
-        evidence.append(
-            f"A hand-written loop is silent: seed 2's `isinstance(module, LlamaDecoderLayer)` loop on "
-            f"2 ranks left {row['fsdp_units']} FSDP unit (the root), which gathers "
-            f"{row['root_group_share']:.0%} of the model at once; it trained without a word."
-        )
-    return Judgement(
-        "wrap_class_trainer", SEED1, CONFIG, "a wrong wrap class",
-        "A wrap class the model does not have silently loses most of FSDP's memory savings.",
-        "holds" if not refused else "partly" if silent_loop is not False else "wrong",
-        evidence,
-        "Through the Trainer (this seed's path) the pinned accelerate refuses a class name the model does not "
-        "have, before training, so it is not silent. It is silent where the wrapping is hand-written, with "
-        "torch's `transformer_auto_wrap_policy` or a `fully_shard` loop (seed 2): then the whole model is one "
-        "unit. `smolfsdp.gotchas.cases_distributed.check_wrapping` counts the units and refuses that.",
-        {"accelerate": tried, "lines": lines},
-    )  # fmt: skip
-
-
-def state_dict_comm(seed_code: dict) -> Judgement:
-    c = seed_code["state_dict_collectives"]
-    n = {k: sum(v.values()) for k, v in c.items()}
-    v2 = n["FSDP2 model.state_dict()"] + n["FSDP2 get_model_state_dict()"]
-    v1 = n["FSDP1 SHARDED_STATE_DICT"]
-    return Judgement(
-        "state_dict_comm", SEED2, "FSDP1 vs FSDP2", "communication in a sharded state dict",
-        "FSDP2's sharded state dict needs no communication; FSDP1's needs extra communication.",
-        "holds" if v2 == 0 and v1 > 0 else "wrong",
-        ["Collectives counted with torch.profiler on rank 0 of 2 while each call builds the tiny model's state "
-         "dict: " + "; ".join(f"{k}: {sum(v.values())} ({', '.join(f'{m} {x}' for m, x in v.items()) or 'none'})"
-                               for k, v in c.items()) + "."],
-        "Right: FSDP2's state dict is its DTensor shards as they are. FSDP1 issues one all-gather per unit even "
-        "for its sharded form, as many as for its full one.",
-        {"counts": n},
     )  # fmt: skip
 
 
@@ -313,60 +309,6 @@ def state_dict_table(seed_code: dict) -> pd.DataFrame:
     )  # fmt: skip
 
 
-def fsdp_config_table() -> pd.DataFrame:
-    """Seed 1's ``fsdp_config`` keys as written, and what the installed TrainingArguments hands accelerate."""
-    from smolfsdp.audit.seeds.installed_stack import trainer_fsdp_view  # deferred: imports transformers
-
-    args, _ = trainer_fsdp_view(SEED_FSDP_CONFIG, SEED_FSDP_ARG)
-    on, _ = trainer_fsdp_view({**SEED_FSDP_CONFIG, "fsdp_offload_params": True}, SEED_FSDP_ARG)
-    plugin = {"version": "fsdp_version", "transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
-              "backward_prefetch": "backward_prefetch", "state_dict_type": "state_dict_type",
-              "offload_params": "cpu_offload"}  # fmt: skip
-    rows = {}
-    for key, value in SEED_FSDP_CONFIG.items():
-        name = plugin[key.removeprefix("fsdp_")]
-        got = (on if key == "fsdp_offload_params" else args).get(name, "(absent)")
-        rows[key] = {"the seed writes": repr(value) if key != "fsdp_offload_params" else "False (True to offload)",
-                     "read as": key.removeprefix("fsdp_"), "accelerate's plugin gets": f"{name} = {got}",
-                     "effect": "ignored: no such key" if got == "(absent)" else "used"}  # fmt: skip
-    return pd.DataFrame(rows).T
-
-
-def _arg_text(value) -> str:
-    """A plugin argument for a reader: a flag as its state (``on (True)``), anything else as written."""
-    return f"{'on' if value else 'off'} ({value})" if isinstance(value, bool) else str(value)
-
-
-def plugin_args_side_by_side(name: str = "smollm3_3b_medical") -> pd.DataFrame:
-    """accelerate's FSDP plugin arguments as the installed TrainingArguments builds them from seed 1's
-    ``fsdp_config`` (as written) and from the package's (``trainer_fsdp_config`` for the book's recipe)."""
-    from smolfsdp.audit.seeds.installed_stack import trainer_fsdp_view  # deferred: imports transformers
-    from smolfsdp.train.trl_engine import trainer_fsdp_config  # deferred: imports trl, the heaviest
-
-    seed, seed_warn = trainer_fsdp_view(SEED_FSDP_CONFIG, SEED_FSDP_ARG)
-    from smolfsdp.train.trl_engine import keep_fp32_buffers_and_reduce  # deferred with it
-
-    cfg = load_config(recipe(name))
-    ours, our_warn = trainer_fsdp_view(trainer_fsdp_config(cfg, "SmolLM3DecoderLayer", on_cpu=False))
-    added = SimpleNamespace(fsdp_plugin_args=dict(ours))
-    keep_fp32_buffers_and_reduce(added, cfg)  # what the package's engine adds to the plugin arguments
-    ours = added.fsdp_plugin_args
-    if "mixed_precision_policy" in ours:
-        mp = ours["mixed_precision_policy"]
-        ours["mixed_precision_policy"] = ", ".join(
-            f"{f.split('_')[0]} {str(getattr(mp, f, None)).removeprefix('torch.')}"
-            for f in ("param_dtype", "reduce_dtype", "buffer_dtype") if hasattr(mp, f)
-        )  # fmt: skip
-        seed["mixed_precision_policy"] = "(not set: accelerate fills bf16 for all from bf16=True)"
-    keys = list(dict.fromkeys([*seed, *ours]))
-    table = pd.DataFrame(
-        {"seed 1 as written": [_arg_text(seed.get(k, "(not set)")) for k in keys],
-         f"the package ({name})": [_arg_text(ours.get(k, "(not set)")) for k in keys]}, index=keys,
-    )  # fmt: skip
-    table.loc["warnings logged by TrainingArguments"] = [str(len(seed_warn)), str(len(our_warn))]
-    return table
-
-
 def seed2_reading(seed_code: dict) -> str:
     """The reading of :func:`seed2_table` as sentences built from the run (Markdown)."""
     rows = seed_code["seed2"]
@@ -387,4 +329,27 @@ def seed2_reading(seed_code: dict) -> str:
         f"{err[FP32_REDUCE]:.2%} with an fp32 one, {err[PACKAGE]:.2%} for the package's version"
         + (": on two ranks the error comes from computing in bf16, not from reducing in it."
            if err[OWN_CLASS] == err[FP32_REDUCE] else ".")
+    )  # fmt: skip
+
+
+def meta_init(seed_code: dict) -> Judgement:
+    m = seed_code["meta_init"]
+    v2, v1 = m["fsdp2"], m["fsdp1"]
+    init_fn = source_line(
+        "torch.distributed.fsdp.fully_sharded_data_parallel", "param_init_fn (Optional[Callable"
+    )
+    works = v2["finite"] and v2["dtensor_params"] == v2["params"]
+    return Judgement(
+        "meta_init", SEED2, VS, "meta-device initialisation",
+        "FSDP2 has a simpler meta-device initialisation flow than FSDP1.",
+        ("holds" if works and v1.get("outcome") != "wrapped" else "partly: both work here") if works else "wrong",
+        [f"On 2 gloo ranks, the tiny SmolLM3 built on the meta device and sharded with `fully_shard` as it is "
+         f"({v2['params_on_meta_after_shard']} of {v2['params']} parameters still on meta, all DTensors): "
+         f"then {' and '.join(f'`{c}`' for c in v2['calls_after_shard'])}, and one step gives a finite loss "
+         f"{v2['loss']:.3f}. FSDP1 on the same meta model with no `param_init_fn` ({init_fn}): {v1['outcome']}"
+         + (f", {v1['params_on_meta']} parameters left on meta" if "params_on_meta" in v1 else "") + "."],
+        "Right: FSDP2 shards the meta model first and allocates only each rank's shards (`to_empty`), then the "
+        "model's own initialisation runs on them. FSDP1 materialises inside its constructor, through a "
+        "`param_init_fn` per module or `sync_module_states` from rank 0's real weights.",
+        {"fsdp2": v2, "fsdp1": v1, "init_fn_line": init_fn},
     )  # fmt: skip

@@ -1,9 +1,9 @@
-"""What a judged seed claim is, and the helpers every claim module shares (units, the book's recipe).
+"""What a judged seed claim is, and what every claim module shares: units, the seeds' sections, the book's recipe.
 
-Used by ``smolfsdp.audit.seeds.claims`` (the chapter "What the seeds say, and what we measured") and the
-claim modules ``claims_seed1``, ``claims_seed2`` and ``claims_runs``.
-
-    python -c "from smolfsdp.audit.seeds.claims_core import book_recipe_table; print(book_recipe_table())"
+Used by ``smolfsdp.audit.seeds.claims`` (chapter "What the seeds say, and what we measured") and the claim modules,
+grouped by subject: ``memory_claims`` (bytes per GPU), ``trainer_claims`` (what TRL, transformers and accelerate do
+with the seed's settings), ``step_claims`` (what one FSDP step gathers, sends and overlaps), ``fsdp2_claims`` (FSDP2's
+rules: dtypes, LoRA, state dicts, meta init).
 """
 
 from __future__ import annotations
@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from smolfsdp.estimate.recipe_peak import recipe_settings
+from smolfsdp.paths import repo_root
 
 GIB = 2**30
 GB = 10**9
 SEED1 = "seed 1 (SmolLM3-3B, TRL + FSDP1)"
 SEED2 = "seed 2 (LoRA + FSDP2, plain loop)"
+
+
 #: the first word of every verdict: what a reader can do with the claim
 VERDICTS = ("holds", "partly", "wrong", "open")
 
@@ -95,3 +98,18 @@ def book_recipe_table(name: str = "smollm3_3b_medical") -> pd.DataFrame:
         },
         name=f"configs/runs/{name}.yaml",
     ).to_frame()
+
+
+#: the sections of seed 1 and seed 2 that the claims cite
+MEMORY, BATCH, CONFIG, GOTCHA2, GOTCHA3, TRACE = (
+    "§2 where the memory goes", "§2 warning: batch size", "§4 configuring FSDP in the Trainer",
+    "§5.2 gotcha 2: the checkpoint fills the disk", "§5.3 gotcha 3: metrics in the wrong place",
+    "§6.1 reading the profiler trace",
+)  # fmt: skip
+
+
+VS, SETUP, SUMMARY = "FSDP1 vs FSDP2", "setting up LoRA + FSDP2", "summary"
+
+
+#: the committed full-size dry-run grid (``scripts/dryrun_grid.py``): FSDP1 and FSDP2 at equal shapes
+DRYRUN_GRID = repo_root() / "data" / "results" / "dryrun" / "grid.json"

@@ -19,7 +19,7 @@ and caches the JSON it writes, so a test and the chapter in one session launch i
 * counts the all-gathers per FSDP unit in one full fine-tune step (seed 1: twice per layer per step) and
   saves that step's model and AdamW state as a DCP checkpoint, whose bytes on disk it measures.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.audit.seeds.code --out OUT
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m smolfsdp.audit.seeds.seed_code --out OUT
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ def run_seed_code(out_dir: str | Path, timeout: float = 600) -> dict[str, Any]:
     if key not in _CACHE:
         out_dir.mkdir(parents=True, exist_ok=True)
         if not (out_dir / RESULT).is_file():
-            run_probe("seed-code run", "smolfsdp.audit.seeds.code", ["--out", str(out_dir)], 2, timeout)
+            run_probe("seed-code run", "smolfsdp.audit.seeds.seed_code", ["--out", str(out_dir)], 2, timeout)
         _CACHE[key] = read_results(out_dir, RESULT)
     return _CACHE[key]
 
