@@ -33,7 +33,7 @@ def _meta_3b(cfg):
 def test_3b_recipes_checkpoint_and_the_disk_check_counts_it(name):
     cfg = load_config(recipe(name))
     assert cfg.save_steps > 0 and cfg.save_total_limit >= 1
-    steps = full_budget._steps(cfg)
+    steps = full_budget.optimizer_steps(cfg)
     assert steps // cfg.save_steps >= 2  # more than one save in the epoch: a late failure loses little
     meta = _meta_3b(cfg)
     one = estimate_checkpoint_bytes(meta)

@@ -243,3 +243,20 @@ def test_the_memory_estimate_counts_what_no_sync_holds(tmp_path):
     assert held.no_sync_grads_bytes == trainable * 2 == 3_075_098_624 * 2  # bf16, every parameter
     assert held.peak_bytes - synced.peak_bytes == held.no_sync_grads_bytes
     assert held.components()["no_sync_grads"] == held.no_sync_grads_bytes
+
+
+def test_chapter_01s_checklist_names_keys_the_run_writes(fsdp_run):
+    """Every key chapter 01 tells a reader to check in summary.json exists in a TRL run's file, and the peak
+    memory record has the fields it names (None on CPU: no CUDA allocator)."""
+    from smolfsdp.book.two_gpu_run import SUMMARY_CHECKS, lookup
+
+    summary = json.loads((fsdp_run.path / "summary.json").read_text())
+    for path, _ in SUMMARY_CHECKS:
+        lookup(summary, path)
+    assert lookup(summary, "effective.reason")
+    peaks = summary["peak_memory_per_rank"]
+    assert len(peaks) == summary["world_size"] == 2
+    for peak in peaks:
+        assert peak["device"] == "cpu" and peak["rss_peak_bytes"] > 0
+        assert peak["max_memory_allocated_bytes"] is None and peak["max_memory_reserved_bytes"] is None
+    assert {"torch", "transformers", "trl", "peft", "accelerate"} <= set(summary["versions"])

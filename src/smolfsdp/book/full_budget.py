@@ -58,7 +58,7 @@ def full_profile_runs() -> list[dict]:
     return [{"chapter": c, "run": label, "cfg": cfg} for c, label, cfg in runs]
 
 
-def _steps(cfg) -> int:
+def optimizer_steps(cfg) -> int:
     """Optimizer steps of a run (benchmark steps, ``max_steps``, or one epoch of the training rows)."""
     if cfg.benchmark_steps:
         return cfg.benchmark_steps
@@ -77,7 +77,7 @@ def run_budget(cfg, gpu: str, n_gpus: int, mfu: float = BUDGET_MFU) -> dict:
     q = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     geometry = (config.num_hidden_layers, config.num_attention_heads, int(q), cfg.max_length)
     fpt = flops_per_token(counts.total, *geometry, trainable_params=counts.trainable)
-    steps = _steps(cfg)
+    steps = optimizer_steps(cfg)
     tokens = (
         steps * cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.max_length
     )

@@ -137,6 +137,24 @@ def process_rss() -> dict[str, int]:
     return {"rss_bytes": rss, "rss_peak_bytes": max(peak, rss)}
 
 
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """This rank's memory high-water marks, in bytes, for ``summary.json`` (``peak_memory_per_rank``).
+
+    On a GPU ``max_memory_allocated_bytes`` (tensor bytes, what the estimator's tensor peak predicts) and
+    ``max_memory_reserved_bytes`` (the caching allocator's pools, what must fit the card), since the process
+    started or since the last ``torch.cuda.reset_peak_memory_stats`` (benchmark mode resets them every step,
+    so there they are the last step's); None on a CPU. ``rss_peak_bytes``: the process's resident peak
+    (:func:`process_rss`) on every device.
+    """
+    on_gpu = device.type == "cuda"
+    return {
+        "device": device.type,
+        "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
+        "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if on_gpu else None,
+        "rss_peak_bytes": process_rss()["rss_peak_bytes"],
+    }
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 

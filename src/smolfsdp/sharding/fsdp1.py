@@ -87,18 +87,11 @@ def wrap_fsdp1(
             (needed to freeze single parameters, e.g. for LoRA, and for per-parameter optimizer groups).
         lora_layout: ``in-unit`` (adapters inside their layer's unit) or ``adapter-units`` (each trainable leaf
             its own unit: ``smolfsdp.sharding.adapter_units``; ``smolfsdp.lora_options`` says why).
+    Raises ConfigError for an unknown strategy, or HYBRID_SHARD without a 2-D mesh (:func:`check_fsdp1_strategy`).
     """
+    check_fsdp1_strategy(sharding_strategy, device_mesh)
     mp = mixed_precision_policy(param_dtype)
     on_cuda = device is not None and device.type == "cuda"
-    if sharding_strategy not in ShardingStrategy.__members__:
-        raise ConfigError(
-            f"sharding_strategy={sharding_strategy!r}: use one of {list(ShardingStrategy.__members__)}."
-        )
-    if sharding_strategy.startswith("HYBRID_SHARD") and (device_mesh is None or device_mesh.ndim != 2):
-        raise ConfigError(
-            f"{sharding_strategy} needs a 2-D device_mesh (replicate, shard); build it with "
-            "smolfsdp.sharding.fsdp2.build_mesh(device_type, shard_size, replicate_size)."
-        )
     policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={wrap_cls})
     if lora_layout == "adapter-units":
         policy = adapter_units_policy(wrap_cls)
@@ -116,6 +109,20 @@ def wrap_fsdp1(
         use_orig_params=use_orig_params,
         sync_module_states=sync_module_states and on_cuda,
     )
+
+
+def check_fsdp1_strategy(sharding_strategy: str, device_mesh=None) -> None:
+    """Raise ConfigError unless ``sharding_strategy`` is a ``ShardingStrategy`` name, and, for the HYBRID_SHARD
+    strategies, ``device_mesh`` is a 2-D mesh (replicate, shard)."""
+    if sharding_strategy not in ShardingStrategy.__members__:
+        raise ConfigError(
+            f"sharding_strategy={sharding_strategy!r}: use one of {list(ShardingStrategy.__members__)}."
+        )
+    if sharding_strategy.startswith("HYBRID_SHARD") and (device_mesh is None or device_mesh.ndim != 2):
+        raise ConfigError(
+            f"{sharding_strategy} needs a 2-D device_mesh (replicate, shard); build it with "
+            "smolfsdp.sharding.fsdp2.build_mesh(device_type, shard_size, replicate_size)."
+        )
 
 
 def mixed_precision_policy(param_dtype: torch.dtype | None) -> MixedPrecision | None:
@@ -195,14 +202,7 @@ def hf_fsdp_config(
         ConfigError: an unknown strategy, or HYBRID_SHARD / NO_SHARD with ``version=2`` (the Trainer's
             FSDP2 builds HSDP from accelerate's ``ParallelismConfig``, not from ``fsdp_config``).
     """
-    strategy = str(sharding_strategy).upper()
-    if strategy not in SHARDING_STRATEGIES:
-        raise ConfigError(f"sharding_strategy={sharding_strategy!r}: use one of {SHARDING_STRATEGIES}.")
-    if int(version) == 2 and strategy not in ("FULL_SHARD", "SHARD_GRAD_OP"):
-        raise ConfigError(
-            f"sharding_strategy={strategy} with the Trainer's FSDP2 (version 2): its fsdp_config takes only "
-            "reshard_after_forward true/false. Use version 1 (fsdp_version: 1), or the native engine for HSDP."
-        )
+    strategy = check_trainer_strategy(sharding_strategy, version)
     cfg: dict[str, Any] = {
         "version": int(version),
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -224,6 +224,20 @@ def hf_fsdp_config(
         cfg["reshard_after_forward"] = strategy == "FULL_SHARD"
     cfg.update(extra or {})
     return check_hf_fsdp_config(cfg)
+
+
+def check_trainer_strategy(sharding_strategy: str, version: int) -> str:
+    """The strategy's upper-case name, checked for the Trainer's FSDP ``version`` (1 or 2); raises
+    ConfigError for an unknown strategy, or HYBRID_SHARD / NO_SHARD with version 2 (see :func:`hf_fsdp_config`)."""
+    strategy = str(sharding_strategy).upper()
+    if strategy not in SHARDING_STRATEGIES:
+        raise ConfigError(f"sharding_strategy={sharding_strategy!r}: use one of {SHARDING_STRATEGIES}.")
+    if int(version) == 2 and strategy not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        raise ConfigError(
+            f"sharding_strategy={strategy} with the Trainer's FSDP2 (version 2): its fsdp_config takes only "
+            "reshard_after_forward true/false. Use version 1 (fsdp_version: 1), or the native engine for HSDP."
+        )
+    return strategy
 
 
 def pin_plugin_sharding_strategy(args):

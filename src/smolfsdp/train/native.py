@@ -2,7 +2,7 @@
 
 This is the path that really shards on CPU (gloo), so the smoke profile shows FSDP, not DDP. It reads
 as torchtitan's trainer does, one function per stage: :func:`build` (tokenizer, data, model, LoRA),
-:func:`shard_model`, :func:`make_optimizer` and :func:`make_scheduler` (only after sharding), then
+``shard_model`` (``smolfsdp.train.native_sharding``), :func:`make_optimizer` and :func:`make_scheduler` (only after sharding), then
 :class:`NativeTrainer`, whose ``train_step`` is one optimizer step top to bottom and whose ``train``
 is the loop with evaluation and checkpoints; the final model (or the LoRA adapter) is gathered and
 saved at the end. The step's arithmetic (the loss is the mean over the global batch, so gradients
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -32,21 +31,14 @@ from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.measure import benchmark
-from smolfsdp.models.modeling import (
-    build_model,
-    count_parameters,
-    decoder_layers,
-    load_tokenizer,
-    resolve_wrap_class,
-)
-from smolfsdp.sharding import fsdp1, fsdp2
+from smolfsdp.models.modeling import build_model, count_parameters, load_tokenizer
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
 from smolfsdp.sharding.lora import apply_lora, save_adapter
-from smolfsdp.sharding.selective_ac import apply_selective_activation_checkpointing
-from smolfsdp.sharding.shards import apply_activation_checkpointing, local_tensors, storage_bytes
+from smolfsdp.sharding.shards import local_tensors, storage_bytes
 from smolfsdp.train import steps
 from smolfsdp.train.batches import BatchStream, build_loader, count_steps
 from smolfsdp.train.export import save_final_model
+from smolfsdp.train.native_sharding import shard_model
 
 log = logging.getLogger(__name__)
 
@@ -62,84 +54,6 @@ def build(cfg: TrainConfig) -> tuple[Any, Any, nn.Module]:
     if cfg.lora:
         model = apply_lora(model, cfg)
     return tokenizer, data, model
-
-
-def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[str, Any]]:
-    """Wrap ``model`` with FSDP1 or FSDP2 as ``cfg`` asks; return it and evidence of what happened.
-
-    The data-parallel mesh is ``(replicate, shard)`` from ``cfg.sharding_strategy`` and the real world
-    size (``fsdp2.resolve_mesh_shape``; ``LOCAL_WORLD_SIZE`` = processes per node for HYBRID_SHARD's
-    default). FSDP2 gets a 2-D mesh for HYBRID_SHARD and NO_SHARD, a 1-D one otherwise, and
-    ``reshard_after_forward=False`` for SHARD_GRAD_OP; FSDP1 gets the strategy by name and, for
-    HYBRID_SHARD, the 2-D mesh. Raises ConfigError when the mesh does not fit the world size.
-    """
-    wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
-    n_layers = len(decoder_layers(model, wrap_cls))
-    param_dtype = torch.bfloat16 if cfg.mixed_precision == "bf16" else None
-    strategy = cfg.sharding_strategy
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
-    replicate, shard = fsdp2.resolve_mesh_shape(
-        strategy, info.world_size, cfg.replicate_size, cfg.shard_size, local_world_size=local_world
-    )
-    two_d = strategy in ("HYBRID_SHARD", "NO_SHARD")
-    reshard = cfg.reshard_after_forward and strategy != "SHARD_GRAD_OP"
-    two_d_fsdp1 = strategy == "HYBRID_SHARD"  # FSDP1 takes NO_SHARD by name, on the default group
-    if cfg.activation_checkpointing and cfg.fsdp_version == 2:
-        _apply_ac(model, wrap_cls, cfg)
-    if cfg.fsdp_version == 1:
-        model = fsdp1.wrap_fsdp1(
-            model,
-            wrap_cls,
-            device=info.device,
-            sharding_strategy=strategy,
-            device_mesh=fsdp2.build_mesh(info.device.type, shard, replicate) if two_d_fsdp1 else None,
-            backward_prefetch=cfg.backward_prefetch,
-            cpu_offload=cfg.cpu_offload,
-            param_dtype=param_dtype,
-            use_orig_params=cfg.use_orig_params,
-            lora_layout=cfg.lora_layout,
-        )
-        units, local = len(fsdp1.fsdp_units(model)), fsdp1.local_numel(model)
-        param_type = "FlatParameter"
-        reshard = strategy in ("FULL_SHARD", "HYBRID_SHARD")  # FSDP1: fixed by the strategy
-    else:
-        mesh = fsdp2.build_mesh(info.device.type, shard, replicate if two_d else None)
-        offload = fsdp2.make_offload_policy() if cfg.cpu_offload else None
-        # No model.to(device) first: each fully_shard call moves only its own group's parameters to the
-        # mesh's device, shards them (and with offload puts the shards back on the host), so the device
-        # never holds the whole model (torch/distributed/fsdp/_fully_shard/_fsdp_init.py).
-        fsdp2.apply_fsdp2(
-            model,
-            mesh,
-            wrap_cls,
-            mp_policy=fsdp2.default_mp_policy(cfg.mixed_precision),
-            offload_policy=offload,
-            reshard_after_forward=reshard,
-        )
-        units, local = len(fsdp2.fsdp_units(model)), fsdp2.local_numel(model)
-        param_type = "DTensor"
-    if cfg.activation_checkpointing and cfg.fsdp_version == 1:
-        _apply_ac(model, wrap_cls, cfg)
-    evidence = {
-        "wrap_class": wrap_cls.__name__,
-        "decoder_layers": n_layers,
-        "fsdp_units": units,
-        "parameter_type": param_type,
-        "sharding_strategy": strategy,
-        # the data-parallel layout that ran: FSDP2's DeviceMesh, or FSDP1's process groups in the same shape
-        "mesh_shape": [replicate, shard] if two_d else [shard],
-        "mesh_dim_names": list(fsdp2.MESH_DIM_NAMES) if two_d else ["dp_shard"],
-        "reshard_after_forward": reshard,
-    }
-    return model, {**evidence, "local_numel": local}
-
-
-def _apply_ac(model: nn.Module, wrap_cls, cfg: TrainConfig) -> None:
-    """Activation checkpointing as ``cfg.ac_mode`` says: ``full``, ``layer`` or ``op`` (``smolfsdp.ac_options``)."""
-    if cfg.ac_mode == "full":
-        apply_activation_checkpointing(model, wrap_cls)
-    else:
-        apply_selective_activation_checkpointing(model, wrap_cls, cfg.ac_mode, cfg.ac_every)
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, foreach: bool | None = None) -> torch.optim.Optimizer:
@@ -237,16 +151,26 @@ class NativeTrainer:
             lr = float(self.optimizer.param_groups[0]["lr"])
             self.optimizer.step()
             self.scheduler.step()
-            scan_s = 0.0
-            if meter:  # bytes held (a walk over every tensor): measured, then left out of the step time
-                t_scan = time.perf_counter()
-                meter.after_optimizer(model, self.optimizer)
-                scan_s = time.perf_counter() - t_scan
+            scan_s = self._meter_held_bytes()
             self.optimizer.zero_grad(set_to_none=True)
         if info.device.type == "cuda":
             torch.cuda.synchronize(info.device)
         step_ms = (time.perf_counter() - t0 - scan_s) * 1e3
-        # loss and non-padding input tokens over all ranks: one small all-reduce, after the step is timed
+        return self._step_record(step, micro, loss, n_items, lr, grad_norm, step_ms)
+
+    def _meter_held_bytes(self) -> float:
+        """In benchmark mode, the bytes held after the optimizer step (a walk over every tensor, before
+        ``zero_grad``); returns the seconds the walk took, which the step time leaves out (0 otherwise)."""
+        if not self.meter:
+            return 0.0
+        t_scan = time.perf_counter()
+        self.meter.after_optimizer(self.model, self.optimizer)
+        return time.perf_counter() - t_scan
+
+    def _step_record(self, step, micro, loss, n_items, lr, grad_norm, step_ms) -> dict[str, Any]:
+        """The step's ``metrics.jsonl`` record: loss and non-padding input tokens over all ranks (one small
+        all-reduce, after the step is timed), and in benchmark mode the meter's throughput and memory."""
+        info = self.info
         tokens = sum(int(b["attention_mask"].sum()) for b in micro)
         stats = torch.tensor([loss, tokens], device=info.device, dtype=torch.float64)
         dist.all_reduce(stats)
@@ -262,8 +186,8 @@ class NativeTrainer:
             "label_tokens": n_items,
             "samples": self.samples_per_step,
         }
-        if meter:
-            record.update(meter.metrics(step, step_ms, record["tokens"], record["samples"], micro))
+        if self.meter:
+            record.update(self.meter.metrics(step, step_ms, record["tokens"], record["samples"], micro))
         return record
 
     def evaluate(self, step: int) -> float | None:

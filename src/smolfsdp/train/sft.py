@@ -28,8 +28,9 @@ import torch
 from smolfsdp import quiet
 from smolfsdp.checkpoint.dcp import latest_checkpoint
 from smolfsdp.config import TrainConfig
+from smolfsdp.measure import benchmark
 from smolfsdp.measure.results import RunWriter, git_sha, hardware, versions
-from smolfsdp.sharding.distributed import init_distributed, setup_logging, teardown
+from smolfsdp.sharding.distributed import all_gather_object, init_distributed, setup_logging, teardown
 from smolfsdp.train.native import run_native
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             from smolfsdp.train.trl_engine import run_trl  # deferred: imports trl, only TRL runs pay for it
 
             fields = run_trl(cfg, info, writer)
+        peaks = all_gather_object(benchmark.peak_memory(info.device))  # a collective: every rank
         summary = {
             "name": cfg.name,
             "engine": cfg.engine,
@@ -65,6 +67,7 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
             "git_sha": git_sha(),
             "wall_time_s": round(time.time() - t0, 2),
             **fields,
+            "peak_memory_per_rank": peaks,
         }
         writer.write_summary(summary)
         if info.is_main:
