@@ -51,20 +51,30 @@ def linear_module_names(model: nn.Module) -> list[str]:
 def apply_lora(model: nn.Module, cfg: TrainConfig):
     """Freeze ``model`` and add LoRA adapters; returns the ``PeftModel``.
 
-    Raises ConfigError when a target module matches nothing in the model (listing what exists).
+    ``get_peft_model`` sets ``requires_grad=False`` on every base parameter and wraps each target
+    ``nn.Linear`` in a LoRA layer that keeps the frozen weight and adds the trainable ``lora_A`` (r x in)
+    and ``lora_B`` (out x r), in fp32 (peft's ``autocast_adapter_dtype``). Raises ConfigError when a target
+    module matches no linear layer (:func:`check_target_modules`) or an FSDP group would mix trainable
+    dtypes (:func:`check_trainable_dtypes`).
     """
     from peft import get_peft_model  # deferred: peft is needed by LoRA runs only
 
+    check_target_modules(model, cfg.lora_target_modules)
+    peft_model = get_peft_model(model, lora_config(cfg))
+    check_trainable_dtypes(peft_model)
+    return peft_model
+
+
+def check_target_modules(model: nn.Module, targets) -> None:
+    """Raise ConfigError naming the LoRA ``targets`` that match no ``nn.Linear`` of ``model``, and listing those
+    that exist (:func:`linear_module_names`)."""
     names = linear_module_names(model)
-    missing = [t for t in cfg.lora_target_modules if t not in names]
+    missing = [t for t in targets if t not in names]
     if missing:
         raise ConfigError(
             f"lora_target_modules {missing} match no linear layer of {type(model).__name__}; "
             f"its linear layers are {names}."
         )
-    peft_model = get_peft_model(model, lora_config(cfg))
-    check_trainable_dtypes(peft_model)
-    return peft_model
 
 
 def check_trainable_dtypes(model: nn.Module, wrap_cls: type[nn.Module] | None = None) -> None:
