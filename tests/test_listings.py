@@ -83,8 +83,8 @@ def _fenced(markdown: str) -> str:
 
 
 def _expected_source(obj, with_docstring: bool) -> str:
-    """The object's lines in its file, dedented, without its own docstring unless asked: computed from the
-    file's syntax tree, independently of ``show_source``."""
+    """The object's lines in its file, dedented, without its own docstring (and the blank lines after it)
+    unless asked: computed from the file's syntax tree, independently of ``show_source``."""
     lines, first = inspect.getsourcelines(obj)
     path = inspect.getsourcefile(obj)
     drop: set[int] = set()
@@ -102,7 +102,10 @@ def _expected_source(obj, with_docstring: bool) -> str:
             and isinstance(doc.value, ast.Constant)
             and isinstance(doc.value.value, str)
         ):
-            drop = set(range(doc.lineno, doc.end_lineno + 1))
+            end = doc.end_lineno
+            while end - first + 1 < len(lines) and not lines[end - first + 1].strip():
+                end += 1  # the blank lines after it go too
+            drop = set(range(doc.lineno, end + 1))
     kept = [line for i, line in enumerate(lines, start=first) if i not in drop]
     return textwrap.dedent("".join(kept)).rstrip("\n")
 

@@ -89,22 +89,27 @@ def _display_path(path: Path) -> str:
 
 
 def docstring_lines(source: str) -> range | None:
-    """0-based line indices of the docstring of the definition ``source`` starts with (dedented text), or
-    None when it has none. Raises SyntaxError when ``source`` is not one definition."""
+    """0-based line indices of the docstring of the definition ``source`` starts with (dedented text) and of
+    the blank lines right after it, or None when it has none. Raises SyntaxError when ``source`` is not one
+    definition."""
     node = ast.parse(source).body[0]
     body = getattr(node, "body", [])
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        if isinstance(body[0].value.value, str):
-            return range(body[0].lineno - 1, body[0].end_lineno)
-    return None
+    if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)):
+        return None
+    if not isinstance(body[0].value.value, str):
+        return None
+    lines, end = source.splitlines(), body[0].end_lineno
+    while end < len(lines) and not lines[end].strip():
+        end += 1
+    return range(body[0].lineno - 1, end)
 
 
 def show_source(obj, *, docstring: bool = False) -> Listing:
     """The source of ``obj`` (a function, method or class of any module) as it is in its file now.
 
     The lines are ``inspect.getsourcelines(obj)``, dedented (a method's ``def`` starts at column 0);
-    ``docstring=False`` (the default) leaves out the object's own docstring, which the page's prose
-    replaces, and says so in the header. Raises TypeError for an object without source (a builtin),
+    ``docstring=False`` (the default) leaves out the object's own docstring (and the blank lines after it),
+    which the page's prose replaces, and says so in the header. Raises TypeError for an object without source (a builtin),
     OSError when its file cannot be read.
     """
     lines, first = inspect.getsourcelines(obj)

@@ -173,16 +173,10 @@ def build_mesh(device_type: str, shard_size: int, replicate_size: int | None = N
     {0, 2} and {1, 3}. ``fully_shard`` on the 2-D mesh places parameters as ``(Replicate(), Shard(0))``
     (HSDP); FSDP1's ``HYBRID_SHARD`` takes the same mesh (``device_mesh=``, replicate dim first).
 
-    Raises ConfigError when ``replicate_size x shard_size`` is not the process group's world size.
+    Raises ConfigError when ``replicate_size x shard_size`` is not the process group's world size
+    (:func:`check_mesh_size`).
     """
-    world = dist.get_world_size()
-    size = shard_size * (replicate_size or 1)
-    if size != world:
-        relation = "larger" if size > world else "smaller"
-        raise ConfigError(
-            f"a mesh of {replicate_size or 1} x {shard_size} = {size} ranks is {relation} than the world size "
-            f"{world}; make replicate_size x shard_size = {world}, or launch {size} processes."
-        )
+    check_mesh_size(shard_size, replicate_size)
     shape, names = (
         ((replicate_size, shard_size), MESH_DIM_NAMES)
         if replicate_size
@@ -192,6 +186,19 @@ def build_mesh(device_type: str, shard_size: int, replicate_size: int | None = N
     # FakeTensorMode (smolfsdp.audit.dryrun) its rank tensor must still be real, or reading it back fails.
     with unset_fake_temporarily():
         return init_device_mesh(device_type, shape, mesh_dim_names=names)
+
+
+def check_mesh_size(shard_size: int, replicate_size: int | None = None) -> None:
+    """Raise ConfigError unless ``replicate_size x shard_size`` (``replicate_size`` None counts as 1) is the
+    process group's world size, saying which is larger and how to make them agree."""
+    world = dist.get_world_size()
+    size = shard_size * (replicate_size or 1)
+    if size != world:
+        relation = "larger" if size > world else "smaller"
+        raise ConfigError(
+            f"a mesh of {replicate_size or 1} x {shard_size} = {size} ranks is {relation} than the world size "
+            f"{world}; make replicate_size x shard_size = {world}, or launch {size} processes."
+        )
 
 
 def make_offload_policy(pin_memory: bool | None = None) -> CPUOffloadPolicy:
