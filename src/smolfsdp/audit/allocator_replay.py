@@ -1,6 +1,7 @@
 """PyTorch's CUDA caching allocator, replayed in Python: reserved memory from a sequence of allocations and frees.
 
-Chapter "Where the memory goes", section "Held to published GPU runs". ``torch.cuda.max_memory_reserved`` is not
+Appendix "How the estimates are checked" (``notebooks/appendix_checks.ipynb``), sections "Held to published
+GPU runs" and "The caching allocator, replayed". ``torch.cuda.max_memory_reserved`` is not
 a constant times the tensor bytes: it is the high-water mark of the segments the caching allocator asked CUDA
 for, and which segments it needs depends on the *order* of allocations and frees (a 2 GiB block freed after the
 loss and carved into activations during backward is not there for the optimizer's 100 MiB states the next

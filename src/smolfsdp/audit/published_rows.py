@@ -1,6 +1,7 @@
 """Today's estimator against published GPU measurements (``data/results/published/rows.json``).
 
-Chapter "Where the memory goes", section "Held to published GPU runs"; ``scripts/published_check.py`` writes
+Appendix "How the estimates are checked" (``notebooks/appendix_checks.ipynb``), section "Held to published
+GPU runs"; ``scripts/published_check.py`` writes
 the table to ``data/results/published/check.json`` and tests/test_published.py holds that file to today's
 estimator. Each row names its source (repository, file, commit), its configuration and what its number is
 (``reserved`` = peak ``torch.cuda.max_memory_reserved``, ``allocated`` = peak ``max_memory_allocated``,

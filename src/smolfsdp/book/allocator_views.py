@@ -1,6 +1,7 @@
 """The caching-allocator replay in the book: published reserved memory beside the estimate and the replay.
 
-Chapter "Where the memory goes", section "The caching allocator, replayed". The rows come from
+Appendix "How the estimates are checked" (``notebooks/appendix_checks.ipynb``), section "The caching
+allocator, replayed". The rows come from
 ``data/results/published/check.json`` (``scripts/published_check.py``: the estimator's ``memory`` rows and the
 ``dry_run`` rows of ``smolfsdp.audit.dryrun.published_replay``); the ablation replays one dry run's allocation order with each
 mechanism of ``smolfsdp.audit.allocator_replay.replay`` taken away in turn; the replay grid

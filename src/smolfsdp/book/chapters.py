@@ -35,16 +35,17 @@ from smolfsdp.paths import repo_root
 
 
 def _book_entries(root: Path) -> list[str]:
-    """Every chapter file listed in ``<root>/_quarto.yml`` (parts flattened), in book order."""
+    """Every chapter file listed in ``<root>/_quarto.yml`` (parts flattened), in book order: the chapters,
+    then the appendices (``book: appendices:``, after the chapters in Quarto's navigation too)."""
     book = yaml.safe_load((root / "_quarto.yml").read_text())["book"]
     items = []
-    for entry in book["chapters"]:
+    for entry in [*book["chapters"], *book.get("appendices", [])]:
         items += entry["chapters"] if isinstance(entry, dict) else [entry]
     return items
 
 
 def chapters() -> list[Path]:
-    """The notebooks listed in ``_quarto.yml``, in book order."""
+    """The notebooks listed in ``_quarto.yml``, chapters then appendices, in book order."""
     return [repo_root() / c for c in _book_entries(repo_root()) if str(c).endswith(".ipynb")]
 
 

@@ -1,6 +1,7 @@
 """The full-size dry run in the book: the committed grid (``data/results/dryrun/grid.json``) as tables and a figure.
 
-Chapter "Where the memory goes". ``scripts/dryrun_grid.py`` writes the file (provenance inside); each number
+Appendix "How the estimates are checked" (``notebooks/appendix_checks.ipynb``), and chapters "Reading the profiler"
+and "What the seeds say". ``scripts/dryrun_grid.py`` writes the file (provenance inside); each number
 here is read from it or from ``smolfsdp.measure`` (the estimate), never typed. Traced on fake tensors, not
 measured on a GPU: every view says so.
 """

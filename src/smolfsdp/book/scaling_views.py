@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from smolfsdp.config import load_config
-from smolfsdp.estimate.calibration import run_mfu
+from smolfsdp.estimate.calibration import hfu_calibration, run_mfu
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import GIB, estimate_memory
 from smolfsdp.estimate.scaling import estimate_step, mfu_text, scaling_table
@@ -66,11 +66,28 @@ def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> st
         f"micro-batches per optimizer step ({tokens * a['gradient_accumulation_steps']:,} tokens per GPU and step), "
         f"FSDP{a['fsdp_version']}, activation checkpointing {'on' if a['activation_checkpointing'] else 'off'}, "
         f"bf16 compute with fp32 gradient reduction, AdamW. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
-        f"{a['network']} between nodes, {mfu_text(a['mfu'], a['gpu'], recipe_run(load_config(recipe(recipe_name))))}; weak scaling (tokens per GPU fixed). DDP (NO_SHARD) "
+        f"{a['network']} between nodes, {mfu_short(a, recipe_run(load_config(recipe(recipe_name))))}; weak scaling "
+        "(tokens per GPU fixed). DDP (NO_SHARD) "
         "all-reduces the gradients once per optimizer step, as it is run under gradient accumulation (`no_sync()` "
         "on the other micro-batches: accelerate's `accumulate()` and the Trainer do this); the FSDP strategies "
         "reduce after every micro-batch, their default."
     )
+
+
+def mfu_short(a: dict, run: dict) -> str:
+    """The MFU of :func:`book_assumptions` (``a``) as the chapter states it: the rate and where it comes from, the
+    fit's errors left to the appendix that checks it (@sec-checks-hfu). ``run``: :func:`recipe_run`'s keywords.
+    A given MFU (not the calibration's) is said to be given, as ``estimate.scaling.mfu_text`` says it."""
+    cal = run_mfu(a["gpu"], **run)
+    if a["mfu"] != cal["mfu"]:
+        return mfu_text(a["mfu"], a["gpu"], run)
+    fit = hfu_calibration(a["gpu"])
+    rows = (
+        f"the median of {fit['rows']} published {a['gpu']} rows"
+        if fit["basis"] == a["gpu"]
+        else f"the median of all {fit['rows']} published rows (none on {a['gpu']})"
+    )
+    return f"{cal['text'].removesuffix(' from the ' + fit['text'])} from HFU {100 * fit['hfu']:.1f} %, {rows} (@sec-checks-hfu)"
 
 
 def ddp_sync_view(a: dict, model="smollm3-3b", n_gpus=(8, 16, 1024)) -> pd.DataFrame:

@@ -1,6 +1,6 @@
 """Other tools' memory estimators, reimplemented so the book can set them beside ours.
 
-Chapter "Where the memory goes" (``notebooks/00_memory.ipynb``) compares ``accelerate estimate-memory``
+Appendix "How the estimates are checked" (``notebooks/appendix_checks.ipynb``) compares ``accelerate estimate-memory``
 and DeepSpeed's ZeRO-3 estimator with ``smolfsdp.estimate.memory.estimate_memory``. Pure functions.
 
     python -c "from smolfsdp.measure import reference_estimates as r, params as p; print(r.accelerate_estimate(p.resolve_model_config('smollm3-3b')))"

@@ -1,6 +1,7 @@
 """Reserved memory without a trace: the caching allocator's pools, sized from the estimate's own terms.
 
-Chapter "Where the memory goes", sections "Held to published GPU runs" and "The caching allocator, replayed".
+Chapter "Where the memory goes" (its verdicts) and the appendix "How the estimates are checked", sections "Held
+to published GPU runs" and "The caching allocator, replayed".
 The estimator counts tensor bytes (what ``torch.cuda.max_memory_allocated`` reads); a GPU has to hold the
 allocator's *reserved* segments (``torch.cuda.max_memory_reserved``) plus memory outside the allocator (CUDA
 context, NCCL buffers). The caching allocator keeps one pool per stream (``smolfsdp.audit.allocator_replay``), and

@@ -2,7 +2,8 @@
 model against a profiler trace. Each returns the table its chapter shows and raises when the two sides
 disagree, so a chapter never shows a check that failed.
 
-Used by "Where the memory goes" (``measure_tiny_memory``) and "Scaling out" (``model_vs_trace``).
+Used by chapter "Where the memory goes" (``measure_tiny_memory``) and the appendix "How the estimates are
+checked" (``model_vs_trace``).
 
     python -c "from smolfsdp.probes.measured import measure_tiny_memory; print(measure_tiny_memory())"
 """

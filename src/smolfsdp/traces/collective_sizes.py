@@ -1,6 +1,7 @@
 """The collectives a PyTorch profiler trace recorded, with their sizes: the check on ``smolfsdp.estimate.comm``.
 
-Chapter "Scaling out": a profiled smoke run's collectives per step, summed the way
+The appendix "How the estimates are checked" (the model of chapter "Scaling out" against a trace): a profiled
+smoke run's collectives per step, summed the way
 ``comm.step_bytes`` sums the model's, so the two can be compared row by row. Reads NCCL traces
 (``record_param_comms`` carries sizes and dtypes) and gloo traces (the ``c10d::`` ops carry sizes
 only when the profiler ran with ``record_shapes=True``).

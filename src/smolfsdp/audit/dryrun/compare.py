@@ -2,7 +2,8 @@
 
 ``compare_with_estimate(report, cfg)`` puts ``smolfsdp.estimate.memory.estimate_memory`` (static components) and
 ``smolfsdp.estimate.moments.peak_moments`` (the peak as it happens) beside what the dry run traced for the same
-setup. Used by ``smolfsdp dryrun``, ``scripts/dryrun_grid.py`` and chapter "Where the memory goes".
+setup. Used by ``smolfsdp dryrun``, ``scripts/dryrun_grid.py`` and the appendix "How the estimates are
+checked".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The dry run of a run config: its real model at full size, sharded by the package's own code, on fake tensors.
 
-Chapter "Where the memory goes" shows it for the book's SmolLM3-3B recipes; ``smolfsdp dryrun`` prints it.
+Appendix "How the estimates are checked" (``notebooks/appendix_checks.ipynb``) shows it for the book's SmolLM3-3B recipes; ``smolfsdp dryrun`` prints it.
 What runs, on rank 0 of a fake world of ``world_size`` ranks (every rank runs the same code on the same
 shapes; rank 0 is the fullest, FSDP padding lands on the last ranks):
 

@@ -1,6 +1,7 @@
 """The dry run and the allocator replay on published GPU runs: tensor peak and *reserved* memory, no GPU.
 
-Chapter "Where the memory goes", section "Held to published GPU runs"; ``scripts/published_check.py`` writes the
+Appendix "How the estimates are checked" (``notebooks/appendix_checks.ipynb``), section "Held to published
+GPU runs"; ``scripts/published_check.py`` writes the
 result into ``data/results/published/check.json`` (``dry_run``) and tests/test_published.py holds it. For each
 row of :data:`DRY_RUN_ROWS` (``data/results/published/rows.json``):
 

@@ -1,7 +1,7 @@
 """The FSDP1 blocks a fake-tensor dry run cannot see: what ``record_stream`` keeps active on a GPU, read from
 the real ``FlatParameter`` units the dry run built.
 
-Chapter "Where the memory goes"; ``smolfsdp.audit.dryrun.dry_run.dry_run`` records it in ``setup`` for FSDP1 runs, and
+Appendix "How the estimates are checked"; ``smolfsdp.audit.dryrun.dry_run.dry_run`` records it in ``setup`` for FSDP1 runs, and
 ``smolfsdp dryrun`` prints it. The dry run's tensors are fake ``cpu`` tensors, and FSDP1's
 ``_no_dispatch_record_stream`` (torch/distributed/fsdp/_common_utils.py) returns at once off cuda/mtia/xpu,
 so the traced bytes are allocated bytes, equal for FSDP1 and FSDP2. On a GPU FSDP1 also keeps, in *active*

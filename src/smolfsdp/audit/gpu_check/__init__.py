@@ -3,7 +3,8 @@
 ``measure_gpu`` (the measurement: memory by component, step time, a profiled window, with provenance), ``profiled_window``
 (what the profiled window shows: NCCL kernels, busy fraction, per-layer FSDP ranges; ``analyze-trace``
 run on it), ``report`` (the committed results in ``data/results/`` as the chapters show them).
-``scripts/gpu_check.py`` runs the check; chapters "Where the memory goes" and "Reading the profiler"
+``scripts/gpu_check.py`` runs the check; the appendix "How the estimates are checked" and chapter "Reading
+the profiler"
 read the report.
 
     PYTHONPATH=src python3 scripts/gpu_check.py --simulate-cpu --out /tmp/sim

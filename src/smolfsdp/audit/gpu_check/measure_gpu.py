@@ -1,6 +1,6 @@
 """One trustworthy GPU measurement: the SmolLM3-3B geometry on one GPU, with provenance (issue 13).
 
-Chapters "Where the memory goes" and "Reading the profiler" show what this writes, beside the
+The appendix "How the estimates are checked" and chapter "Reading the profiler" show what this writes, beside the
 estimates, once a run's files are committed under ``data/results/h200/``. On a lent GPU machine:
 
     OUT=/some/empty/dir bash scripts/gpu_check.sh                 # the real check (CUDA)

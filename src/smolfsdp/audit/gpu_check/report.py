@@ -1,7 +1,7 @@
-"""The committed GPU measurement beside the estimates, as the chapters show it.
+"""The committed GPU measurement beside the estimates, as the book shows it.
 
-Chapters "Where the memory goes" (``kind="memory"``) and "Reading the profiler" (``kind="profiling"``)
-call :func:`gpu_results_section` in their last cell; with nothing committed under
+The appendix "How the estimates are checked" (``kind="memory"``) and chapter "Reading the profiler"
+(``kind="profiling"``) call :func:`gpu_results_section` in their last cell; with nothing committed under
 ``data/results/h200/`` it says so plainly and shows no number.
 
     python -c "from smolfsdp.audit.gpu_check.report import gpu_results_section as s; print(s('memory')[0])"
@@ -123,10 +123,15 @@ def gpu_results_section(kind: str, path: str | Path = GPU_RESULTS_DIR) -> list[s
         raise ValueError(f"kind={kind!r}: use 'memory' or 'profiling'")
     results = load_gpu_results(path)
     if results is None:
+        held = {  # the memory check sits in the appendix, after the dry run and the published rows it adds to
+            "memory": "the estimator's SmolLM3-3B bytes are held to the dry run and the published runs above, "
+            "not yet to a GPU of this project's",
+            "profiling": "every SmolLM3-3B number in this chapter is an estimate",
+        }[kind]
         return [
             f"**No GPU measurement exists yet.** Nothing is committed under `{GPU_RESULTS_DIR}/`, so "
-            "every SmolLM3-3B number in this chapter is an estimate. The check that will measure "
-            f"them on one GPU is `{COMMAND}` (see `{GPU_RESULTS_DIR}/README.md`)."
+            f"{held}. The check that will measure them on one GPU is `{COMMAND}` (see "
+            f"`{GPU_RESULTS_DIR}/README.md`)."
         ]
     if kind == "memory":
         intro = (
