@@ -117,9 +117,9 @@ def _pct(x: float) -> str:
 
 
 def preview(scaling: pd.DataFrame, n_gpus=(2, 16, 1024)) -> pd.DataFrame:
-    """A few rows of the projection with units: step time, communication, what stays exposed, memory (the
-    tensor peak and what the GPU must hold, reserved + CUDA context + NCCL) and the fit verdict's word
-    (``hardware.fit_verdict``: fits, tight or does not fit on the assumed GPU)."""
+    """A few rows of the projection with units: step time, communication, what stays exposed, memory (what the
+    GPU must hold, reserved + CUDA context + NCCL, with the tensor peak in brackets) and the fit verdict's word
+    on it (``hardware.fit_verdict``: fits, tight or does not fit on the assumed GPU)."""
     d = scaling[scaling["n_gpus"].isin(n_gpus)]
     return pd.DataFrame(
         {
@@ -130,8 +130,9 @@ def preview(scaling: pd.DataFrame, n_gpus=(2, 16, 1024)) -> pd.DataFrame:
             "communication per step (s)": d["comm_s"].map("{:,.2f}".format),
             "step with overlap (s)": d["step_s"].map("{:,.2f}".format),
             "efficiency": d["efficiency"].map(_pct),
-            "tensor peak per GPU (GiB)": d["memory_gib"].map("{:,.1f}".format),
-            "needed per GPU (GiB)": d["need_gib"].map("{:,.1f}".format),
+            "needed per GPU, GiB (tensor peak)": [
+                f"{n:,.1f} ({p:,.1f})" for n, p in zip(d["need_gib"], d["memory_gib"], strict=True)
+            ],
             "verdict": d["verdict"],
         }
     ).set_index(["model", "strategy", "GPUs"])
