@@ -1,11 +1,24 @@
 """The GPU table, the fit verdict and the "Does FSDP fit?" recommendation."""
 
+import ast
 import math
+from pathlib import Path
 
 import pytest
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.estimate.hardware import GPUS, fit_table, fits, get_gpu, gpu_from_device_name, verdict
+from smolfsdp.estimate.hardware import (
+    GPUS,
+    fit_of_bytes,
+    fit_table,
+    fit_verdict,
+    fits,
+    format_fit,
+    get_gpu,
+    gpu_from_device_name,
+    verdict,
+    verdict_word,
+)
 from smolfsdp.estimate.memory import estimate_memory
 from smolfsdp.estimate.recommend import recommend
 
@@ -43,11 +56,119 @@ def test_fit_verdict_is_reserved_need_against_memory():
     table = fit_table({"FULL_SHARD x2": est})
     assert list(table["gpu"]) == list(GPUS)
     for row in table.itertuples():
-        assert row.fits == (est.device_need_bytes <= GPUS[row.gpu].memory_bytes)
-        assert fits(est, GPUS[row.gpu], basis="tensors") == (est.peak_bytes <= GPUS[row.gpu].memory_bytes)
+        card = GPUS[row.gpu].memory_bytes
+        word = (
+            "fits" if est.device_need_bytes <= card else "tight" if est.peak_bytes <= card else "does not fit"
+        )
+        assert row.verdict == word == verdict(est, GPUS[row.gpu])
+        assert (
+            row.line == fit_verdict(est, GPUS[row.gpu]).line and row.need_gib == est.device_need_bytes / 2**30
+        )
+        assert fits(est, GPUS[row.gpu]) == (word == "fits")
+        assert fits(est, GPUS[row.gpu], basis="tensors") == (est.peak_bytes <= card)
     assert fits(est, GPUS["H200"]) and not fits(est, GPUS["L4"])
     with pytest.raises(ValueError, match="basis"):
         fits(est, GPUS["H200"], basis="peak")
+
+
+def test_one_rule_three_words_and_one_printed_line():
+    """``verdict_word`` on bytes: fits up to the card's last byte of need, tight while the tensor peak is
+    within the card, then does not fit; every verdict prints as ``format_fit``."""
+    gib = 2**30
+    assert verdict_word(10 * gib, 8 * gib, 10 * gib) == "fits"
+    assert verdict_word(10 * gib + 1, 8 * gib, 10 * gib) == "tight"
+    assert verdict_word(12 * gib, 10 * gib, 10 * gib) == "tight"
+    assert verdict_word(12 * gib, 10 * gib + 1, 10 * gib) == "does not fit"
+    v = fit_of_bytes(int(39.46 * gib), int(31.14 * gib), 40 * 10**9, "A100 40GB")
+    assert v.line == format_fit(v) == "tight: needs 39.5 GiB reserved (tensor peak 31.1) of 37.3 GiB"
+    assert (v.word, v.fits, v.gpu) == ("tight", False, "A100 40GB")
+    assert v.to_dict() == {
+        "word": "tight", "gpu": "A100 40GB", "need_bytes": v.need_bytes, "peak_bytes": v.peak_bytes,
+        "gpu_bytes": 40 * 10**9, "need_gib": 39.46, "peak_gib": 31.14, "gpu_gib": 37.253, "line": v.line,
+    }  # fmt: skip
+    est = estimate_memory("smollm3-3b", world_size=2, seq_len=4096, activation_checkpointing=True)
+    card = GPUS["A100 40GB"]
+    assert fit_verdict(est, card) == fit_of_bytes(
+        est.device_need_bytes, est.peak_bytes, card.memory_bytes, card.name
+    )
+
+
+def test_recommend_takes_only_fits_and_a_tight_try_is_named_tight():
+    """A lever that only gets to "tight" is not an answer: on a card sized between the setting's tensor peak and
+    its need, the setting as given is tight, ``recommend`` goes on to a lever that fits, and its reason names the
+    tight try with its numbers."""
+    kw = {"strategy": "SHARD_GRAD_OP", "seq_len": 4096, "activation_checkpointing": True}
+    est = estimate_memory("smollm3-3b", world_size=2, **kw)
+    card = get_gpu(None, (est.peak_bytes + est.device_need_bytes) / 2 / 2**30)
+    assert verdict(est, card) == "tight"
+    rec = recommend("smollm3-3b", card, 2, **kw)
+    assert rec.lever != "none" and rec.fit.fits and fits(rec.estimate, card)
+    assert rec.tried[0][1] == fit_verdict(est, card)
+    assert f"{rec.tried[0][0]}: {fit_verdict(est, card).line}" in rec.reason
+    assert rec.fit.line in rec.reason
+
+
+#: Where a fit is decided other than by ``hardware.verdict_word``, with the reason it may: (file, function).
+OTHER_FIT_DECISIONS = {
+    # the dry run's verdict: the traced allocation order replayed at the card's capacity (retries or out of
+    # memory), a judgement of a trace, not of an estimate
+    ("cli_dryrun.py", "fit_on_gpu"),
+    # what the seed's own table says (its words, printed beside the verdict's)
+    ("audit/seeds/memory_claims.py", "fit_table_rows"),
+}
+BYTES_NAMES = {"peak_bytes", "device_need_bytes", "reserved_bytes", "need_bytes", "peak", "need", "peak_gib",
+               "need_gib", "memory_gib", "peak_reserved"}  # fmt: skip
+CARD_NAMES = {"memory_bytes", "memory_gb", "gpu_memory_gib", "gpu_bytes", "capacity", "cap", "total_memory",
+              "gpu_memory_bytes"}  # fmt: skip
+WORDS = {"fits", "tight", "does not fit", "too big"}
+
+
+def _names(node) -> set[str]:
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            out.add(n.value)
+    return out
+
+
+def _decides_a_fit(n) -> bool:
+    """A comparison of an estimate's bytes with a card's memory, or a fit word picked by a condition."""
+    if isinstance(n, ast.Compare) and any(isinstance(o, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for o in n.ops):
+        return bool(_names(n) & BYTES_NAMES and _names(n) & CARD_NAMES)
+    if isinstance(n, ast.IfExp):
+        return any(isinstance(b, ast.Constant) and b.value in WORDS for b in (n.body, n.orelse))
+    return False
+
+
+def _fit_decisions(tree, where: str = "<module>"):
+    """(innermost function, source) of every :func:`_decides_a_fit` node under ``tree``."""
+    for child in ast.iter_child_nodes(tree):
+        inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else where
+        if _decides_a_fit(child):
+            yield inner, ast.unparse(child)
+        yield from _fit_decisions(child, inner)
+
+
+def test_no_other_place_decides_a_fit():
+    """Issue 41: three places decided a fit three ways. In src/, only ``hardware.verdict_word`` compares an
+    estimate's bytes with a card's memory or picks a fit word by a condition; everything else asks
+    ``verdict`` / ``fit_verdict`` / ``fits`` (the listed exceptions judge something else)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "smolfsdp"
+    found = {
+        (path.relative_to(src).as_posix(), fn, code)
+        for path in sorted(src.rglob("*.py"))
+        for fn, code in _fit_decisions(ast.parse(path.read_text()))
+    }
+    allowed = {("estimate/hardware.py", "verdict_word"), *OTHER_FIT_DECISIONS}
+    assert {(r, f) for r, f, _ in found} - allowed == set(), sorted(found)
+    assert ("estimate/hardware.py", "verdict_word") in {(r, f) for r, f, _ in found}  # the scan sees the rule
+    # it would have seen issue 41's three: the explorer's own rule, the CLI's word, the chapter's table
+    old = "def verdict(peak_bytes, gpu):\n    word = 'fits' if peak_bytes <= GPUS[gpu].memory_bytes else 'no'"
+    assert [f for f, _ in _fit_decisions(ast.parse(old))] == ["verdict", "verdict"]
 
 
 def test_recommend_walks_the_flowchart():
@@ -169,7 +290,10 @@ def test_cli_custom_gpu_memory_is_labelled_as_custom(capsys):
 
     assert main(["memory", "--gpus", "2", "--gpu-memory-gib", "24"]) == 0
     out = capsys.readouterr().out
-    assert "custom 24 GiB" in out and "H100" not in out.split("verdict:")[1].splitlines()[0]
+    line = next(ln for ln in out.splitlines() if ln.startswith("verdict on "))
+    assert (
+        line.startswith("verdict on custom 24 GiB: ") and "H100" not in line and line.endswith("of 24.0 GiB")
+    )
 
 
 @pytest.mark.parametrize(
@@ -200,26 +324,25 @@ def test_cli_verdict_names_the_strategy_asked_and_why_another_is_recommended(cap
 
     args = ["memory", "--model", "smollm3-3b", "--gpus", "2", "--strategy", "FULL_SHARD", "--seq-len", "4096"]
     assert main(args) == 0
-    out = capsys.readouterr().out.split("verdict:")[1]
+    out = capsys.readouterr().out.split("verdict on ")[1]
     asked = estimate_memory("smollm3-3b", world_size=2, strategy="FULL_SHARD", seq_len=4096, fsdp_version=1)
+    line = fit_verdict(asked, GPUS["H100 SXM"]).line
+    assert line.startswith("fits: ") and f"asked FSDP1 FULL_SHARD on 2 x H100 SXM: {line}." in out
     assert (
-        f"asked FSDP1 FULL_SHARD on 2 x H100 SXM: fits (peak {asked.peak_bytes / 2**30:.1f} of 74.5 GiB)"
-        in out
-    )
-    assert (
-        "Recommended: full replica on 2 GPU(s), because a full replica already fits, and FULL_SHARD would "
+        "Recommended: full replica on 2 GPUs, because a full replica already fits, and FULL_SHARD would "
         in out
     )
     assert main([*args, "--offload", "--gpu", "A10G"]) == 0
-    out = capsys.readouterr().out.split("verdict:")[1]
-    assert "asked FSDP1 FULL_SHARD + CPU offload on 2 x A10G: does not fit" in out
+    out = capsys.readouterr().out.split("verdict on ")[1]
+    assert "asked FSDP1 FULL_SHARD + CPU offload on 2 x A10G: does not fit: needs " in out
     rec = recommend("smollm3-3b", "A10G", 2, seq_len=4096, fsdp_version=1)
     full = estimate_memory(
         "smollm3-3b", world_size=2, strategy="FULL_SHARD", seq_len=4096, fsdp_version=1,
         activation_checkpointing=True, offload=True,
     )  # fmt: skip
-    assert rec.estimate.strategy == "SHARD_GRAD_OP" and full.peak_bytes < rec.estimate.peak_bytes
+    assert rec.estimate.strategy == "SHARD_GRAD_OP"
+    assert full.device_need_bytes < rec.estimate.device_need_bytes
     assert (
-        f"SHARD_GRAD_OP rather than FULL_SHARD: FULL_SHARD would peak lower ({full.peak_bytes / 2**30:.1f} GiB)"
+        f"SHARD_GRAD_OP rather than FULL_SHARD: FULL_SHARD would need less ({fit_verdict(full, GPUS['A10G']).line})"
         in out
     )

@@ -282,7 +282,7 @@ def test_cli_memory_json_and_table(capsys):
     )
     assert main(["memory", "--model", "tiny", "--gpu", "L4", "--lora"]) == 0
     text = capsys.readouterr().out
-    assert "optimizer" in text and "verdict: fits on L4" in text
+    assert "optimizer" in text and "verdict on L4: fits: needs " in text
     assert main(["memory", "--gpu", "B300"]) == 2
     assert "Known: A10G" in capsys.readouterr().err
 

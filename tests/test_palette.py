@@ -59,10 +59,11 @@ def test_figures_draw_with_the_palette_and_red_means_does_not_fit():
     assert dry["backward"] == palette.PHASE["backward"] and dry["forward"] == palette.PHASE["forward"]
     vols = {t.name: t.marker.color for t in figures["comm volumes"].data}
     assert vols["all-gather"] == palette.COLLECTIVE["all-gather"] == mechanisms.KIND_COLORS["all-gather"]
-    # the fit explorer: component colours, then the peak bar green or red by the verdict
-    assert fit_explorer._colors(["params", "activations"], True)[-1] == palette.VERDICT["fits"]
-    assert fit_explorer._colors(["params", "activations"], False)[-1] == RED
-    assert RED not in fit_explorer._colors(list(palette.COMPONENT), True)
+    # the fit explorer: component colours, then the tensor peak and need bars in the verdict's colour
+    assert fit_explorer._colors(["params", "activations"], "fits")[-2:] == [palette.VERDICT["fits"]] * 2
+    assert fit_explorer._colors(["params", "activations"], "tight")[-1] == palette.VERDICT["tight"]
+    assert fit_explorer._colors(["params", "activations"], "does not fit")[-1] == RED
+    assert RED not in fit_explorer._colors(list(palette.COMPONENT), "fits")
     assert scale.STRATEGY_COLORS == palette.STRATEGY and trace.CATEGORY_COLORS == palette.TRACE_CATEGORY
 
 
@@ -82,3 +83,8 @@ def test_prose_names_colours_by_the_palettes_words():
         f"{ag}\nblock is an all-gather" in text.replace("An orange", "orange")
         and f"{rs} a reduce-scatter" in text
     )
+    # chapter 00's fit explorer: the verdict's three colours, each by its word
+    memory = nb.with_name("00_memory.ipynb")
+    text = "".join("".join(c["source"]) for c in json.loads(memory.read_text())["cells"])
+    fit, tight, out = (words[palette.VERDICT[w]] for w in ("fits", "tight", "does not fit"))
+    assert f"{fit} fits, {tight} tight, {out} does not fit" in text

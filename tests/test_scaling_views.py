@@ -32,6 +32,27 @@ def test_tables_are_words_not_nan():
     assert list(big.index.get_level_values("GPUs")) == ["8", "1,024"]  # as the prose writes them, in order
     shown = sv.preview(scaling).to_string()
     assert "nan" not in shown.lower() and "..." not in shown
+    # the one verdict's word, with the need it is decided on and the tensor peak in brackets
+    row = sv.preview(scaling).iloc[0]
+    first = scaling[scaling["n_gpus"].isin((2, 16, 1024))].iloc[0]
+    assert row["verdict"] == first["verdict"] and set(scaling["verdict"]) <= {"fits", "tight", "does not fit"}
+    assert (
+        row["needed per GPU, GiB (tensor peak)"] == f"{first['need_gib']:,.1f} ({first['memory_gib']:,.1f})"
+    )
+    words = pd.DataFrame(
+        {
+            "model": "m",
+            "strategy": "FULL_SHARD",
+            "n_gpus": [2, 4, 8, 16],
+            "verdict": ["does not fit", "tight", "fits", "fits"],
+        }
+    )
+    assert sv.fits_from_view(words).loc["m", "FULL_SHARD (ZeRO-3)"] == "from 8 GPUs (tight at 4)"
+    tight_only = words.assign(verdict=["does not fit", "tight", "tight", "tight"])
+    assert (
+        sv.fits_from_view(tight_only).loc["m", "FULL_SHARD (ZeRO-3)"]
+        == "not up to 16 GPUs (tight at 4, 8, 16)"
+    )
 
 
 def test_accumulation_alone_does_not_move_efficiency_but_tokens_and_no_sync_do():

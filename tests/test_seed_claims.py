@@ -9,7 +9,8 @@ from smolfsdp.audit.seeds import claims as sc
 from smolfsdp.audit.seeds.fsdp2_claims import PACKAGE
 from smolfsdp.audit.seeds.seed_code import run_seed_code
 from smolfsdp.book import fsdp_versions
-from smolfsdp.estimate.hardware import GPUS
+from smolfsdp.estimate.hardware import GPUS, fit_verdict
+from smolfsdp.estimate.recipe_peak import recipe_peak
 from smolfsdp.probes.dtype_rule import check_dtype_rule
 
 GIB = 2**30
@@ -59,6 +60,13 @@ def test_fit_table_rows_flip():
     flipped = {k for k, r in rows.items() if r["fits"] != r["seed_fits"]}
     assert flipped == {"A10G, FULL_SHARD over 2", "L40S, a full copy on 1"} and len(rows) == 8
     assert j.verdict == "partly" and j.memory and "2 of 8 cells flip" in j.evidence_text
+    # each cell in the one verdict's words and numbers (hardware.fit_verdict), not a peak against the card
+    two = recipe_peak(include="device", world_size=2, strategy="FULL_SHARD").estimate
+    a10g = fit_verdict(two, GPUS["A10G"])
+    assert rows["A10G, FULL_SHARD over 2"]["verdict"] == a10g.word
+    assert rows["A10G, FULL_SHARD over 2"]["need_bytes"] == two.device_need_bytes
+    assert f"A10G, FULL_SHARD over 2: {a10g.line} (the seed: fits)" in j.evidence_text
+    assert all(r["fits"] == (r["verdict"] == "fits") for r in rows.values())
 
 
 def test_offload_key_ignored_by_installed_transformers():

@@ -22,7 +22,7 @@ from smolfsdp.lora_options import LORA_LAYOUTS
 
 def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
-    from smolfsdp.estimate.hardware import fits, get_gpu  # light: checked before torch loads
+    from smolfsdp.estimate.hardware import fit_verdict, get_gpu  # light: checked before torch loads
 
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
     gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
@@ -47,22 +47,25 @@ def cmd_memory(args: argparse.Namespace) -> int:
         args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
     )
     rec = recommend(args.model, gpu, args.gpus, **common)
+    fit = fit_verdict(est, gpu)  # the one verdict: fits / tight / does not fit, with its numbers
     if args.json:
         out = {
             "estimate": est.to_dict(),
             "gpu": {"name": gpu.name, "memory_bytes": gpu.memory_bytes},
-            "fits": fits(est, gpu),
-            "recommendation": {"decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason},
-        }
+            "verdict": fit.to_dict(),
+            "fits": fit.fits,
+            "recommendation": {
+                "decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason, "verdict": rec.fit.to_dict()
+            },
+        }  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
     table = format_table(est)
     print(table)
     width = len(table.splitlines()[2]) - len("  ") - 10 - len(" GiB")  # format_table's label column
     print(format_reserved(est, width))
-    verdict = "fits" if fits(est, gpu) else "does not fit"
-    print(f"\nverdict: {verdict} on {gpu.name} ({gpu.memory_bytes / 2**30:.1f} GiB)")
-    print(format_fit_verdict(est, fits(est, gpu), gpu.name, gpu.memory_bytes, rec))
+    print(f"\nverdict on {gpu.name}: {fit.line}")
+    print(format_fit_verdict(est, fit, rec))
     return 0
 
 

@@ -247,15 +247,17 @@ def asked_label(est) -> str:
     return " + ".join(parts) + (f", micro-batch {est.micro_batch}" if est.micro_batch > 1 else "")
 
 
-def format_fit_verdict(est, fits_as_asked: bool, gpu_name: str, gpu_bytes: int, rec) -> str:
-    """The "Does FSDP fit?" answer: the configuration asked and its verdict, then the recommendation (the
-    cheapest lever that fits, ``smolfsdp.estimate.recommend``) and why it differs from what was asked."""
-    gib = 2**30
-    verdict = "fits" if fits_as_asked else "does not fit"
-    head = (
-        f"Does FSDP fit? asked {asked_label(est)} on {est.world_size} x {gpu_name}: {verdict} (peak "
-        f"{est.peak_bytes / gib:.1f} of {gpu_bytes / gib:.1f} GiB)."
-    )
+def gpus_words(n: int) -> str:
+    """'1 GPU', '2 GPUs', '1,024 GPUs'."""
+    return f"{n:,} GPU{'' if n == 1 else 's'}"
+
+
+def format_fit_verdict(est, fit, rec) -> str:
+    """The "Does FSDP fit?" answer: the configuration asked and its verdict (``fit``, a
+    ``smolfsdp.estimate.hardware.FitVerdict``, printed as ``format_fit`` does: the word, the need it is decided
+    on, the tensor peak beside it, the card), then the recommendation (the cheapest lever that fits,
+    ``smolfsdp.estimate.recommend``; a tight setting is not an answer) and why it differs from what was asked."""
+    head = f"Does FSDP fit? asked {asked_label(est)} on {est.world_size} x {fit.gpu}: {fit.line}."
     if rec.decision == "does not fit":
         return f"{head} Nothing fits: {rec.reason}"
     same = rec.estimate.strategy == est.strategy and bool(rec.estimate.offload) == bool(est.offload)
@@ -266,7 +268,7 @@ def format_fit_verdict(est, fits_as_asked: bool, gpu_name: str, gpu_bytes: int, 
             else f"a full replica already fits, and {est.strategy} would only add communication"
         )
     elif rec.lever == "more GPUs":
-        why = f"nothing fits on {est.world_size} GPU(s)"
+        why = f"nothing fits on {gpus_words(est.world_size)}"
     else:
         why = f"{rec.lever} is the cheapest lever that makes it fit (cheaper ones were tried first, below)"
-    return f"{head}\nRecommended: {rec.decision} on {rec.gpus} GPU(s), because {why}: {rec.reason}"
+    return f"{head}\nRecommended: {rec.decision} on {gpus_words(rec.gpus)}, because {why}: {rec.reason}"

@@ -15,6 +15,7 @@ import pandas as pd
 
 from smolfsdp.config import load_config
 from smolfsdp.estimate.calibration import hfu_calibration, run_mfu
+from smolfsdp.estimate.hardware import fit_verdict, get_gpu
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import GIB, estimate_memory
 from smolfsdp.estimate.scaling import estimate_step, mfu_text, scaling_table
@@ -133,7 +134,9 @@ def _pct(x: float) -> str:
 
 
 def preview(scaling: pd.DataFrame, n_gpus=(2, 16, 1024)) -> pd.DataFrame:
-    """A few rows of the projection with units: step time, communication, what stays exposed, memory."""
+    """A few rows of the projection with units: step time, communication, what stays exposed, memory (what the
+    GPU must hold, reserved + CUDA context + NCCL, with the tensor peak in brackets) and the fit verdict's word
+    on it (``hardware.fit_verdict``: fits, tight or does not fit on the assumed GPU)."""
     d = scaling[scaling["n_gpus"].isin(n_gpus)]
     return pd.DataFrame(
         {
@@ -144,8 +147,10 @@ def preview(scaling: pd.DataFrame, n_gpus=(2, 16, 1024)) -> pd.DataFrame:
             "communication per step (s)": d["comm_s"].map("{:,.2f}".format),
             "step with overlap (s)": d["step_s"].map("{:,.2f}".format),
             "efficiency": d["efficiency"].map(_pct),
-            "memory per GPU (GiB)": d["memory_gib"].map("{:,.1f}".format),
-            "fits": d["fits"].map({True: "yes", False: "no"}),
+            "needed per GPU, GiB (tensor peak)": [
+                f"{n:,.1f} ({p:,.1f})" for n, p in zip(d["need_gib"], d["memory_gib"], strict=True)
+            ],
+            "verdict": d["verdict"],
         }
     ).set_index(["model", "strategy", "GPUs"])
 
@@ -161,22 +166,30 @@ def efficiency_view(scaling: pd.DataFrame, n_gpus=(8, 16, 1024)) -> pd.DataFrame
 
 
 def fits_from_view(scaling: pd.DataFrame) -> pd.DataFrame:
-    """The smallest GPU count at which each strategy fits the model, as words ("from 8 GPUs", "never ...")."""
+    """The smallest GPU count at which each strategy's verdict is "fits" (``hardware.fit_verdict``, the
+    ``verdict`` column), as words: "from 8 GPUs", "from 8 GPUs (tight at 4)" where fewer GPUs are tight (the
+    tensors fit but not the reserved memory), "not up to 1,024 GPUs" (with "tight from N" where some are)."""
     top = int(scaling["n_gpus"].max())
     out = {}
     for (model, strategy), d in scaling.groupby(["model", "strategy"], sort=False):
-        ok = d.loc[d["fits"], "n_gpus"]
-        out.setdefault(model, {})[STRATEGY_NAMES[strategy]] = (
-            f"from {int(ok.min()):,} GPUs" if len(ok) else f"not up to {top:,} GPUs"
-        )
+        ok = d.loc[d["verdict"] == "fits", "n_gpus"]
+        tight = d.loc[d["verdict"] == "tight", "n_gpus"]
+        tight = tight[tight < ok.min()] if len(ok) else tight
+        said = f"from {int(ok.min()):,} GPUs" if len(ok) else f"not up to {top:,} GPUs"
+        if len(tight):
+            said += f" (tight at {', '.join(f'{int(n):,}' for n in sorted(tight))})"
+        out.setdefault(model, {})[STRATEGY_NAMES[strategy]] = said
     return pd.DataFrame(out).T.rename_axis("model")
 
 
 def tokens_sweep(a: dict, model="smollm3-3b", n_gpus: int = 16, micro_batches=(1, 2, 4, 8)) -> pd.DataFrame:
     """How the verdict at ``n_gpus`` moves with tokens per step: FULL_SHARD and HSDP for each micro-batch,
     with the recipe's accumulation reducing every micro-batch, and under ``no_sync`` (FSDP1 ``no_sync()``:
-    one reduction per optimizer step, paid for with a full unsharded gradient on every GPU)."""
+    one reduction per optimizer step, paid for with a full unsharded gradient on every GPU). ``memory per GPU
+    (GiB)``: the tensor peak + CUDA context + NCCL; ``verdict``: the fit verdict's word on ``a["gpu"]``
+    (``hardware.fit_verdict``)."""
     rows = []
+    gpu = get_gpu(a["gpu"])
     acc = a["gradient_accumulation_steps"]
     kw = {k: a[k] for k in ("gpu", "gpus_per_node", "network", "mfu", "seq_len", "fsdp_version")}
     for strategy in ("FULL_SHARD", "HYBRID_SHARD"):
@@ -195,7 +208,9 @@ def tokens_sweep(a: dict, model="smollm3-3b", n_gpus: int = 16, micro_batches=(1
                     "gradient reduction": "once per step (no_sync)" if no_sync else f"every micro-batch ({acc}x)",
                     "efficiency": _pct(step["efficiency"]),
                     "memory per GPU (GiB)": f"{mem.peak_bytes / GIB:,.1f}",
+                    "verdict": fit_verdict(mem, gpu).word,
                     "_efficiency": step["efficiency"],
+                    "_gpu": gpu.name,
                 })  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -217,15 +232,16 @@ def verdicts_markdown(scaling: pd.DataFrame, sweep: pd.DataFrame, n_gpus: int = 
         f"More tokens per micro-batch move the FULL_SHARD verdict on {n_gpus} GPUs: "
         f"{moves} "
         f"(best: {best['efficiency']} at {best[tok]} tokens, "
-        f"{best['memory per GPU (GiB)']} GiB per GPU). More accumulation steps alone do not: FSDP gathers and "
+        f"{best['memory per GPU (GiB)']} GiB tensor peak per GPU, {best['verdict']} on {best['_gpu']}). More "
+        "accumulation steps alone do not: FSDP gathers and "
         "reduces for every micro-batch, so communication grows with the compute it should hide."
     )
 
 
 def tokens_sweep_view(sweep: pd.DataFrame) -> pd.DataFrame:
     """``tokens_sweep`` pivoted: one row per tokens per micro-batch, one column per (strategy, reduction),
-    each cell "efficiency · memory per GPU"."""
-    cell = sweep["efficiency"] + " · " + sweep["memory per GPU (GiB)"] + " GiB"
+    each cell "efficiency · tensor peak per GPU · fit verdict" ("41.3% · 30.1 GiB · fits")."""
+    cell = sweep["efficiency"] + " · " + sweep["memory per GPU (GiB)"] + " GiB · " + sweep["verdict"]
     table = sweep.assign(cell=cell).pivot(
         index="tokens per GPU per micro-batch", columns=["strategy", "gradient reduction"], values="cell"
     )

@@ -1,7 +1,9 @@
 """GPUs and networks (chapter "Where the memory goes").
 
-A small table of data-centre GPUs with the figures their vendor datasheets state, and a fit verdict
-per GPU for an estimate from ``smolfsdp.estimate.memory``. The "Does FSDP fit?" decision built on it is
+A small table of data-centre GPUs with the figures their vendor datasheets state, and the one fit verdict
+(``verdict`` / ``fit_verdict``: fits, tight or does not fit, with the numbers it rests on, printed by
+``format_fit``) per GPU for an estimate from ``smolfsdp.estimate.memory``: every page, table and command that
+says whether a setting fits asks it. The "Does FSDP fit?" decision built on it is
 ``smolfsdp.estimate.recommend``.
 
     smolfsdp memory --model smollm3-3b --gpus 2 --gpu A10G
@@ -168,47 +170,122 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
     return _lookup(GPUS, name, "GPU", "or give its memory with --gpu-memory-gib")
 
 
-def fits(estimate, gpu: GPU, *, basis: str = "reserved") -> bool:
-    """True when what the GPU must hold is within its memory.
+#: The three fit words, best first (``verdict``; palette.VERDICT colours them in the book's figures).
+VERDICTS = ("fits", "tight", "does not fit")
 
-    ``basis="reserved"`` (the default): ``MemoryEstimate.device_need_bytes`` = the caching allocator's reserved
-    memory, pool by pool (``smolfsdp.estimate.reserved.reserved_parts``: the default stream's tensors x a factor
-    fitted to the allocator replay, the all-gather and reduce-scatter streams' pools, the cuBLAS workspace) +
-    CUDA context + NCCL buffers. ``basis="tensors"``: the tensor peak + CUDA
-    context + NCCL (``peak_bytes``), the optimistic verdict before issue 31. Raises ValueError for another basis.
-    """
-    if basis not in ("reserved", "tensors"):
-        raise ValueError(f"basis={basis!r}: give 'reserved' or 'tensors'.")
-    need = estimate.device_need_bytes if basis == "reserved" else estimate.peak_bytes
-    return need <= gpu.memory_bytes
+
+def verdict_word(need_bytes: int, peak_bytes: int, gpu_bytes: int) -> str:
+    """The fit rule on bytes, the one every verdict of the package uses (and the fit explorer's script copies):
+    ``fits`` when ``need_bytes`` (reserved memory + CUDA context + NCCL, ``MemoryEstimate.device_need_bytes``)
+    is within ``gpu_bytes``; ``tight`` when only ``peak_bytes`` (the tensor peak + CUDA context + NCCL,
+    ``MemoryEstimate.peak_bytes``) is: the caching allocator must release cached blocks and retry (its
+    ``num_alloc_retries`` counter; slower, and fragmentation can still fail it: torch.cuda.memory_stats docs);
+    else ``does not fit``. All arguments in bytes."""
+    if need_bytes <= gpu_bytes:
+        return "fits"
+    return "tight" if peak_bytes <= gpu_bytes else "does not fit"
+
+
+@dataclass(frozen=True)
+class FitVerdict:
+    """One fit verdict with the numbers it rests on (bytes; ``*_gib`` in GiB = 2**30 bytes).
+
+    ``word``: one of :data:`VERDICTS`; ``need_bytes``: what the GPU must hold (reserved + CUDA context +
+    NCCL), the number the word is decided on; ``peak_bytes``: the tensor peak + CUDA context + NCCL, beside
+    it (decides only between tight and does not fit); ``gpu_bytes``: the card's memory; ``gpu``: its name.
+    ``line`` is the sentence every page, table and command prints (:func:`format_fit`)."""
+
+    word: str
+    need_bytes: int
+    peak_bytes: int
+    gpu_bytes: int
+    gpu: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.word == "fits"
+
+    @property
+    def need_gib(self) -> float:
+        return self.need_bytes / 2**30
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / 2**30
+
+    @property
+    def gpu_gib(self) -> float:
+        return self.gpu_bytes / 2**30
+
+    @property
+    def line(self) -> str:
+        return format_fit(self)
+
+    def to_dict(self) -> dict:
+        """The verdict as JSON-ready values: word, bytes, GiB, the GPU's name and the printed line."""
+        return {"word": self.word, "gpu": self.gpu, "need_bytes": self.need_bytes, "peak_bytes": self.peak_bytes,
+                "gpu_bytes": self.gpu_bytes, "need_gib": round(self.need_gib, 3),
+                "peak_gib": round(self.peak_gib, 3), "gpu_gib": round(self.gpu_gib, 3), "line": self.line}  # fmt: skip
+
+
+def fit_of_bytes(need_bytes: int, peak_bytes: int, gpu_bytes: int, gpu: str = "") -> FitVerdict:
+    """:class:`FitVerdict` of bytes already estimated (the fit explorer's stored states); :func:`verdict_word`
+    decides."""
+    return FitVerdict(verdict_word(need_bytes, peak_bytes, gpu_bytes), need_bytes, peak_bytes, gpu_bytes, gpu)
+
+
+def fit_verdict(estimate, gpu: GPU) -> FitVerdict:
+    """The fit verdict of a ``smolfsdp.estimate.memory.MemoryEstimate`` on ``gpu``, with its numbers: need
+    (``device_need_bytes``), tensor peak (``peak_bytes``) and the card's ``memory_bytes``."""
+    return fit_of_bytes(estimate.device_need_bytes, estimate.peak_bytes, gpu.memory_bytes, gpu.name)
+
+
+def format_fit(v: FitVerdict) -> str:
+    """The one printed form of a verdict: ``"tight: needs 39.5 GiB reserved (tensor peak 31.1) of 37.3 GiB"``
+    (GiB = 2**30 bytes, one decimal; "reserved" is reserved memory + CUDA context + NCCL, what the word is
+    decided on). The fit explorer's script writes the same line (``book.figures.fit_explorer.VERDICT_JS``)."""
+    return (
+        f"{v.word}: needs {v.need_gib:.1f} GiB reserved (tensor peak {v.peak_gib:.1f}) of {v.gpu_gib:.1f} GiB"
+    )
 
 
 def verdict(estimate, gpu: GPU) -> str:
-    """``fits`` (reserved + CUDA context + NCCL within the GPU), ``tight`` (only the tensors + context + NCCL
-    fit: the caching allocator must release cached blocks and retry, its ``num_alloc_retries`` counter, which
-    is slower and can still fail from fragmentation; torch.cuda.memory_stats docs) or ``does not fit``."""
-    if fits(estimate, gpu):
-        return "fits"
-    return "tight" if fits(estimate, gpu, basis="tensors") else "does not fit"
+    """The word of :func:`fit_verdict`: ``fits``, ``tight`` or ``does not fit`` (:func:`verdict_word`)."""
+    return fit_verdict(estimate, gpu).word
+
+
+def fits(estimate, gpu: GPU, *, basis: str = "reserved") -> bool:
+    """True when :func:`verdict` says ``fits`` (``basis="reserved"``, the default: reserved memory + CUDA
+    context + NCCL within the card, ``smolfsdp.estimate.reserved.reserved_parts``). ``basis="tensors"``: True
+    unless it says ``does not fit`` (the tensor peak + context + NCCL within the card: fits or tight). Raises
+    ValueError for another basis."""
+    if basis not in ("reserved", "tensors"):
+        raise ValueError(f"basis={basis!r}: give 'reserved' or 'tensors'.")
+    word = verdict(estimate, gpu)
+    return word == "fits" if basis == "reserved" else word != "does not fit"
 
 
 def fit_table(estimates: dict[str, object], gpus=None):
-    """Rows of (setting, GPU, peak GiB, reserved GiB, need GiB, memory GiB, fits) per named estimate and GPU:
-    ``peak_gib`` the tensor peak + CUDA context + NCCL, ``need_gib`` what ``fits`` compares (reserved + both)."""
+    """Rows of (setting, GPU, verdict, peak GiB, reserved GiB, need GiB, memory GiB, line) per named estimate
+    and GPU: ``verdict`` the word of :func:`fit_verdict` (fits / tight / does not fit), ``need_gib`` what it is
+    decided on (reserved + CUDA context + NCCL), ``peak_gib`` the tensor peak + context + NCCL beside it,
+    ``line`` the printed sentence (:func:`format_fit`)."""
     import pandas as pd  # deferred: only the tables need pandas
 
     rows = []
     for label, est in estimates.items():
         for g in gpus or GPUS.values():
+            v = fit_verdict(est, g)
             rows.append(
                 {
                     "setting": label,
                     "gpu": g.name,
-                    "peak_gib": est.peak_bytes / 2**30,
+                    "verdict": v.word,
+                    "peak_gib": v.peak_gib,
                     "reserved_gib": est.reserved_bytes / 2**30,
-                    "need_gib": est.device_need_bytes / 2**30,
-                    "gpu_memory_gib": g.memory_bytes / 2**30,
-                    "fits": fits(est, g),
+                    "need_gib": v.need_gib,
+                    "gpu_memory_gib": v.gpu_gib,
+                    "line": v.line,
                 }
             )
     return pd.DataFrame(rows)

@@ -121,7 +121,7 @@ class MemoryEstimate:
     @property
     def device_need_bytes(self) -> int:
         """What the GPU must hold: ``reserved_bytes`` + CUDA context + NCCL buffers (outside the allocator).
-        What the fit verdicts (``hardware.fits``) compare with a GPU's memory."""
+        What the fit verdict (``hardware.verdict``) compares with a GPU's memory."""
         return self.reserved_bytes + self.cuda_context_bytes + self.comm_buffer_bytes
 
     @property
@@ -148,7 +148,7 @@ class MemoryEstimate:
     @property
     def peak_bytes(self) -> int:
         """The device peak: the tensors of the fullest moment (``moments``) plus the CUDA context and NCCL
-        buffers (stated constants, not tensors). What the fit verdicts compare with a GPU's memory."""
+        buffers (stated constants). ``hardware.verdict`` decides on the need; this tells tight from does not fit."""
         return self.moments[self.peak_moment] + self.cuda_context_bytes + self.comm_buffer_bytes
 
     def components(self) -> dict[str, int]:
@@ -385,9 +385,9 @@ def format_table(est: MemoryEstimate) -> str:
     ]
     rows += [("load-time peak, host per node", est.load_peak_host_bytes_per_node)]
     head = (
-        f"{est.model}: {est.strategy} over {est.world_size} GPU(s) (shard group {est.shard_group}), "
-        f"recipe {est.recipe}, FSDP{est.fsdp_version}, seq {est.seq_len} x micro-batch {est.micro_batch}"
-        f"{', LoRA' if est.lora else ''}{', offload' if est.offload else ''}"
+        f"{est.model}: {est.strategy} over {est.world_size} GPU{'s' * (est.world_size != 1)} "
+        f"(shard group {est.shard_group}), recipe {est.recipe}, FSDP{est.fsdp_version}, seq {est.seq_len} x "
+        f"micro-batch {est.micro_batch}{', LoRA' if est.lora else ''}{', offload' if est.offload else ''}"
         f"{', activation checkpointing' + _ac_label(est) if est.activation_checkpointing else ''}"
     )
     width = max(len(k) for k, _ in rows)

@@ -2,8 +2,11 @@
 
 ``recommend``: the seed's "Does FSDP fit?" flowchart as a function that reaches for the cheap levers
 first (activation checkpointing, then a smaller micro-batch, then more sharding, then CPU offload, then
-more GPUs), each checked with ``smolfsdp.estimate.memory.estimate_memory``, and says what the one it chose
-costs.
+more GPUs), each checked with ``smolfsdp.estimate.memory.estimate_memory`` and judged by the one fit verdict
+(``smolfsdp.estimate.hardware.fit_verdict``), and says what the one it chose costs. Only ``fits`` is accepted:
+a setting that is ``tight`` (its tensors fit but not the allocator's reserved memory, so the allocator would
+have to release its cache and retry, slower and still at risk of fragmentation) is not an answer, and the
+search goes on to the next lever; the reason text names the tight tries with their numbers.
 
     smolfsdp memory --model smollm3-3b --gpus 2 --gpu A10G
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from smolfsdp.estimate.hardware import GPU, fits, get_gpu
+from smolfsdp.estimate.hardware import GPU, FitVerdict, fit_verdict, get_gpu
 from smolfsdp.estimate.memory import estimate_memory
 from smolfsdp.estimate.params import LoraSpec
 from smolfsdp.estimate.recipes import GIB
@@ -58,9 +61,10 @@ class Recommendation:
     "more GPUs", "none" when the configuration fits as given, "does not fit"); ``levers``: every lever
     used, cheapest first; ``cost``: what ``lever`` costs, in words; ``gpus``: the world size;
     ``estimate``: the ``MemoryEstimate`` of the decision (of the most relieved try for "does not fit");
-    ``reason``: what was evaluated (FSDP version, strategy, recipe, sequence, GPU) with the peak against
-    the GPU's memory; then, on indented lines, the lever and its cost, and what the cheaper tries
-    peaked at.
+    ``fit``: its verdict on the GPU (``hardware.fit_verdict``: "fits" for every answer, "tight" or "does not
+    fit" for "does not fit"); ``reason``: what was evaluated (FSDP version, strategy, recipe, sequence, GPU)
+    with the verdict's line (need, tensor peak, card); then, on indented lines, the lever and its cost, and the
+    cheaper tries with their verdicts; ``tried``: (configuration, verdict) in the order tried.
     """
 
     decision: str
@@ -70,7 +74,8 @@ class Recommendation:
     lever: str = "none"
     levers: tuple[str, ...] = ()
     cost: str = ""
-    tried: list[tuple[str, int]] = field(default_factory=list)  # (configuration, peak bytes), in order
+    tried: list[tuple[str, FitVerdict]] = field(default_factory=list)
+    fit: FitVerdict | None = None
 
 
 def _label(est, levers: dict) -> str:
@@ -106,11 +111,12 @@ def _lever_sets(available: list[str]):
     return sorted(sets, key=lambda c: sum(weight[lever] for lever in c))
 
 
-def _try(model, g: GPU, gpus: int, base: dict, chosen: tuple[str, ...]):
+def _try(model, g: GPU, gpus: int, base: dict, chosen: tuple[str, ...], tried: list | None = None):
     """The configurations the levers in ``chosen`` allow, least change first: the first that fits (else the
     most relieved one), its levers ({lever: True, "micro-batch": (micro-batch, accumulation steps)}) and
     the ``estimate_memory`` arguments it used. A micro-batch lever halves the micro-batch (down to 1)
-    until it fits; sharding goes to SHARD_GRAD_OP before FULL_SHARD."""
+    until it fits; sharding goes to SHARD_GRAD_OP before FULL_SHARD. Each configuration evaluated is appended
+    to ``tried`` (when given) as (label, verdict)."""
     strategies = _sharding_steps(base["strategy"], gpus) if "sharding" in chosen else [base["strategy"]]
     mbs, mb = [], base["micro_batch"]
     while "micro-batch" in chosen and mb > 1:
@@ -127,21 +133,28 @@ def _try(model, g: GPU, gpus: int, base: dict, chosen: tuple[str, ...]):
         levers = {lever: True for lever in chosen}
         if mbs:
             levers["micro-batch"] = (micro_batch, -(-base["micro_batch"] // micro_batch))
-        if fits(est, g):
+        fit = fit_verdict(est, g)
+        if tried is not None:
+            tried.append((_label(est, levers), fit))
+        if fit.fits:
             break
     return est, levers, kw
 
 
 def _describe(est, g: GPU, gpus: int) -> str:
-    """'FSDP1 FULL_SHARD, recipe hf-fsdp-bf16, seq 4096 x micro-batch 1, 2 x A100 40GB: peak 30.9 of
-    37.3 GiB': what was evaluated, its device peak and what ``fits`` compares with the GPU's memory (the
-    peak's tensors as reserved memory + CUDA context + NCCL; GiB = 2**30 bytes)."""
+    """'FSDP1 FULL_SHARD, recipe hf-fsdp-bf16, seq 4096 x micro-batch 1, 2 x A100 40GB: fits: needs 35.1 GiB
+    reserved (tensor peak 29.4) of 37.3 GiB': what was evaluated and its verdict's line
+    (``hardware.format_fit``; GiB = 2**30 bytes)."""
     return (
         f"FSDP{est.fsdp_version} {est.strategy}, recipe {est.recipe}, seq {est.seq_len} x micro-batch "
-        f"{est.micro_batch}{', LoRA' if est.lora else ''}, {gpus} x {g.name}: peak "
-        f"{est.peak_bytes / GIB:.1f}, reserved + context + NCCL {est.device_need_bytes / GIB:.1f} of "
-        f"{g.memory_bytes / GIB:.1f} GiB"
+        f"{est.micro_batch}{', LoRA' if est.lora else ''}, {gpus} x {g.name}: {fit_verdict(est, g).line}"
     )
+
+
+def _tried_text(tried: list) -> str:
+    """The cheaper tries, each with its verdict: 'full replica + activation checkpointing: does not fit: needs
+    64.0 GiB reserved (tensor peak 57.9) of 37.3 GiB; ...'."""
+    return "; ".join(f"{label}: {v.line}" for label, v in tried)
 
 
 def _cost(lever: str, model, kw: dict, g: GPU) -> str:
@@ -174,12 +187,12 @@ def _recompute_cost(model, kw: dict, g: GPU) -> str:
     words = recompute_words(model, "full", None, seq_len=seq, lora=spec)
     for mode, every in SELECTIVE:
         est = estimate_memory(model, **{**kw, "ac_mode": mode, "ac_every": every})
-        if fits(est, g):
+        if fit_verdict(est, g).fits:
             name = "op-level selective" if mode == "op" else f"every {every}nd layer"
             less = recompute_words(model, mode, every, seq_len=seq, lora=spec, why=False)
             return (
                 f"{words}. Selective checkpointing also fits ({name}: ac_mode: {mode}"
-                f"{f', ac_every: {every}' if every else ''}, native engine; peak {est.peak_bytes / GIB:.1f} GiB) "
+                f"{f', ac_every: {every}' if every else ''}, native engine; {fit_verdict(est, g).line}) "
                 f"and {less}"
             )
     return words
@@ -219,12 +232,11 @@ def recommend(
     base = dict(kwargs, strategy=strategy, micro_batch=micro_batch, offload=offload)
     base["activation_checkpointing"] = activation_checkpointing
     per_node = min(gpus, kwargs.get("gpus_per_node", 8))
-    est, _, kw = _try(model, g, gpus, base, ())
-    tried = [(_label(est, {}), est.device_need_bytes)]
-    if fits(est, g):
-        return Recommendation(
-            tried[0][0], gpus, est, "fits as given: " + _describe(est, g, gpus), tried=tried
-        )
+    tried = []
+    est, _, kw = _try(model, g, gpus, base, (), tried)
+    if tried[0][1].fits:
+        reason = "fits as given: " + _describe(est, g, gpus)
+        return Recommendation(tried[0][0], gpus, est, reason, tried=tried, fit=tried[0][1])
     free = {
         "activation checkpointing": not activation_checkpointing,
         "micro-batch": micro_batch > 1,
@@ -233,33 +245,31 @@ def recommend(
     }
     available = [lever for lever in LEVERS if free[lever]]
     for chosen in _lever_sets(available):
-        est, levers, kw = _try(model, g, gpus, base, chosen)
+        est, levers, kw = _try(model, g, gpus, base, chosen, tried)
         label = _label(est, levers)
         host_ok = (
             not est.offload or host_memory_gib is None or est.host_bytes * per_node <= host_memory_gib * GIB
         )
-        tried.append((label, est.device_need_bytes))
-        if fits(est, g) and host_ok:
+        if tried[-1][1].fits and host_ok:
             lever = chosen[-1]
             cost = _cost(lever, model, kw, g)
-            cheaper = "; ".join(f"{c} {b / GIB:.1f} GiB" for c, b in tried[:-1])
-            reason = f"{_describe(est, g, gpus)}\n  lever: {lever}; cost: {cost}\n  tried first, did not fit: {cheaper}"
-            return Recommendation(
-                label, gpus, est, reason + _least_sharding(model, kw, est), lever, chosen, cost, tried
-            )
+            cheaper = _tried_text(tried[:-1])
+            reason = f"{_describe(est, g, gpus)}\n  lever: {lever}; cost: {cost}\n  tried first: {cheaper}"
+            reason += _least_sharding(model, kw, est, g)
+            return Recommendation(label, gpus, est, reason, lever, chosen, cost, tried, tried[-1][1])
     return _more_gpus(model, g, gpus, base, max_gpus, tried, est)
 
 
-def _least_sharding(model, kw: dict, est) -> str:
-    """Why SHARD_GRAD_OP was chosen where FULL_SHARD peaks lower (both fit): it communicates less.
+def _least_sharding(model, kw: dict, est, g: GPU) -> str:
+    """Why SHARD_GRAD_OP was chosen where FULL_SHARD needs less (both fit): it communicates less.
     Empty for any other choice."""
     if kw.get("strategy") != "SHARD_GRAD_OP":
         return ""
     full = estimate_memory(model, **{**kw, "strategy": "FULL_SHARD"})
-    if full.peak_bytes >= est.peak_bytes:
+    if full.device_need_bytes >= est.device_need_bytes:
         return ""
     return (
-        f"\n  SHARD_GRAD_OP rather than FULL_SHARD: FULL_SHARD would peak lower ({full.peak_bytes / GIB:.1f} GiB), "
+        f"\n  SHARD_GRAD_OP rather than FULL_SHARD: FULL_SHARD would need less ({fit_verdict(full, g).line}), "
         "but both fit and SHARD_GRAD_OP moves less data (no second all-gather in backward: 2x instead of 3x "
         "the parameter bytes per step), so the least sharding that fits is recommended"
     )
@@ -276,15 +286,18 @@ def _more_gpus(model, g: GPU, gpus: int, base: dict, max_gpus: int, tried: list,
             *_lever_sets([lv for lv in LEVERS[:2] if lv != "micro-batch" or base["micro_batch"] > 1]),
         ]:
             est, levers, _ = _try(model, g, n, base, chosen)
-            if fits(est, g):
+            fit = fit_verdict(est, g)
+            if fit.fits:
                 cost = LEVER_COSTS["more GPUs"]
                 reason = f"{_describe(est, g, n)}\n  lever: more GPUs; cost: {cost}; nothing fits on {gpus}"
                 levers_used = (*chosen, "more GPUs")
                 return Recommendation(
-                    _label(est, levers), n, est, reason, "more GPUs", levers_used, cost, tried
+                    _label(est, levers), n, est, reason, "more GPUs", levers_used, cost, tried, fit
                 )
     reason = (
         f"nothing fits on up to {max_gpus} x {g.name}: activations and gathered units alone exceed the GPU "
         f"({_describe(last, g, gpus)}); use a shorter sequence"
     )
-    return Recommendation("does not fit", gpus, last, reason, "does not fit", (), "", tried)
+    return Recommendation(
+        "does not fit", gpus, last, reason, "does not fit", (), "", tried, fit_verdict(last, g)
+    )

@@ -27,10 +27,10 @@ from smolfsdp.estimate.cluster import (
 )
 from smolfsdp.estimate.comm import estimate_collectives
 from smolfsdp.estimate.flops import flops_per_token
-from smolfsdp.estimate.hardware import fits
+from smolfsdp.estimate.hardware import fit_verdict
 from smolfsdp.estimate.memory import estimate_memory
 from smolfsdp.estimate.params import count_parameters, resolve_model_config
-from smolfsdp.estimate.recipes import GIB, RECIPES, STRATEGIES, get_recipe
+from smolfsdp.estimate.recipes import RECIPES, STRATEGIES, get_recipe
 
 
 def _flops_per_token(config, seq_len: int) -> float:
@@ -232,7 +232,9 @@ def scaling_table(
     """One row per (model, strategy, GPU count): :func:`estimate_step` plus the per-GPU memory of
     ``smolfsdp.estimate.memory.estimate_memory`` (same recipe, sequence, micro-batch, gradient accumulation, shard
     group: at the book recipe's settings the peak ``smolfsdp.estimate.recipe_peak`` gives) and whether
-    it fits the GPU (``memory_gib``, ``gpu_memory_gib``, ``fits``; ``loss_path``: the code computing the loss,
+    it fits the GPU (``memory_gib``: the tensor peak + CUDA context + NCCL; ``need_gib``: reserved + both, what
+    the verdict decides on; ``gpu_memory_gib``; ``verdict``: ``hardware.fit_verdict``'s word, fits / tight /
+    does not fit; ``fits``: the word is "fits"; ``loss_path``: the code computing the loss,
     ``smolfsdp.estimate.loss_path``). Weak scaling: tokens per GPU fixed.
     ``models``: names for ``resolve_model_config`` or configs (e.g. ``params.llama3_70b_config()``); a
     single name or config, a single strategy and a single GPU count are taken as one-element lists.
@@ -271,16 +273,13 @@ def scaling_table(
                     fsdp_version=kwargs.get("fsdp_version", 2), gpus_per_node=cl.gpus_per_node,
                     gradient_accumulation_steps=kwargs.get("gradient_accumulation_steps", 1), loss_path=loss_path,
                 )  # fmt: skip
-                rows.append(
-                    {
-                        "model": _model_label(m, config),
-                        **{k: (float(v) if hasattr(v, "dtype") else v) for k, v in step.items()},
-                        "memory_gib": mem.peak_bytes / GIB,
-                        "gpu_memory_gib": cl.gpu.memory_bytes / GIB,
-                        # the verdict of smolfsdp memory: reserved memory + CUDA context + NCCL (hardware.fits)
-                        "fits": fits(mem, cl.gpu),
-                    }
-                )
+                fit = fit_verdict(mem, cl.gpu)  # the verdict of smolfsdp memory and every page
+                rows.append({
+                    "model": _model_label(m, config),
+                    **{k: (float(v) if hasattr(v, "dtype") else v) for k, v in step.items()},
+                    "memory_gib": fit.peak_gib, "need_gib": fit.need_gib, "gpu_memory_gib": fit.gpu_gib,
+                    "verdict": fit.word, "fits": fit.fits,
+                })  # fmt: skip
     df = pd.DataFrame(rows)
     df.attrs["assumptions"] = (
         f"{getattr(gpu, 'name', gpu)}, {gpus_per_node}/node, {getattr(network, 'name', network)}; {recipe} "

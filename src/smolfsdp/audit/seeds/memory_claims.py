@@ -23,7 +23,7 @@ from smolfsdp.audit.seeds.judgement import (
     gb,
     gib,
 )
-from smolfsdp.estimate.hardware import GPUS, fits
+from smolfsdp.estimate.hardware import GPUS, fit_verdict, fits
 from smolfsdp.estimate.memory import RECIPES, estimate_memory
 from smolfsdp.estimate.params import LoraSpec, count_parameters, llama3_8b_config, resolve_model_config
 from smolfsdp.estimate.recipe_peak import LOSS_WORDS, moment_words, recipe_peak, recipe_settings
@@ -103,7 +103,7 @@ def per_gpu_memory() -> Judgement:
          f"at {moment_words(peak.moment)} once the gathered units, gradient buffers, activations, the loss's tensors, CUDA "
          f"context and NCCL buffers are added; settings: {peak.settings_line}."],
         f"{gib(two.static_bytes)} static and {gib(peak.bytes)} peak per GPU. On the fit table's cards: "
-        + ", ".join(f"{g} {'fits' if fits(two, GPUS[g]) else 'does not fit'}" for g in ("A10G", "L40S", "A100 40GB"))
+        + "; ".join(f"{g}, {fit_verdict(two, GPUS[g]).line}" for g in ("A10G", "L40S", "A100 40GB"))
         + ".",
         {"seed_bytes": seed, "static_bytes": two.static_bytes, "peak_bytes": peak.bytes},
         memory=True,
@@ -122,12 +122,12 @@ def fit_table_rows() -> Judgement:
         for w, s in ((1, "NO_SHARD"), (2, "FULL_SHARD"))
     }
     est = {w: p.estimate for w, p in peaks.items()}
-    ours = {(g, w): fits(est[w], GPUS[g]) for g, w in SEED_FIT}
+    said = {(g, w): fit_verdict(est[w], GPUS[g]) for g, w in SEED_FIT}  # the one verdict, with its numbers
+    ours = {k: v.fits for k, v in said.items()}  # "tight" is not "can fine-tune": the allocator would retry
     flipped = [k for k in SEED_FIT if SEED_FIT[k] != ours[k]]
     label = {1: "a full copy on 1", 2: "FULL_SHARD over 2"}
     text = "; ".join(
-        f"{g}, {label[w]}: peak {gib(peaks[w].bytes)} against {gib(GPUS[g].memory_bytes)}, "
-        f"{'fits' if ours[(g, w)] else 'does not fit'} (the seed: {'fits' if SEED_FIT[(g, w)] else 'does not'})"
+        f"{g}, {label[w]}: {said[(g, w)].line} (the seed: {'fits' if SEED_FIT[(g, w)] else 'does not'})"
         for g, w in SEED_FIT
     )
     return Judgement(
@@ -142,8 +142,9 @@ def fit_table_rows() -> Judgement:
         "FULL_SHARD fits). The interactive fit figure in the memory chapter shows every row."
         if {("A10G", 2), ("L40S", 1)} <= set(flipped) else
         "The cells that flip: " + ", ".join(f"{g} {label[w]}" for g, w in flipped) + ".",
-        {f"{g}, {label[w]}": {"gpu": g, "peak_bytes": peaks[w].bytes, "fits": ours[(g, w)],
-                              "seed_fits": SEED_FIT[(g, w)]} for g, w in SEED_FIT},
+        {f"{g}, {label[w]}": {"gpu": g, "peak_bytes": peaks[w].bytes, "need_bytes": said[(g, w)].need_bytes,
+                              "verdict": said[(g, w)].word, "fits": ours[(g, w)], "seed_fits": SEED_FIT[(g, w)]}
+         for g, w in SEED_FIT},
         memory=True,
     )  # fmt: skip
 

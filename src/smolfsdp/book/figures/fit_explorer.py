@@ -3,10 +3,13 @@
 Chapter "Where the memory goes" (``notebooks/00_memory.ipynb``). :func:`fit_states` runs
 ``smolfsdp.estimate.memory.estimate_memory`` for every combination of the :data:`CONTROLS` (the GPU only
 moves the line and the verdict, so it multiplies nothing); :func:`plot_fit_explorer` draws one bar per
-memory component plus the peak, a dashed line at the GPU's memory, and one dropdown per control. All
-states ride in the figure (``layout.meta``); a small script (:data:`COMPOSE_SCRIPT`, no server) combines
-the dropdowns' choices into one state. Without the script (JupyterLab's plotly mimetype) each dropdown
-still shows its own setting changed from :data:`BASE`.
+memory component, the tensor peak and what the GPU must hold (reserved + CUDA context + NCCL), a dashed line
+at the GPU's memory, the verdict of ``smolfsdp.estimate.hardware.fit_of_bytes`` in its printed form
+(``hardware.format_fit``), and one dropdown per control. All states ride in the figure (``layout.meta``); a
+small script (:data:`COMPOSE_SCRIPT`, no server) combines the dropdowns' choices into one state, and adds a
+number box for the reader's own card (GiB) that decides with the same rule (:data:`VERDICT_JS`, held to
+``hardware.verdict_word`` and ``format_fit`` by ``tests/test_fit_explorer.py``). Without the script
+(JupyterLab's plotly mimetype) each dropdown still shows its own setting changed from :data:`BASE`.
 
     python -c "from smolfsdp.book.figures.fit_explorer import *; save_explorer(plot_fit_explorer(fit_states()), 'fit')"
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +28,7 @@ import plotly.io as pio
 from smolfsdp.book.figures import palette
 from smolfsdp.book.figures.memory_bars import COMPONENT_COLORS
 from smolfsdp.book.figures.plotting import fit_layout, save_figure
-from smolfsdp.estimate.hardware import GPUS
+from smolfsdp.estimate.hardware import GPUS, FitVerdict, fit_of_bytes
 from smolfsdp.estimate.memory import estimate_memory
 from smolfsdp.estimate.params import llama3_70b_config, resolve_model_config
 from smolfsdp.estimate.recipes import GIB
@@ -40,7 +44,7 @@ class Control:
 CONTROLS = (
     Control("model", "model", ("smollm3-3b", "llama-3-70b-like")),
     Control("gpu", "GPU", ("A10G", "L40S", "A100 40GB", "H100 SXM")),
-    Control("world_size", "GPUs", (1, 2, 8)),
+    Control("world_size", "GPUs", (1, 2, 4, 8)),
     Control("strategy", "strategy", ("NO_SHARD", "SHARD_GRAD_OP", "FULL_SHARD")),
     Control("seq_len", "sequence", (1024, 4096, 8192)),
     Control("micro_batch", "micro-batch", (1, 4)),
@@ -59,7 +63,12 @@ COMPONENT_LABELS = {
     "activations": "activations", "logits": "logits", "cuda_context": "CUDA context",
     "comm_buffers": "NCCL buffers",
 }  # fmt: skip
-PEAK_LABEL = "peak (fullest moment)"
+PEAK_LABEL = (
+    "tensor peak"  # the tensors of the fullest moment + CUDA context + NCCL (MemoryEstimate.peak_bytes)
+)
+NEED_LABEL = (
+    "needed (reserved)"  # reserved + CUDA context + NCCL (device_need_bytes): what the verdict decides on
+)
 # The dropdowns in two columns, each starting at a half of the plot's width: a dropdown is as wide as its
 # longest label (about 215 px for "strategy: SHARD_GRAD_OP" and "act. checkpointing: off"), so two columns
 # fit from a plot 440 px wide (a figure of ~520 px). Three columns at fixed fractions overlapped in a
@@ -78,17 +87,18 @@ def state_key(setting: dict) -> str:
     return "-".join(str(c.values.index(setting[c.key])) for c in _state_controls())
 
 
-def verdict(peak_bytes: int, gpu: str) -> str:
-    """``"fits: peak 30.9 GiB of 37.3 GiB (83%)"`` or ``"does not fit: ..."`` against the datasheet bytes
-    of ``gpu`` (``smolfsdp.estimate.hardware.GPUS``). The script formats changed states the same way."""
-    cap = GPUS[gpu].memory_bytes
-    word = "fits" if peak_bytes <= cap else "does not fit"
-    return f"{word}: peak {peak_bytes / GIB:.1f} GiB of {cap / GIB:.1f} GiB ({100 * peak_bytes / cap:.0f}%)"
+def state_fit(state: dict, gpu: str) -> FitVerdict:
+    """The verdict of one :func:`fit_states` state on a GPU of ``smolfsdp.estimate.hardware.GPUS``: the state's
+    need and tensor peak through ``hardware.fit_of_bytes``, as ``hardware.fit_verdict`` gives it for the
+    estimate itself (``.line`` is the sentence the figure shows). KeyError for a GPU not in the table."""
+    return fit_of_bytes(state["need"], state["peak"], GPUS[gpu].memory_bytes, gpu)
 
 
 def fit_states(recipe: str = "hf-fsdp-bf16", fsdp_version: int = 2) -> dict[str, dict]:
     """``estimate_memory`` for every combination of the non-GPU :data:`CONTROLS`: ``{state_key: {
-    component: bytes, ..., "peak": bytes, "host": bytes}}`` (per GPU, rank 0, device unless ``host``)."""
+    component: bytes, ..., "peak": bytes, "need": bytes, "host": bytes}}`` (per GPU, rank 0, device unless
+    ``host``; ``peak`` = ``peak_bytes``, the tensor peak + CUDA context + NCCL; ``need`` =
+    ``device_need_bytes``, reserved + CUDA context + NCCL, what the verdict is decided on)."""
     configs = {m: (MODELS[m]() if m in MODELS else resolve_model_config(m)) for m in CONTROLS[0].values}
     controls = _state_controls()
     states = {}
@@ -98,35 +108,40 @@ def fit_states(recipe: str = "hf-fsdp-bf16", fsdp_version: int = 2) -> dict[str,
             configs[s["model"]], recipe=recipe, fsdp_version=fsdp_version,
             **{k: v for k, v in s.items() if k != "model"},
         )  # fmt: skip
-        states[state_key(s)] = {**est.components(), "peak": est.peak_bytes, "host": est.host_bytes}
+        states[state_key(s)] = {
+            **est.components(), "peak": est.peak_bytes, "need": est.device_need_bytes, "host": est.host_bytes
+        }  # fmt: skip
     return states
 
 
 def _bars(state: dict, components: list[str]) -> list[float]:
-    return [round(state[c] / GIB, 3) for c in components] + [round(state["peak"] / GIB, 3)]
+    """The bars' heights in GiB (3 decimals): the components, the tensor peak, the need."""
+    return [round(state[c] / GIB, 3) for c in [*components, "peak", "need"]]
 
 
-def _colors(components: list[str], fits: bool) -> list[str]:
-    return [COMPONENT_COLORS[c] for c in components] + [palette.verdict_colour(fits)]
+def _colors(components: list[str], word: str) -> list[str]:
+    """The components' colours, then the tensor peak and the need in the colour of the verdict ``word``."""
+    return [COMPONENT_COLORS[c] for c in components] + [palette.verdict_colour(word)] * 2
 
 
 def plot_fit_explorer(states: dict[str, dict], base: dict | None = None) -> go.Figure:
-    """Bars (GiB per GPU) of the ``base`` setting, a line at the GPU's memory, the verdict, and one
-    dropdown per control. Raises KeyError when ``base`` names a value no control offers."""
+    """Bars (GiB per GPU) of the ``base`` setting, a line at the GPU's memory, the verdict (:func:`state_fit`),
+    and one dropdown per control. Raises KeyError when ``base`` names a value no control offers."""
     base = {**BASE, **(base or {})}
     components = [c for c in COMPONENT_LABELS if any(s[c] for s in states.values())]
-    x = [COMPONENT_LABELS[c] for c in components] + [PEAK_LABEL]
+    x = [COMPONENT_LABELS[c] for c in components] + [PEAK_LABEL, NEED_LABEL]
     state, cap = states[state_key(base)], GPUS[base["gpu"]].memory_bytes
+    fit = state_fit(state, base["gpu"])
     fig = go.Figure(
         go.Bar(
-            x=x, y=_bars(state, components), marker_color=_colors(components, state["peak"] <= cap),
+            x=x, y=_bars(state, components), marker_color=_colors(components, fit.word),
             hovertemplate="%{x}: %{y:.2f} GiB<extra></extra>", showlegend=False,
         )
     )  # fmt: skip
     fig.add_shape(type="line", xref="paper", x0=0, x1=1, y0=cap / GIB, y1=cap / GIB, line_dash="dot")
     fig.add_annotation(
-        text=verdict(state["peak"], base["gpu"]), xref="paper", yref="paper", x=0, y=1.02,
-        xanchor="left", yanchor="bottom", showarrow=False, font={"size": 14},
+        text=fit.line, xref="paper", yref="paper", x=0, y=1.02, xshift=-50,
+        xanchor="left", yanchor="bottom", showarrow=False, font={"size": 13},
     )  # fmt: skip
     menus, top = [], MENU_TOP_PX + 135  # the title above the first row of menus, the verdict below the last
     for i, c in enumerate(CONTROLS):
@@ -134,16 +149,17 @@ def plot_fit_explorer(states: dict[str, dict], base: dict | None = None) -> go.F
         for v in c.values:
             one = {**base, c.key: v}  # the fallback without the script: this setting changed from the base
             s, g = states[state_key(one)], GPUS[one["gpu"]].memory_bytes
+            one_fit = state_fit(s, one["gpu"])
             buttons.append(
                 {
                     "label": f"{c.label}: {_show(v)}",
                     "method": "update",
                     "args": [
-                        {"y": [_bars(s, components)], "marker.color": [_colors(components, s["peak"] <= g)]},
+                        {"y": [_bars(s, components)], "marker.color": [_colors(components, one_fit.word)]},
                         {
                             "shapes[0].y0": g / GIB,
                             "shapes[0].y1": g / GIB,
-                            "annotations[0].text": verdict(s["peak"], one["gpu"]),
+                            "annotations[0].text": one_fit.line,
                         },
                     ],  # fmt: skip
                 }
@@ -172,6 +188,8 @@ def _show(v) -> str:
 
 
 def _meta(states: dict, components: list[str], base: dict) -> dict:
+    """What :data:`COMPOSE_SCRIPT` reads: per state the bars (GiB, as drawn) then the tensor peak and the need
+    in bytes (the verdict's inputs, exact), the GPUs' bytes, the colours, the menus' order."""
     controls = [c.key for c in CONTROLS][::-1]  # in the order of layout.updatemenus
     return {
         "menus": controls,
@@ -179,36 +197,80 @@ def _meta(states: dict, components: list[str], base: dict) -> dict:
         "active": {c.key: c.values.index(base[c.key]) for c in CONTROLS},
         "gpus": [[g, GPUS[g].memory_bytes] for g in CONTROLS[1].values],
         "colors": [COMPONENT_COLORS[c] for c in components],
-        "verdict_colors": [palette.verdict_colour(True), palette.verdict_colour(False)],
-        "states": {k: [*(s[c] for c in components), s["peak"]] for k, s in states.items()},
+        "verdict_colors": dict(palette.VERDICT),
+        "states": {k: [*_bars(s, components), s["peak"], s["need"]] for k, s in states.items()},
     }
 
 
+#: The verdict rule and its printed line in JavaScript, for the states and the reader's own card: the same
+#: comparisons as ``hardware.verdict_word`` and the same text as ``hardware.format_fit`` (Python's ``:.1f``
+#: rounds an exact tie to even, ``toFixed`` up: ``gib1`` does as Python does). ``cardBytes``: a card of
+#: ``gib`` GiB in bytes, the same arithmetic as ``hardware.get_gpu(None, gib).memory_bytes``.
+VERDICT_JS = """
+var GIB = 1073741824;
+function fitWord(need, peak, cap) {
+  if (need <= cap) { return 'fits'; }
+  return peak <= cap ? 'tight' : 'does not fit';
+}
+function gib1(bytes) {
+  var x = bytes / GIB, t = x * 10, s = x.toFixed(1);
+  if (t % 1 === 0.5 && Math.floor(t) % 2 === 0) { s = (Math.floor(t) / 10).toFixed(1); }
+  return s;
+}
+function fitLine(need, peak, cap) {
+  return fitWord(need, peak, cap) + ': needs ' + gib1(need) + ' GiB reserved (tensor peak ' + gib1(peak) +
+    ') of ' + gib1(cap) + ' GiB';
+}
+function cardBytes(gib) { return Math.trunc(gib * GIB / 1e9 * 1e9); }
+"""
+#: The label of the reader's-own-card box (GiB, as ``smolfsdp memory --gpu-memory-gib`` takes it).
+CARD_LABEL = "Your GPU's memory in GiB (nvidia-smi's MiB / 1024), instead of the GPU menu's card:"
+
 # Reads every dropdown's choice and shows that combination: restyles the bars, moves the GPU line and
-# rewrites the verdict as :func:`verdict` does. Runs after plotly's own button command (setTimeout), so
-# the combined state, not the button's one-setting fallback, is what stays drawn.
-COMPOSE_SCRIPT = """
+# rewrites the verdict with VERDICT_JS. Runs after plotly's own button command (setTimeout), so the combined
+# state, not the button's one-setting fallback, is what stays drawn. A number box above the figure replaces
+# the GPU menu's card while it holds a positive number.
+COMPOSE_SCRIPT = (
+    """
 (function () {
   var gd = document.getElementById('{plot_id}');
   var m = gd.layout.meta && gd.layout.meta.fit_explorer;
   if (!m) { return; }
-  var active = Object.assign({}, m.active), GIB = Math.pow(2, 30);
+"""
+    + VERDICT_JS
+    + """
+  var active = Object.assign({}, m.active), custom = null;
   function show() {
     var key = m.state_keys.map(function (k) { return active[k]; }).join('-');
-    var s = m.states[key], peak = s[s.length - 1], gpu = m.gpus[active.gpu];
-    var fits = peak <= gpu[1];
-    var y = s.map(function (b) { return Math.round(b / GIB * 1000) / 1000; });
-    var text = (fits ? 'fits' : 'does not fit') + ': peak ' + (peak / GIB).toFixed(1) + ' GiB of ' +
-      (gpu[1] / GIB).toFixed(1) + ' GiB (' + (100 * peak / gpu[1]).toFixed(0) + '%)';
-    Plotly.update(gd, {y: [y], 'marker.color': [m.colors.concat([fits ? m.verdict_colors[0] : m.verdict_colors[1]])]},
-      {'shapes[0].y0': gpu[1] / GIB, 'shapes[0].y1': gpu[1] / GIB, 'annotations[0].text': text});
+    var s = m.states[key], n = s.length, peak = s[n - 2], need = s[n - 1];
+    var cap = custom !== null ? custom : m.gpus[active.gpu][1], colour = m.verdict_colors[fitWord(need, peak, cap)];
+    Plotly.update(gd, {y: [s.slice(0, n - 2)], 'marker.color': [m.colors.concat([colour, colour])]},
+      {'shapes[0].y0': cap / GIB, 'shapes[0].y1': cap / GIB, 'annotations[0].text': fitLine(need, peak, cap)});
   }
+  var box = document.createElement('div');
+  box.className = 'fit-explorer-card';
+  box.style.margin = '0 0 0.4em 0';
+  var label = document.createElement('label');
+  label.textContent = """
+    + json.dumps(CARD_LABEL + " ")  # a JavaScript string literal (the label has an apostrophe)
+    + """;
+  var input = document.createElement('input');
+  input.type = 'number'; input.min = '0.1'; input.step = '0.1'; input.style.width = '6em';
+  label.appendChild(input);
+  box.appendChild(label);
+  gd.parentNode.insertBefore(box, gd);
+  input.addEventListener('input', function () {
+    var v = parseFloat(input.value);
+    custom = v > 0 ? cardBytes(v) : null;
+    show();
+  });
   gd.on('plotly_buttonclicked', function (ev) {
     active[m.menus[ev.menu._index]] = ev.active;
     setTimeout(show, 0);
   });
 })();
 """
+)
 
 
 def explorer_renderer():

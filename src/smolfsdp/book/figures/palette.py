@@ -89,7 +89,8 @@ def meanings() -> dict[str, list[str]]:
 WORDS = {
     COLLECTIVE["all-gather"]: "orange", COLLECTIVE["reduce-scatter"]: "pink", TRACE_CATEGORY["compute"]: "teal",
     TRACE_CATEGORY["communication"]: "dark orange", OVERLAP["exposed"]: "light orange",
-    OVERLAP["overlapped with compute"]: "light blue", VERDICT["fits"]: "green", VERDICT["does not fit"]: "red",
+    OVERLAP["overlapped with compute"]: "light blue", VERDICT["fits"]: "green", VERDICT["tight"]: "amber",
+    VERDICT["does not fit"]: "red",
 }  # fmt: skip
 
 
@@ -98,5 +99,7 @@ def word(colour: str) -> str:
     return WORDS[colour]
 
 
-def verdict_colour(fits: bool) -> str:
-    return VERDICT["fits" if fits else "does not fit"]
+def verdict_colour(word: str) -> str:
+    """The colour of a fit verdict's word (``smolfsdp.estimate.hardware.VERDICTS``: fits, tight, does not fit);
+    KeyError for another word."""
+    return VERDICT[word]

@@ -54,30 +54,36 @@ def _wrap(text: str, width: int = 95) -> str:
     return "<br>".join(piece for ln in lines for piece in (textwrap.wrap(ln, width) or [ln]))
 
 
+#: the marker of each fit verdict (``smolfsdp.estimate.hardware.verdict``, the ``verdict`` column)
+VERDICT_SYMBOLS = {"fits": "circle", "tight": "diamond-open", "does not fit": "x"}
+
+
 def _lines(fig, df, y: str, fmt: str, dash_unfit: bool = True) -> None:
     for col, model in enumerate(df["model"].unique(), start=1):
         for s, color in STRATEGY_COLORS.items():
             d = df[(df["model"] == model) & (df["strategy"] == s)].sort_values("n_gpus")
             if d.empty:
                 continue
-            symbols = ["circle" if f else "x" for f in d["fits"]] if dash_unfit else "circle"
+            symbols = [VERDICT_SYMBOLS[v] for v in d["verdict"]] if dash_unfit else "circle"
             fig.add_trace(
                 go.Scatter(
                     x=d["n_gpus"], y=d[y], mode="lines+markers", name=STRATEGY_LABELS[s],
                     line={"color": color}, marker={"symbol": symbols, "size": 8}, legendgroup=s,
-                    showlegend=col == 1, customdata=d["fits"],
-                    hovertemplate="%{x} GPUs<br>" + fmt + "<br>fits: %{customdata}<extra>" + s + "</extra>",
+                    showlegend=col == 1, customdata=d["verdict"],
+                    hovertemplate="%{x} GPUs<br>" + fmt + "<br>%{customdata}<extra>" + s + "</extra>",
                 ),
                 row=1, col=col,
             )  # fmt: skip
 
 
 def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
-    """Peak device memory per GPU (GiB, ``smolfsdp.estimate.memory`` device peak at its fullest moment) against GPU count, one line per
-    strategy, one panel per model, the GPU's memory as a dotted line; x marks a setting that does not fit."""
+    """What each GPU must hold (GiB, ``need_gib``: the allocator's reserved memory + CUDA context + NCCL, the
+    number the fit verdict is decided on) against GPU count, one line per strategy, one panel per model, the
+    GPU's memory as a dotted line; markers by the verdict (:data:`VERDICT_SYMBOLS`: a circle fits, an open
+    diamond is tight, an x does not fit)."""
     models = list(df["model"].unique())
-    fig = _subplots(models, title, "GiB per GPU (device peak)", df)
-    _lines(fig, df, "memory_gib", "%{y:.1f} GiB")
+    fig = _subplots(models, title, "GiB needed per GPU (reserved + context + NCCL)", df)
+    _lines(fig, df, "need_gib", "%{y:.1f} GiB needed")
     # the GPU's memory as a dotted trace, not add_hline: on a log axis an hline's annotation is placed
     # in log10 units and stretches the autorange to 1e70
     cap = float(df["gpu_memory_gib"].iloc[0])
@@ -90,7 +96,7 @@ def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
             ),
             row=1, col=col,
         )  # fmt: skip
-    lo, hi = float(df["memory_gib"].min()), max(float(df["memory_gib"].max()), cap)
+    lo, hi = float(df["need_gib"].min()), max(float(df["need_gib"].max()), cap)
     fig.update_yaxes(
         type="log", range=[math.log10(lo / 1.5), math.log10(hi * 1.5)], **decade_ticks(lo / 1.5, hi * 1.5)
     )
@@ -99,8 +105,8 @@ def plot_memory_vs_gpus(df, title: str = "Memory per GPU") -> go.Figure:
 
 def plot_scaling(df, metric: str = "efficiency", title: str | None = None) -> go.Figure:
     """Weak-scaling ``efficiency`` (compute / projected step time), ``step_s`` or ``tokens_per_s_per_gpu``
-    against GPU count (log axis), one line per strategy, one panel per model; x marks settings that do
-    not fit in memory. Raises ValueError for another metric."""
+    against GPU count (log axis), one line per strategy, one panel per model; markers by the fit verdict
+    (:data:`VERDICT_SYMBOLS`: x does not fit, an open diamond is tight). Raises ValueError for another metric."""
     labels = {
         "efficiency": ("Scaling efficiency (weak scaling)", "compute / step time", "%{y:.0%}"),
         "step_s": ("Projected step time", "seconds per step", "%{y:.3f} s"),
