@@ -6,7 +6,7 @@ import pytest
 
 from smolfsdp.book import two_gpu_run
 from smolfsdp.book.scaling_views import book_assumptions
-from smolfsdp.estimate.hardware import get_gpu, verdict
+from smolfsdp.estimate.hardware import fit_verdict, get_gpu, verdict
 from smolfsdp.estimate.recipe_peak import recipe_peak
 
 
@@ -25,7 +25,9 @@ def test_memory_is_recipe_peak_and_verdict_on_the_assumed_card(text):
     assert tensors.bytes < device.bytes <= tensors.estimate.device_need_bytes  # each adds to the last
     for number in (tensors.gib, device.gib, m["need_gib"]):
         assert f"{number:.1f} GiB" in text
-    assert f"`verdict` says it **{m['verdict']}**" in text and tensors.settings_line in text
+    # the one verdict line every page and `smolfsdp memory` print: word, need and tensor peak
+    assert m["fit"] == fit_verdict(tensors.estimate, card)
+    assert f"**{m['fit'].line}**" in text and tensors.settings_line in text
 
 
 def test_time_is_estimate_step_over_the_recipes_epoch(text):

@@ -3,7 +3,7 @@
 Chapter "The full fine-tune" (``notebooks/01_finetune.ipynb``, section "Running it on two GPUs") prints these
 for the book's recipe (``configs/runs/smollm3_3b_medical.yaml``). Every number comes from the functions the
 other pages use: the peak per GPU from ``smolfsdp.estimate.recipe_peak.recipe_peak`` and the verdict from
-``smolfsdp.estimate.hardware.verdict`` on the card the book's projections assume
+``smolfsdp.estimate.hardware.fit_verdict`` on the card the book's projections assume
 (``smolfsdp.book.scaling_views.book_assumptions``); the step time from ``smolfsdp.estimate.scaling.estimate_step``
 at the recipe's settings and that calibrated MFU; the epoch's optimizer steps from
 ``smolfsdp.book.full_budget.optimizer_steps`` (the recipe's rows). :data:`SUMMARY_CHECKS` names the keys of
@@ -20,7 +20,7 @@ from typing import Any
 from smolfsdp.book.full_budget import optimizer_steps
 from smolfsdp.book.scaling_views import book_assumptions, recipe_run
 from smolfsdp.config import load_config
-from smolfsdp.estimate.hardware import get_gpu, verdict
+from smolfsdp.estimate.hardware import fit_verdict, get_gpu
 from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.estimate.recipe_peak import BOOK_RECIPE, MOMENT_TEXT, recipe_peak
 from smolfsdp.estimate.scaling import estimate_step, mfu_text
@@ -69,7 +69,8 @@ def expected_memory(recipe_name: str = BOOK_RECIPE, gpu: str | None = None) -> d
     """The recipe's memory per GPU, as every page states it: ``tensors`` (:class:`RecipePeak`, tensors only, the
     dry run's number), ``device`` (the same with the CUDA context and NCCL buffers), ``need_gib`` (what
     ``verdict`` compares with the card: the caching allocator's reserved memory and both allowances),
-    ``gpu`` (the card, default the one ``book_assumptions`` assumes) and ``verdict`` on it."""
+    ``gpu`` (the card, default the one ``book_assumptions`` assumes), ``fit`` (``fit_verdict`` on it: the word
+    and the numbers it rests on, as every page prints them) and ``verdict`` (its word)."""
     card = get_gpu(gpu or book_assumptions(recipe_name)["gpu"])
     tensors = recipe_peak(recipe_name)
     return {
@@ -77,7 +78,8 @@ def expected_memory(recipe_name: str = BOOK_RECIPE, gpu: str | None = None) -> d
         "device": recipe_peak(recipe_name, include="device"),
         "need_gib": tensors.estimate.device_need_bytes / GIB,
         "gpu": card,
-        "verdict": verdict(tensors.estimate, card),
+        "fit": (fit := fit_verdict(tensors.estimate, card)),
+        "verdict": fit.word,
     }
 
 
@@ -119,7 +121,7 @@ def expectations_markdown(recipe_name: str = BOOK_RECIPE) -> str:
         f"holds at most **{tensors.gib:.1f} GiB of tensors**, at {MOMENT_TEXT[tensors.moment]}; "
         f"{m['device'].gib:.1f} GiB with the CUDA context and NCCL buffers; **{m['need_gib']:.1f} GiB** with what "
         f"PyTorch's caching allocator keeps reserved, the number to hold against a card. On an {card.name} "
-        f"({card.memory_gb:g} GB, {card.memory_bytes / GIB:.1f} GiB) `verdict` says it **{m['verdict']}**. "
+        f"({card.memory_gb:g} GB) the one fit verdict every page and `smolfsdp memory` print reads **{m['fit'].line}**. "
         f"Settings: {tensors.settings_line}."
     )
     rows = int(cfg.max_rows - cfg.eval_size)
