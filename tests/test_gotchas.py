@@ -62,7 +62,7 @@ def test_fsdp2_mixed_dtensor_outside_the_root(results):
         "ok",
     ]
     assert "fsdp1 pinned" not in table.index and not table["fixed"].str.contains("error").any()
-    assert table.loc["FSDP1 summon"].tolist() == ["—", "—", "ok; shape: 2, 24, 128"]
+    assert table.loc["FSDP1 summon"].tolist() == ["—", "—", "ok; shape: 2 x 24 x 128"]  # before: "2, 24, 128"
 
 
 def test_checkpoint_refused_before_it_fills_the_disk(results):
@@ -324,6 +324,12 @@ def test_state_dict_gathered_by_one_rank_times_out_and_the_guard_names_it(result
     said = gotchas_view.side_by_side(r)
     assert "input sizes 512 × 128" in said.loc["package guard", "failing"]  # before: "[[512, 128]]"
     assert said.loc["group timeout (s)", "failing"] == "1.5"
+    # what the same hang lasts with the installed defaults (seconds): torch's process group, the Trainer's
+    assert r.failing["default_timeouts_s"] == {"torch default_pg_timeout": 1800, "Trainer ddp_timeout": 1800}
+    assert (
+        said.loc["default timeouts (s)", "failing"]
+        == "torch default pg timeout: 1,800; Trainer ddp timeout: 1,800"
+    )
 
 
 def test_rank0_working_alone_times_out_the_waiting_rank(results):

@@ -105,9 +105,9 @@ def _value(value: Any, key: str = "") -> str:
     if key == "shape" and isinstance(value, (list, tuple)):
         return " x ".join(f"{n:,}" for n in value)
     if isinstance(value, Mapping) and "outcome" in value:
-        rest = {k: v for k, v in value.items() if k not in SAID}
+        rest = "; ".join(f"{_label(k)}: {_value(v, k)}" for k, v in value.items() if k not in SAID)
         said = outcome_text(value)
-        return f"{said}; {tables.cell_text(rest, DECIMALS)}" if rest else said
+        return f"{said}; {rest}" if rest else said
     return tables.cell_text(value, DECIMALS)
 
 

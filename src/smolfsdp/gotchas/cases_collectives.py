@@ -12,6 +12,7 @@ usable for the gotchas after it. Each fixed form runs first.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,9 @@ from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.constants import default_pg_timeout
 from torch.distributed.device_mesh import DeviceMesh
+from transformers import TrainingArguments
 
 from smolfsdp.gotchas.builders import decoder_layer_cls, shard_fsdp2, tiny_model
 from smolfsdp.gotchas.explained import installed_line
@@ -90,7 +93,19 @@ def state_dict_one_rank(rank: int, world: int) -> dict[str, Any]:
                 failing.update(_error(err))
             failing["waited_s"] = round(time.perf_counter() - t0, 1)
     failing["where"] = installed_line("torch/distributed/_state_dict_utils.py", "value = value.redistribute(")
+    failing["default_timeouts_s"] = default_timeouts_s()
     return {"failing": failing, "fixed": fixed}
+
+
+def default_timeouts_s() -> dict[str, int]:
+    """What a real hang lasts with the installed libraries' defaults: torch's process-group timeout
+    (``torch.distributed.constants.default_pg_timeout``; NCCL's own, shorter, exists only on CUDA builds) and the
+    Trainer's ``ddp_timeout`` (seconds)."""
+    trainer = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "ddp_timeout")
+    return {
+        "torch default_pg_timeout": int(default_pg_timeout.total_seconds()),
+        "Trainer ddp_timeout": int(trainer),
+    }
 
 
 def main_process_first(group: dist.ProcessGroup, rank: int, work: Callable[[], None]) -> None:

@@ -108,7 +108,7 @@ EXPLAINED: tuple[Explained, ...] = (
         preprocess_logits_for_metrics (e.g. argmax: one int64 per token instead of a vocabulary-wide row), or set
         eval_accumulation_steps so they move to host memory in pieces. smolfsdp's TRL engine replaces the Trainer's
         evaluate with a loss-only one (smolfsdp.train.trl_trainer.SmolSFTTrainer.evaluate)."""),
-        "The failure is GPU memory running out at full size (SmolLM3's 128,256-token vocabulary).",
+        "The failure is GPU memory running out at full size (SmolLM3's vocabulary: the table under the paragraphs).",
         (
             (
                 "transformers/trainer.py",

@@ -263,8 +263,8 @@ _entry(
     """SmolLM3's config keeps use_cache=True, so a training forward builds a DynamicCache and every decoder
     layer appends its keys and values to it. Under activation checkpointing the layer's forward runs again in
     backward and appends them a second time: the recomputed attention sees twice the key length, and with a
-    padded batch the mask no longer fits ("The size of tensor a (48) must match the size of tensor b (24)"; on
-    GPUs with flash attention, torch.utils.checkpoint's "Recomputed values ... have different metadata").
+    padded batch the mask no longer fits (the size mismatch in the outcome row; on GPUs with flash attention,
+    torch.utils.checkpoint's "Recomputed values ... have different metadata").
     transformers' own gradient_checkpointing turns the cache off; FSDP's checkpoint wrapper (accelerate's
     fsdp_activation_checkpointing, or a hand-written loop) does not. Fix: config.use_cache=False, as
     smolfsdp.sharding.shards.apply_activation_checkpointing sets; the recomputed step's loss then equals the
@@ -279,8 +279,9 @@ _entry(
     """A full state dict (get_model_state_dict with full_state_dict=True, FSDP1's FULL_STATE_DICT, or
     accelerate's get_state_dict) all-gathers every sharded parameter: a collective every rank must call, even
     the ranks that do not write the file. Written as `if rank == 0: sd = get_model_state_dict(...)`, rank 0
-    waits in the first all-gather for a rank that never comes, for the process group's timeout (10 minutes
-    on NCCL by default, 30 with the Trainer); here the group's timeout is cut to seconds. gloo's error names
+    waits in the first all-gather for a rank that never comes, for the process group's timeout (the
+    'default timeouts' row; NCCL's own default on CUDA builds is shorter); here the group's timeout is cut to
+    seconds. gloo's error names
     no collective; smolfsdp.sharding.distributed.name_collective_errors (around every launched run) re-raises
     it as a CollectiveError naming the rank, the collective and its input sizes (the 'package guard' row).
     The rule: every rank calls the gather, rank 0 alone writes (smolfsdp.train.export.save_final_model).""",
@@ -293,7 +294,7 @@ _entry(
     DIST,
     """TRL's SFTTrainer tokenises inside main_process_first: the other ranks wait at a barrier while rank 0
     maps the data set, and a barrier is a collective bounded by the process group's timeout (the Trainer's
-    ddp_timeout, 30 minutes; NCCL's watchdog then kills the process). Data sets that take longer than that
+    ddp_timeout; NCCL's watchdog then kills the process). Data sets that take longer than that
     to tokenise kill the run before its first step. Here rank 0 works for a few seconds (a sleep standing in
     for tokenising) against a group timeout of less: the waiting rank times out (rank 0's own barrier then
     finds its peer gone). The fixes: a timeout sized to the work (ddp_timeout, accelerate's
@@ -319,10 +320,10 @@ _entry(
     "bf16_weights_lose_updates",
     "bf16 weights lose most small updates",
     DIST,
-    """A model loaded in bf16 and sharded as it is keeps its only copy of the weights in bf16: 8 bits of
-    mantissa, so an update smaller than half the spacing between neighbouring bf16 values near the weight
+    """A model loaded in bf16 and sharded as it is keeps its only copy of the weights in bf16: 8 significant
+    bits, so an update smaller than half the spacing between neighbouring bf16 values near the weight
     rounds back to the same value. AdamW's first step moves each weight by about the learning rate; at a
-    fine-tuning rate of 1e-5, only the weights smallest in magnitude move. Fix: keep fp32 sharded weights and
+    fine-tuning rate (the 'learning rate' row), only the weights smallest in magnitude move. Fix: keep fp32 sharded weights and
     compute in bf16 (FSDP1's MixedPrecision(param_dtype=torch.bfloat16), FSDP2's MixedPrecisionPolicy, the
     package's mixed_precision: bf16): the optimizer updates fp32 values and every weight moves.""",
     thread="https://github.com/vllm-project/speculators/pull/765",
