@@ -6,14 +6,17 @@ the tests read the shared results.
 
 import os
 import re
+from html import escape
 
 import pytest
 
 from smolfsdp.book import gotchas_view, tables
+from smolfsdp.config import QUANTISED_REFUSAL
 from smolfsdp.errors import ConfigError
-from smolfsdp.gotchas import cases_distributed
+from smolfsdp.gotchas import cases_distributed, explained
 from smolfsdp.gotchas import run_all as gotchas
-from smolfsdp.gotchas.registry import WRONG
+from smolfsdp.gotchas.explained import EXPLAINED
+from smolfsdp.gotchas.registry import REPORTED, WRONG
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +62,7 @@ def test_fsdp2_mixed_dtensor_outside_the_root(results):
         "ok",
     ]
     assert "fsdp1 pinned" not in table.index and not table["fixed"].str.contains("error").any()
-    assert table.loc["FSDP1 summon"].tolist() == ["—", "—", "ok; shape: 2, 24, 128"]
+    assert table.loc["FSDP1 summon"].tolist() == ["—", "—", "ok; shape: 2 x 24 x 128"]  # before: "2, 24, 128"
 
 
 def test_checkpoint_refused_before_it_fills_the_disk(results):
@@ -190,7 +193,7 @@ def test_every_gotcha_renders_failing_and_fixed_side_by_side(results):
         cells = " ".join(str(v) for v in frame.to_numpy().ravel())
         assert not REPR.search(cells), (name, cells)
         html = gotchas_view.section(r)._repr_html_()
-        assert "white-space: normal" in html and r.explanation.split()[0] in html
+        assert "white-space: normal" in html and escape(r.explanation.split()[0]) in html  # "SmolLM3&#x27;s"
     opt = gotchas_view.side_by_side(results["optimizer_before_sharding"])
     assert list(opt.columns) == ["failing", "fixed"]
     assert opt.loc["outcome"].tolist() == ["wrong result: optimizer.step() ran and no weight changed", "ok"]
@@ -246,3 +249,183 @@ def test_run_gotchas_says_it_still_runs_while_a_local_gotcha_works(monkeypatch, 
     assert said[0].startswith("running tracker_wrong_project (") and 2 <= len(beats) <= 5, said
     assert said[-2].startswith("running fsdp1_cpu_offload_state_dict (")
     assert said[-1] == "running fsdp1_cpu_offload_state_dict: its fixed form (a second launch)"
+
+
+# ------------------------------------------------------------------ problems users reported (issue 43)
+def test_reported_gotchas_carry_their_thread(results):
+    for name in REPORTED:
+        assert results[name].thread.startswith("https://github.com/"), name
+        html = gotchas_view.section(results[name])._repr_html_()
+        assert f'Reported upstream: <a href="{results[name].thread}">' in html
+    assert results["forward_before_optimizer"].thread.endswith("pytorch/pytorch/issues/149205")
+
+
+def test_forward_before_optimizer_leaves_the_root_group_untrained(results):
+    r = results["forward_before_optimizer"]
+    root = ["model.embed_tokens.weight", "model.norm.weight"]  # lm_head is embed_tokens (tied)
+    assert r.failing["outcome"] == WRONG and r.failing["parameters_unchanged"] == root
+    assert r.failing["optimizer_got_plain_tensors"] == root
+    assert r.failing["losses"][-1] < r.failing["losses"][0]  # the loss falls: nothing looks wrong
+    assert r.fixed["outcome"] == "ok" and r.fixed["parameters_unchanged"] == "none"
+    assert r.fixed["optimizer_got_plain_tensors"] == "none"
+    assert r.fixed["losses"][0] == r.failing["losses"][0] and r.fixed["losses"][-1] < r.failing["losses"][-1]
+    assert r.fixed["reshard_before_optimizer"]["losses"] == r.fixed["losses"]  # model.reshard() is a fix too
+    assert r.failing["losses"] == pytest.approx([6.9995, 6.6307, 6.7285], abs=2e-4)
+    assert r.fixed["losses"] == pytest.approx([6.9995, 6.3771, 5.1197], abs=2e-4)
+    assert [w.split(":")[0] for w in r.failing["where"]] == [
+        "torch/distributed/fsdp/_fully_shard/_fsdp_state.py",
+        "torch/distributed/fsdp/_fully_shard/_fsdp_param.py",
+    ]
+    assert all(w.split(":")[1].isdigit() for w in r.failing["where"])
+
+
+def test_qlora_integer_storage_and_the_bf16_fix(results):
+    r = results["qlora_integer_storage"]
+    assert r.failing["storage_dtype"] == "uint8" and r.failing["error"] == "ValueError"
+    assert r.failing["message"] == "Cannot flatten integer dtype tensors"
+    assert r.fixed["storage_dtype"] == "bfloat16" and r.fixed["fsdp_units"] == 5
+    assert r.fixed["packed_bytes_identical"] is True and r.fixed["max_abs_diff"] == 0.0
+    assert r.fixed["fsdp2_uint8_storage"] == {"outcome": "ok", "max_abs_diff": 0.0}
+
+
+def test_packed_4bit_stand_in_round_trips_its_bytes():
+    import torch
+
+    from smolfsdp.gotchas.cases_reported import Packed4bitLinear
+
+    linear = torch.nn.Linear(8, 3, bias=False)
+    q8, bf = Packed4bitLinear(linear, torch.uint8), Packed4bitLinear(linear, torch.bfloat16)
+    assert q8.weight.dtype == torch.uint8 and tuple(q8.weight.shape) == (3, 4)  # two 4-bit values a byte
+    assert bf.weight.dtype == torch.bfloat16 and torch.equal(bf.weight.view(torch.uint8), q8.weight)
+    x = torch.randn(2, 8)
+    assert torch.equal(q8(x), bf(x))  # the storage dtype changes nothing but the container
+    err = (q8(x) - linear(x)).abs().max() / linear(x).abs().max()
+    assert 0 < err < 0.2  # 4-bit quantisation: close, not equal
+
+
+def test_kv_cache_with_checkpointing_breaks_backward_and_the_fix(results):
+    r = results["kv_cache_checkpointing"]
+    assert r.failing["error"] == "RuntimeError"
+    assert "The size of tensor a (48) must match the size of tensor b (24)" in r.failing["message"]
+    assert r.fixed["use_cache"] is False and r.fixed["without_checkpointing"]["use_cache"] is True
+    assert r.fixed["loss"] == r.fixed["without_checkpointing"]["loss"] == pytest.approx(7.004031, abs=1e-5)
+
+
+def test_state_dict_gathered_by_one_rank_times_out_and_the_guard_names_it(results):
+    r = results["state_dict_one_rank"]
+    assert r.failing["called_on"] == "rank 0 only" and r.failing["error"] == "RuntimeError"
+    assert r.failing["message"] == "Timed out waiting 1500ms for send operation to complete"
+    assert r.failing["group_timeout_s"] <= r.failing["waited_s"] < r.failing["group_timeout_s"] + 5
+    guard = r.failing["package_guard"]
+    assert guard["error"] == "CollectiveError" and "rank 0 of 2: collective all_gather" in guard["message"]
+    assert "Another rank never joined it" in guard["message"]
+    assert r.fixed == {"outcome": "ok", "called_on": "every rank", "keys_on_rank0": 39}
+    assert r.failing["where"].startswith("torch/distributed/_state_dict_utils.py:")
+    said = gotchas_view.side_by_side(r)
+    assert "input sizes 512 × 128" in said.loc["package guard", "failing"]  # before: "[[512, 128]]"
+    assert said.loc["group timeout (s)", "failing"] == "1.5"
+    # what the same hang lasts with the installed defaults (seconds): torch's process group, the Trainer's
+    assert r.failing["default_timeouts_s"] == {"torch default_pg_timeout": 1800, "Trainer ddp_timeout": 1800}
+    assert (
+        said.loc["default timeouts (s)", "failing"]
+        == "torch default pg timeout: 1,800; Trainer ddp timeout: 1,800"
+    )
+
+
+def test_rank0_working_alone_times_out_the_waiting_rank(results):
+    r = results["rank0_works_alone"]
+    assert r.failing["message"] == "Timed out waiting 1500ms for recv operation to complete"
+    assert r.failing["by_rank"]["rank1"] == (
+        "RuntimeError (Timed out waiting 1500ms for recv operation to complete) after 1.5 s"
+    )
+    assert r.failing["by_rank"]["rank0"].startswith("RuntimeError (Connection closed by peer) after 3.")
+    assert r.fixed["outcome"] == "ok" and r.fixed["group_timeout_s"] > r.fixed["rank0_works_s"]
+    assert r.fixed["by_rank"] == {"rank0": "ok after 3.0 s", "rank1": "ok after 3.0 s"}
+    assert [w.split(":")[0] for w in r.failing["where"]] == [
+        "trl/trainer/sft_trainer.py",
+        "accelerate/state.py",
+        "transformers/training_args.py",
+    ]
+
+
+def test_clip_grad_norm_on_fsdp1_clips_each_shard_by_its_own_norm(results):
+    r = results["clip_grad_norm_fsdp1"]
+    local, model = r.failing["norm_returned"], r.fixed["norm_returned"]
+    assert local == pytest.approx({"rank0": 3.3714, "rank1": 0.7026}, abs=5e-4)
+    assert model == pytest.approx({"rank0": 3.4438, "rank1": 3.4438}, abs=5e-4)
+    assert (local["rank0"] ** 2 + local["rank1"] ** 2) ** 0.5 == pytest.approx(model["rank0"], abs=1e-3)
+    assert r.failing["outcome"] == WRONG and r.fixed["outcome"] == "ok"
+    # rank 0's shard is clipped to 1, rank 1's (0.70 < 1) is not: the whole gradient ends above max_norm
+    assert r.failing["global_norm_after_clipping"] == pytest.approx(
+        (1 + local["rank1"] ** 2) ** 0.5, abs=1e-3
+    )
+    assert r.fixed["global_norm_after_clipping"] == pytest.approx(r.fixed["max_norm"], abs=1e-4)
+
+
+def test_bf16_weights_lose_most_small_updates(results):
+    r = results["bf16_weights_lose_updates"]
+    assert r.failing["sharded_weights_dtype"] == "bfloat16" and r.fixed["sharded_weights_dtype"] == "float32"
+    assert r.failing["learning_rate"] == r.fixed["learning_rate"] == 1e-5
+    assert r.failing["weights"] == r.fixed["weights"] == 869_504
+    assert r.failing["weights_changed"] == pytest.approx(0.1556, abs=5e-4) and r.failing["outcome"] == WRONG
+    assert r.fixed["weights_changed"] == 1.0
+    shown = gotchas_view.side_by_side(r).loc["weights changed"].tolist()
+    assert shown == [f"{r.failing['weights_changed']:.1%}", "100%"]  # before: "0.1556" / "1.0000"
+
+
+def test_load_in_4bit_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from smolfsdp.cli_args import parse_overrides
+    from smolfsdp.config import check_keys
+
+    for flag in ("--load_in_4bit", "--load-in-8bit=true", "--bnb_4bit_quant_storage"):
+        with pytest.raises(ConfigError, match="does not load models in 4 or 8 bits .QLoRA.") as err:
+            parse_overrides([flag])
+        assert "qlora_integer_storage" in str(err.value) and "unknown option" not in str(err.value)
+    with pytest.raises(ConfigError, match="'load_in_4bit' in recipe.yaml: smolfsdp does not load"):
+        check_keys(["load_in_4bit"], "recipe.yaml")
+    cmd = [sys.executable, "-m", "smolfsdp.cli", "train", "--load_in_4bit"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [f"smolfsdp: error: --load_in_4bit: {QUANTISED_REFUSAL}"]
+
+
+def test_explained_problems_cite_installed_lines_and_threads():
+    frame = gotchas_view.explained_table()
+    assert list(frame.columns) == [
+        "problem",
+        "why it is not run here",
+        "where (installed source)",
+        "reported in",
+    ]
+    assert len(frame) == len(EXPLAINED) and len({e.name for e in EXPLAINED}) == len(EXPLAINED)
+    for item in EXPLAINED:
+        lines = explained.source_lines(item)  # LookupError if an installed library moved a cited line
+        assert len(lines) == len(item.sources) and all(re.fullmatch(r"[\w/.]+\.py:\d+", ln) for ln in lines)
+        assert item.threads and all(t.startswith("https://github.com/") for t in item.threads)
+        said = gotchas_view.explained_markdown(item.name)
+        assert said.startswith(f"**{item.title}.**") and all(f"`{ln}`" in said for ln in lines)
+    with pytest.raises(LookupError, match="re-check"):
+        explained.installed_line("torch/nn/modules/linear.py", "no such text in torch")
+    with pytest.raises(KeyError, match="no explained problem"):
+        gotchas_view.explained_markdown("nope")
+
+
+def test_eval_logits_bytes_of_the_book_recipe():
+    from smolfsdp.config import load_config
+    from smolfsdp.estimate.params import resolve_model_config
+    from smolfsdp.paths import recipe
+
+    assert explained.gathered_logits_bytes(2, 3, 5, 2) == 60
+    cfg = load_config(recipe("smollm3_3b_medical"))
+    vocab = resolve_model_config(cfg.model).vocab_size
+    frame = gotchas_view.eval_logits_frame(cfg, resolve_model_config(cfg.model)).set_index(
+        "held on every rank"
+    )
+    step, whole, ids = frame["GiB"].tolist()
+    assert whole * 2**30 == cfg.eval_size * cfg.max_length * vocab * 2  # bf16 logits of every eval row
+    assert step / whole == cfg.per_device_eval_batch_size * cfg.nproc / cfg.eval_size
+    assert ids / whole == 8 / (2 * vocab)  # int64 argmax ids instead of a vocabulary-wide bf16 row
+    assert whole > 80  # more than an 80 GB GPU holds (SmolLM3-3B: 128,256-token vocabulary)

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from smolfsdp.config import GROUPS, TrainConfig
+from smolfsdp.config import GROUPS, QUANTISED_LOADING, QUANTISED_REFUSAL, TrainConfig
 from smolfsdp.errors import ConfigError, did_you_mean
 
 METAVARS = {int: "INT", float: "FLOAT", str: "TEXT"}
@@ -125,7 +125,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def refuse_unknown(tokens: list[str], command: str, valid: list[str]) -> None:
-    """Raise ConfigError for the first unknown ``--option`` in ``tokens``, naming the nearest valid one.
+    """Raise ConfigError for the first unknown ``--option`` in ``tokens``, naming the nearest valid one;
+    a quantised-loading option of TRL (:data:`QUANTISED_LOADING`) gets the reason it is not supported.
 
     Raises:
         ConfigError: always when ``tokens`` is not empty (a stray value names itself).
@@ -135,6 +136,8 @@ def refuse_unknown(tokens: list[str], command: str, valid: list[str]) -> None:
     flag = next((t for t in tokens if t.startswith("-")), tokens[0])
     name = flag.lstrip("-").partition("=")[0]
     what = "option" if flag.startswith("-") else "argument"
+    if what == "option" and name.replace("-", "_") in QUANTISED_LOADING:
+        raise ConfigError(f"{flag.partition('=')[0]}: {QUANTISED_REFUSAL}")
     options = [v.lstrip("-").replace("-", "_") for v in valid]
     hint = did_you_mean(name.replace("-", "_"), options, show="--{}".format) if what == "option" else ""
     raise ConfigError(

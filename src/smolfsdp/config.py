@@ -328,10 +328,29 @@ def field_names() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
 
 
+#: TRL's quantisation options (``trl.ModelConfig``), refused with the reason rather than as unknown options
+QUANTISED_LOADING = (
+    "load_in_4bit",
+    "load_in_8bit",
+    "bnb_4bit_quant_type",
+    "bnb_4bit_quant_storage",
+    "use_bnb_nested_quant",
+)
+QUANTISED_REFUSAL = (
+    "smolfsdp does not load models in 4 or 8 bits (QLoRA): bitsandbytes' quantised layers need a CUDA GPU, and FSDP1 "
+    "shards them only when their packed bytes are stored in the other parameters' dtype (bnb_4bit_quant_storage); "
+    "see `smolfsdp gotchas --run qlora_integer_storage` and the chapter 'Debugging the seams'. Use --lora on the "
+    "bf16 model instead."
+)
+
+
 def check_keys(keys, where: str) -> None:
-    """Raise ConfigError for keys that are not TrainConfig fields, suggesting the nearest one."""
+    """Raise ConfigError for keys that are not TrainConfig fields, suggesting the nearest one (a quantised-loading
+    key of TRL's, :data:`QUANTISED_LOADING`, gets the reason it is not supported)."""
     valid = field_names()
     for key in keys:
+        if key in QUANTISED_LOADING:
+            raise ConfigError(f"{key!r} in {where}: {QUANTISED_REFUSAL}")
         if key not in valid:
             raise ConfigError(
                 f"Unknown key {key!r} in {where}.{did_you_mean(key, valid)} Valid keys: {', '.join(valid)}."

@@ -14,6 +14,7 @@ reader reads it (no dict or list reprs, no NaN), long messages wrapped. Nothing 
 from __future__ import annotations
 
 import html
+import re
 import signal
 from collections.abc import Mapping
 from typing import Any
@@ -21,13 +22,18 @@ from typing import Any
 import pandas as pd
 
 from smolfsdp.book import tables
+from smolfsdp.gotchas.explained import EXPLAINED, Explained, gathered_logits_bytes, source_lines
 from smolfsdp.gotchas.registry import GOTCHAS, KIND_LEGEND, WRONG, GotchaResult
 
 FORMS = ("failing", "fixed")
 SEED_FIX = "the seed's fix"  # the column of GotchaResult.seed_fix, between the failing and the fixed form
 DECIMALS = 4  # a loss of 6.9995 or a change of 0.0101 must not read 7.00 / 0.01
 SAID = ("outcome", "error", "message", "symptom", "why")  # folded into the outcome row, not rows of their own
-PERCENT = ("held_per_rank",)  # shares of the model (1.0 = all of it): read as "100%", not 1.0000
+PERCENT = (
+    "held_per_rank",
+    "weights_changed",
+)  # shares (1.0 = all of it): read as "100%" or "15.6%", not 1.0000
+SECONDS = "_s"  # a key ending so is in seconds: labelled "... (s)", one decimal
 # the gradient-checkpointing grid's settings (smolfsdp.gotchas.cases_distributed.gradient_checkpointing), in words and order
 SETTING_WORDS = {
     "none": "none (activations stored)",
@@ -56,11 +62,20 @@ def outcome_text(form: Mapping[str, Any], refusal: bool = False, seed: bool = Fa
     return f"{said}. Why: {form['why']}" if form.get("why") else said
 
 
+#: a single shape as a message prints it (``input sizes [[512, 128]]``, smolfsdp's CollectiveError): read as 512 × 128
+_SHAPE_LIST = re.compile(r"\[\[(\d+(?:, \d+)*)\]\]")
+
+
+def message_text(message: str) -> str:
+    """An exception's message for a cell: a one-shape list (``[[512, 128]]``) reads ``512 × 128``; the rest as is."""
+    return _SHAPE_LIST.sub(lambda m: " × ".join(m.group(1).split(", ")), message)
+
+
 def _outcome_words(form: Mapping[str, Any], refusal: bool, seed: bool) -> str:
     outcome = form.get("outcome")
     if outcome == "error":
         said = "still fails" if seed else "refused" if refusal else "error"
-        return f"{said}: {form.get('error')}: {form.get('message', '')}".rstrip(": ")
+        return f"{said}: {form.get('error')}: {message_text(form.get('message', ''))}".rstrip(": ")
     if outcome == WRONG:
         return f"wrong result: {form.get('symptom', '')}"
     if outcome == "crash":
@@ -78,8 +93,11 @@ def _value(value: Any, key: str = "") -> str:
     """A nested attempt (a dict with an outcome) reads as its outcome and its values; a share of the
     model (:data:`PERCENT`) as a percentage; a weight difference or change exactly (``tables.difference_text``), a shape as ``2 x 24 x 128``;
     the rest as cells."""
-    if key in PERCENT and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value:.0%}"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if key in PERCENT and number:
+        return f"{value:.0%}" if float(value * 100).is_integer() else f"{value:.1%}"
+    if key.endswith(SECONDS) and number:
+        return tables.number_text(float(value), 1)
     if key == "max_abs_diff" and isinstance(value, float):
         return tables.difference_text(value)
     if key == "max_param_change" and isinstance(value, float):
@@ -87,10 +105,17 @@ def _value(value: Any, key: str = "") -> str:
     if key == "shape" and isinstance(value, (list, tuple)):
         return " x ".join(f"{n:,}" for n in value)
     if isinstance(value, Mapping) and "outcome" in value:
-        rest = {k: v for k, v in value.items() if k not in SAID}
+        rest = "; ".join(f"{_label(k)}: {_value(v, k)}" for k, v in value.items() if k not in SAID)
         said = outcome_text(value)
-        return f"{said}; {tables.cell_text(rest, DECIMALS)}" if rest else said
+        return f"{said}; {rest}" if rest else said
     return tables.cell_text(value, DECIMALS)
+
+
+def _label(key: str) -> str:
+    """A row label: ``group_timeout_s`` -> ``group timeout (s)``, else ``tables.readable_name``."""
+    if key.endswith(SECONDS):
+        return f"{tables.readable_name(key[: -len(SECONDS)])} (s)"
+    return tables.readable_name(key)
 
 
 def is_grid(result: GotchaResult) -> bool:
@@ -144,9 +169,7 @@ def side_by_side(result: GotchaResult) -> pd.DataFrame:
         ]
     }
     for k in keys:
-        rows[tables.readable_name(k)] = [
-            _value(form[k], k) if k in form else tables.MISSING for form in cols.values()
-        ]
+        rows[_label(k)] = [_value(form[k], k) if k in form else tables.MISSING for form in cols.values()]
     frame = pd.DataFrame.from_dict(rows, orient="index", columns=list(cols))
     frame.index.name = "what was seen"
     return frame
@@ -189,12 +212,66 @@ class Section:
         self.table = tables.show(grid(result) if is_grid(result) else side_by_side(result))
 
     def __repr__(self) -> str:  # plain-text outputs (a terminal, a text-only notebook viewer)
-        return f"{self.result.title}\n{self.table.data.to_string()}\n\n{self.result.explanation}"
+        thread = f"\n\nReported upstream: {self.result.thread}" if self.result.thread else ""
+        return f"{self.result.title}\n{self.table.data.to_string()}\n\n{self.result.explanation}{thread}"
 
     def _repr_html_(self) -> str:
-        return self.table.to_html() + f"<p>{html.escape(self.result.explanation)}</p>"
+        said = self.table.to_html() + f"<p>{html.escape(self.result.explanation)}</p>"
+        if self.result.thread:
+            link = html.escape(self.result.thread)
+            said += f'<p>Reported upstream: <a href="{link}">{link}</a></p>'
+        return said
 
 
 def section(result: GotchaResult) -> Section:
     """The chapter's call per gotcha: failing and fixed side by side, then why (HTML)."""
     return Section(result)
+
+
+# --------------------------------------------------------------------------- explained, not run here
+def _explained(name: str) -> Explained:
+    found = [e for e in EXPLAINED if e.name == name]
+    if not found:
+        raise KeyError(f"no explained problem {name!r}; known: {[e.name for e in EXPLAINED]}")
+    return found[0]
+
+
+def explained_table() -> pd.DataFrame:
+    """One row per problem the chapter explains without running it (``smolfsdp.gotchas.explained``): its
+    title, why it is not run here, where the installed libraries do it (``file:line``) and the public threads."""
+    return pd.DataFrame(
+        [
+            {"problem": e.title, "why it is not run here": e.why_not_run_here,
+             "where (installed source)": "; ".join(source_lines(e)), "reported in": "; ".join(e.threads)}
+            for e in EXPLAINED
+        ]
+    )  # fmt: skip
+
+
+def explained_markdown(name: str) -> str:
+    """The chapter's paragraph for one explained problem (Markdown): what happens, the fix, the installed
+    source lines and the threads. Raises KeyError for an unknown name, LookupError when a cited line moved."""
+    e = _explained(name)
+    where = ", ".join(f"`{line}`" for line in source_lines(e))
+    threads = ", ".join(f"<{t}>" for t in e.threads)
+    return f"**{e.title}.** {e.what_happens} **Fix:** {e.fix} **Where:** {where}. **Reported:** {threads}."
+
+
+def eval_logits_frame(cfg, model_config) -> pd.DataFrame:
+    """What the Trainer's evaluation keeps per rank for a recipe ``cfg`` (``TrainConfig``: ``eval_size`` rows,
+    ``max_length`` tokens, ``per_device_eval_batch_size`` x ``nproc`` rows per step) and a model config (its
+    ``vocab_size``): bf16 logits per step and for the whole evaluation, and the argmax ids instead (GiB,
+    ``smolfsdp.gotchas.explained.gathered_logits_bytes``; an upper bound: rows padded to ``max_length``)."""
+    step_rows = cfg.per_device_eval_batch_size * cfg.nproc
+    rows = [
+        ("logits of one evaluation step (gathered from every rank)", step_rows, model_config.vocab_size, 2),
+        ("logits of the whole evaluation", cfg.eval_size, model_config.vocab_size, 2),
+        ("argmax ids of the whole evaluation (preprocess_logits_for_metrics)", cfg.eval_size, 1, 8),
+    ]
+    return pd.DataFrame(
+        [
+            {"held on every rank": what, "rows": n, "tokens per row": cfg.max_length,
+             "GiB": gathered_logits_bytes(n, cfg.max_length, vocab, size) / 2**30}
+            for what, n, vocab, size in rows
+        ]
+    )  # fmt: skip

@@ -25,6 +25,7 @@ class Gotcha:
     kind: str
     explanation: str
     fn: Any = field(repr=False, default=None)
+    thread: str = ""  # the public report (issue or pull request) a users' problem comes from
 
 
 @dataclass
@@ -37,13 +38,14 @@ class GotchaResult:
     versions: dict[str, str]
     # the fix a seed (one of the book's source posts) gave, where it differs from ours and was run too
     seed_fix: dict[str, Any] | None = None
+    thread: str = ""  # Gotcha.thread: where users reported it
 
 
 GOTCHAS: dict[str, Gotcha] = {}  # the catalogue below, in the chapter's order; ``fn`` set by the cases
 
 
-def _entry(name: str, title: str, kind: str, explanation: str) -> None:
-    GOTCHAS[name] = Gotcha(name, title, kind, " ".join(explanation.split()))
+def _entry(name: str, title: str, kind: str, explanation: str, thread: str = "") -> None:
+    GOTCHAS[name] = Gotcha(name, title, kind, " ".join(explanation.split()), thread=thread)
 
 
 def gotcha(name: str):
@@ -212,4 +214,117 @@ _entry(
     FSDP1 with gloo and no GPU kills rank 0 with SIGSEGV (exit code -11) in torch 2.13: a real
     crash, not an exception, so it is run in its own launch. On CPU the gathered tensors are in host
     memory already: pass cpu_offload only when the device is CUDA (smolfsdp.train.export.save_final_model).""",
+)
+
+# ------------------------------------------------------------------ problems users reported (issue threads)
+# cases in cases_reported and cases_collectives; the ones that need a GPU are explained in ``explained``.
+REPORTED = (
+    "forward_before_optimizer", "qlora_integer_storage", "kv_cache_checkpointing", "state_dict_one_rank",
+    "rank0_works_alone", "clip_grad_norm_fsdp1", "bf16_weights_lose_updates",
+)  # fmt: skip
+
+_entry(
+    "forward_before_optimizer",
+    "FSDP2: a forward before the optimizer, and parameters that never train",
+    DIST,
+    """FSDP2 keeps the root group (here the tied embed_tokens/lm_head and the final norm) gathered after
+    its forward: torch 2.13 does not reshard the root after forward unless asked (backward needs it at
+    once), and apply_fsdp2 keeps root_reshard_after_forward=False for the same reason. While gathered, the
+    modules' attributes are plain tensors (FSDPParam.to_unsharded), so an optimizer built then from
+    model.parameters() holds those, not the sharded DTensors. Backward reduce-scatters each gradient onto the
+    DTensor shard and clears the gathered tensor's, so step() finds no gradient on what it holds and the
+    shards are never updated: the loss falls (the decoder layers train) while the embedding and the final norm
+    stay bit-for-bit what they were. The 'where' row gives the two lines of the installed torch. Fix: build the
+    optimizer right after sharding, before any forward (torchtitan's order, and smolfsdp's engines), or call
+    model.reshard() first (the last row of the fixed column).""",
+    thread="https://github.com/pytorch/pytorch/issues/149205",
+)
+
+_entry(
+    "qlora_integer_storage",
+    "QLoRA under FSDP1: 'Cannot flatten integer dtype tensors'",
+    DIST,
+    """bitsandbytes stores 4-bit weights packed two per byte, by default in a uint8 tensor. Here a CPU
+    stand-in does the same to every decoder-layer Linear of the bf16 tiny model
+    (smolfsdp.gotchas.cases_reported.Packed4bitLinear: absmax per row, 16 levels, dequantised in forward).
+    FSDP1 flattens every parameter of a unit into one FlatParameter of one floating dtype and refuses the
+    uint8 weight, the first parameter of each decoder layer. The fix bitsandbytes offers is
+    bnb_4bit_quant_storage: keep the same bytes in a tensor of the other parameters' dtype (bf16). FSDP1
+    then shards and gathers them untouched: the gathered bytes are identical and the logits equal the unsharded
+    model's. FSDP2 (one DTensor per parameter, all-gathered as bytes when dtypes differ) takes uint8 storage
+    as it is. bitsandbytes itself needs a GPU: see the paragraph on QLoRA below the reproduced cases.""",
+    thread="https://github.com/huggingface/peft/issues/1432",
+)
+
+_entry(
+    "kv_cache_checkpointing",
+    "Activation checkpointing with the KV cache on: a shape mismatch in backward",
+    DIST,
+    """SmolLM3's config keeps use_cache=True, so a training forward builds a DynamicCache and every decoder
+    layer appends its keys and values to it. Under activation checkpointing the layer's forward runs again in
+    backward and appends them a second time: the recomputed attention sees twice the key length, and with a
+    padded batch the mask no longer fits (the size mismatch in the outcome row; on GPUs with flash attention,
+    torch.utils.checkpoint's "Recomputed values ... have different metadata").
+    transformers' own gradient_checkpointing turns the cache off; FSDP's checkpoint wrapper (accelerate's
+    fsdp_activation_checkpointing, or a hand-written loop) does not. Fix: config.use_cache=False, as
+    smolfsdp.sharding.shards.apply_activation_checkpointing sets; the recomputed step's loss then equals the
+    loss without checkpointing.""",
+    thread="https://github.com/huggingface/transformers/issues/34928",
+)
+
+_entry(
+    "state_dict_one_rank",
+    "A save that hangs: one rank skips the state-dict gather",
+    DIST,
+    """A full state dict (get_model_state_dict with full_state_dict=True, FSDP1's FULL_STATE_DICT, or
+    accelerate's get_state_dict) all-gathers every sharded parameter: a collective every rank must call, even
+    the ranks that do not write the file. Written as `if rank == 0: sd = get_model_state_dict(...)`, rank 0
+    waits in the first all-gather for a rank that never comes, for the process group's timeout (the
+    'default timeouts' row; NCCL's own default on CUDA builds is shorter); here the group's timeout is cut to
+    seconds. gloo's error names
+    no collective; smolfsdp.sharding.distributed.name_collective_errors (around every launched run) re-raises
+    it as a CollectiveError naming the rank, the collective and its input sizes (the 'package guard' row).
+    The rule: every rank calls the gather, rank 0 alone writes (smolfsdp.train.export.save_final_model).""",
+    thread="https://github.com/huggingface/transformers/pull/10596",
+)
+
+_entry(
+    "rank0_works_alone",
+    "A collective timeout while rank 0 tokenises alone",
+    DIST,
+    """TRL's SFTTrainer tokenises inside main_process_first: the other ranks wait at a barrier while rank 0
+    maps the data set, and a barrier is a collective bounded by the process group's timeout (the Trainer's
+    ddp_timeout; NCCL's watchdog then kills the process). Data sets that take longer than that
+    to tokenise kill the run before its first step. Here rank 0 works for a few seconds (a sleep standing in
+    for tokenising) against a group timeout of less: the waiting rank times out (rank 0's own barrier then
+    finds its peer gone). The fixes: a timeout sized to the work (ddp_timeout, accelerate's
+    InitProcessGroupKwargs), tokenising once before training (datasets caches it), or every rank preparing its
+    own copy with no barrier, as smolfsdp.data.prepare does.""",
+    thread="https://github.com/hiyouga/LlamaFactory/issues/2424",
+)
+
+_entry(
+    "clip_grad_norm_fsdp1",
+    "torch.nn.utils.clip_grad_norm_ on an FSDP1 model",
+    DIST,
+    """FSDP1's model.parameters() on each rank are views into its own shard of the FlatParameter, so
+    torch.nn.utils.clip_grad_norm_ computes each rank's own norm and scales each shard by a different factor:
+    the clipped gradient is not the clipped gradient of the model (its norm is not max_norm). Fix:
+    FullyShardedDataParallel.clip_grad_norm_, which all-reduces the squared norms first; every rank then
+    returns the model's norm. FSDP2 does not need it: its parameters are DTensors, and
+    torch.nn.utils.clip_grad_norm_ computes the norm over the whole DTensor (smolfsdp.train.steps uses each).""",
+    thread="https://github.com/pytorch/pytorch/issues/72548",
+)
+
+_entry(
+    "bf16_weights_lose_updates",
+    "bf16 weights lose most small updates",
+    DIST,
+    """A model loaded in bf16 and sharded as it is keeps its only copy of the weights in bf16: 8 significant
+    bits, so an update smaller than half the spacing between neighbouring bf16 values near the weight
+    rounds back to the same value. AdamW's first step moves each weight by about the learning rate; at a
+    fine-tuning rate (the 'learning rate' row), only the weights smallest in magnitude move. Fix: keep fp32 sharded weights and
+    compute in bf16 (FSDP1's MixedPrecision(param_dtype=torch.bfloat16), FSDP2's MixedPrecisionPolicy, the
+    package's mixed_precision: bf16): the optimizer updates fp32 values and every weight moves.""",
+    thread="https://github.com/vllm-project/speculators/pull/765",
 )

@@ -35,7 +35,7 @@ import torch
 from smolfsdp.errors import ConfigError
 
 # importing the case modules attaches their functions to the catalogue's entries (GOTCHAS)
-from smolfsdp.gotchas import cases_distributed, cases_local  # noqa: F401
+from smolfsdp.gotchas import cases_collectives, cases_distributed, cases_local, cases_reported  # noqa: F401
 from smolfsdp.gotchas.cases_local import trackio_form
 from smolfsdp.gotchas.registry import (
     CRASH,
@@ -123,7 +123,7 @@ def run_gotchas(
     return {
         n: GotchaResult(
             n, GOTCHAS[n].title, raw[n]["failing"], raw[n]["fixed"], GOTCHAS[n].explanation, vers,
-            seed_fix=raw[n].get("seed_fix"),
+            seed_fix=raw[n].get("seed_fix"), thread=GOTCHAS[n].thread,
         )
         for n in names
     }  # fmt: skip
