@@ -118,7 +118,7 @@ def test_sixteen_gb_on_four_against_sequence_length():
 
 
 def test_source_line_names_a_changed_library():
-    with pytest.raises(LookupError, match="re-check the claim"):
+    with pytest.raises(LookupError, match="re-check what cites it"):
         sc.source_line("transformers.training_args", "no such line in any version 123")
 
 

@@ -27,8 +27,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import TrainingArguments
 
 from smolfsdp.gotchas.builders import decoder_layer_cls, shard_fsdp2, tiny_model
-from smolfsdp.gotchas.explained import installed_line
 from smolfsdp.gotchas.registry import gotcha
+from smolfsdp.installed_source import installed_line
 from smolfsdp.sharding.distributed import CollectiveError, name_collective_errors
 from smolfsdp.sharding.fsdp2 import apply_fsdp2
 

@@ -29,8 +29,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.tensor import DTensor
 
 from smolfsdp.gotchas.builders import decoder_layer_cls, full_tensor, rank_batch, shard_fsdp2, tiny_model
-from smolfsdp.gotchas.explained import installed_line
 from smolfsdp.gotchas.registry import WRONG, attempt, gotcha
+from smolfsdp.installed_source import installed_line
 from smolfsdp.sharding.fsdp1 import fsdp_units, wrap_fsdp1
 from smolfsdp.sharding.shards import apply_activation_checkpointing
 

@@ -11,30 +11,9 @@ No torch here (reading a library's source file does not import it).
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 
-
-def installed_line(path: str, needle: str) -> str:
-    """``path:LINE``: the first line of the installed file ``path`` (``package/sub/file.py``) that holds ``needle``.
-
-    The package is found with ``importlib.util.find_spec`` on its top-level name, so nothing is imported (the
-    same citation as ``smolfsdp.audit.seeds.installed_stack.source_line``, which sits above this layer).
-    Raises LookupError when the package is absent or the text is gone: another version is installed, and the
-    explanation that cites it must be checked again.
-    """
-    top, _, rest = path.partition("/")
-    spec = importlib.util.find_spec(top)
-    if spec is None or not spec.submodule_search_locations:
-        raise LookupError(f"{top} is not installed")
-    file = Path(spec.submodule_search_locations[0]) / rest
-    for number, line in enumerate(file.read_text().splitlines(), start=1):
-        if needle in line:
-            return f"{path}:{number}"
-    raise LookupError(
-        f"{needle!r} not found in {file}: the installed {top} changed; re-check the explanation"
-    )
+from smolfsdp.installed_source import installed_line
 
 
 @dataclass(frozen=True)

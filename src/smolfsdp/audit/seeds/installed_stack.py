@@ -1,32 +1,16 @@
 """What the installed libraries do, read from them: the file and line of their source that decides a
-behaviour, and what transformers' ``TrainingArguments`` makes of an ``fsdp_config``. The evidence of
+behaviour (``smolfsdp.installed_source.source_line``), and what transformers' ``TrainingArguments`` makes of an ``fsdp_config``. The evidence of
 the chapter "What the seeds say, and what we measured" (``smolfsdp.audit.seeds.claims``): when a pinned
 version moves, these fail or change, and so does the page.
 
-    python -c "from smolfsdp.audit.seeds.installed_stack import source_line as s; print(s('transformers.training_args', 'cpu_offload'))"
+    python -c "from smolfsdp.installed_source import source_line as s; print(s('transformers.training_args', 'cpu_offload'))"
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-from pathlib import Path
 
-
-def source_line(module: str, needle: str) -> str:
-    """``package/file.py:LINE`` of the first line of the installed ``module`` that contains ``needle``.
-
-    Raises LookupError when the text is gone (a different version is installed: re-check the claim)."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise LookupError(f"{module} is not installed")
-    path = Path(spec.origin)
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if needle in line:
-            top = module.split(".")[0]
-            rel = path.as_posix().split(f"/{top}/", 1)[-1]
-            return f"{top}/{rel}:{number}"
-    raise LookupError(f"{needle!r} not found in {path}: the installed {module} changed; re-check the claim")
+from smolfsdp.installed_source import source_line  # noqa: F401  (the claims cite through it)
 
 
 def trainer_fsdp_view(fsdp_config: dict, fsdp: bool | str = True) -> tuple[dict, list[str]]:
