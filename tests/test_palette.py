@@ -4,7 +4,7 @@
 import pandas as pd
 
 from smolfsdp.book import dryrun_views
-from smolfsdp.book.figures import fit_explorer, mechanisms, palette, scale
+from smolfsdp.book.figures import fit_explorer, mechanisms, palette, scale, schematics
 from smolfsdp.book.figures import timeline as trace
 from smolfsdp.book.figures.memory_bars import plot_estimate_vs_measured, plot_memory_breakdown
 from smolfsdp.estimate.memory import estimate_memory
@@ -49,6 +49,8 @@ def test_figures_draw_with_the_palette_and_red_means_does_not_fit():
         "dry-run step": dryrun_views.plot_step_memory(grid["runs"][0]),
         "comm volumes": mechanisms.plot_comm_volumes(mechanisms.comm_volume_table("smollm3-3b", n_gpus=8)),
         "overlap": trace.plot_overlap(steps),
+        "step schematic": schematics.plot_step_schematic(schematics.step_schedule(), schematics.unit_bytes()),
+        "flat vs DTensor": schematics.plot_flat_vs_dtensor(schematics.shard_segments()),
     }
     for name, fig in figures.items():
         colours = _colours(fig)
