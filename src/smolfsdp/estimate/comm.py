@@ -82,8 +82,7 @@ def estimate_collectives(
     with ``no_sync`` (FSDP1 ``no_sync()`` / FSDP2 ``set_requires_gradient_sync(False)``, which keep
     unsharded gradients); HYBRID_SHARD adds an all-reduce of each gradient shard across the
     ``n_gpus / shard_size`` replicas (default: one node). NO_SHARD: DDP all-reduces all gradients in 25 MiB
-    buckets. ``no_sync=None``: True for DDP (the default of accelerate's ``accumulate()`` and the Trainer;
-    free), False for FSDP (smolfsdp's engines reduce every micro-batch; the Trainer's default would be True).
+    buckets. ``no_sync=None``: True for DDP (accelerate's and the Trainer's default; free), False for FSDP (as smolfsdp runs it).
     Dtypes: all-gathers in the compute dtype (``mixed_precision`` bf16 -> 2 bytes, "no" -> 4),
     gradient reductions in ``reduce_dtype`` (fp32, as smolfsdp's FSDP1 ``MixedPrecision`` and FSDP2
     ``MixedPrecisionPolicy`` set it; ignored when ``mixed_precision="no"``).
