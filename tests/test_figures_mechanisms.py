@@ -122,3 +122,80 @@ def test_peaks_differ_only_outside_each_others_range():
     assert "Every range overlaps" in probe_views.memory_sentence(
         {"root kept (default)": r(100, 110), "root resharded": r(105, 108), "nothing resharded": r(109, 120)}
     )
+
+
+def _fills(fig, colour: str) -> list:
+    return [s for s in fig.layout.shapes if s.fillcolor == colour]
+
+
+def test_step_schematic_draws_the_layouts_bytes_and_the_models_collectives():
+    """The drawn step (issue 41) holds real sizes: each unit's shard and full bytes equal the worked-example
+    table built from the meta model, each slot's bytes equal that table's "held while computing" where a unit
+    computes, and the collectives equal the communication model's (and the probe's: 9 all-gathers, 5
+    reduce-scatters)."""
+    from smolfsdp.book.figures import palette, schematics
+    from smolfsdp.estimate.comm import estimate_collectives
+    from smolfsdp.probes.mechanics import fsdp_unit_table
+
+    sched, units = schematics.step_schedule("tiny", 2), schematics.unit_bytes("tiny", 2)
+    table = fsdp_unit_table("tiny", world_size=2)
+    rows = {"root": table.iloc[0], **{f"layer {i}": table.loc[f"model.layers.{i}"] for i in range(4)}}
+    for u, row in rows.items():
+        assert (
+            units[u]["full"] == row["full_bytes"] and units[u]["shard"] == [row["shard_bytes_per_rank"]] * 2
+        )
+    computing = {c.split(": ")[0]: r for c, r in zip(sched["compute"], sched.itertuples(), strict=True)
+                 if r.phase == "forward" and isinstance(c, str) and c.endswith(("forward", "embedding"))}  # fmt: skip
+    for u, row in rows.items():  # the forward slot of each unit (the root: its embedding)
+        assert computing[u].held_bytes_rank0 == row["held_while_computing_bytes"], u
+    assert (sched["held_bytes_rank0"] == sched["held_bytes_rank1"]).all()
+    kinds = [k for c in sched["collectives"] for k, _ in c]
+    coll = estimate_collectives("tiny", n_gpus=2, fsdp_version=2, mixed_precision="no")
+    for kind, n in (("all-gather", 9), ("reduce-scatter", 5)):
+        assert kinds.count(kind) == coll.loc[coll["kind"].eq(kind), "count"].sum() == n
+    fig = schematics.plot_step_schematic(sched, units)
+    assert len(_fills(fig, palette.COLLECTIVE["all-gather"])) == 9
+    assert len(_fills(fig, palette.COLLECTIVE["reduce-scatter"])) == 5
+    assert len(_fills(fig, palette.TRACE_CATEGORY["compute"])) == 2 * sched["compute"].map(type).eq(str).sum()
+    bars = [t for t in fig.data if t.type == "bar"]
+    drawn = [sum(t.y[i] for t in bars) for i in range(len(sched))]
+    assert drawn == pytest.approx((sched["held_bytes_rank0"] / 1024).tolist())
+    rank1 = next(t for t in fig.data if t.name == "rank 1: total")
+    assert list(rank1.y) == pytest.approx((sched["held_bytes_rank1"] / 1024).tolist())
+    said = schematics.step_schematic_reading(sched, units)
+    assert (
+        f"{sched['held_bytes_rank0'].max() / 1024:,.1f} KiB" in said
+        and "9 all-gathers and 5 reduce-scatters" in said
+    )
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_flat_vs_dtensor_pieces_equal_the_layouts_shards(world_size):
+    """Each rank's pieces in the drawing are the layout's: FSDP1's per-parameter elements on each rank equal
+    ``flat_layout`` (3 ranks: with its padding), FSDP2's rows times columns equal ``dim0_layout``."""
+    from smolfsdp.book.figures import palette, schematics
+    from smolfsdp.estimate.layout import dim0_layout, flat_layout
+    from smolfsdp.estimate.params import model_units, resolve_model_config
+
+    params = model_units(resolve_model_config("tiny"))["model.layers.0"]
+    seg = schematics.shard_segments("tiny", "model.layers.0", world_size=world_size)
+    flat, two = seg["fsdp1"], seg["fsdp2"]
+    for r in range(world_size):
+        shard, local = flat_layout(params, world_size, r, 4)
+        mine = flat[flat["rank"] == r]
+        assert int((mine["end"] - mine["start"]).sum()) == shard
+        for p, n in zip(params, local, strict=True):
+            piece = mine[mine["parameter"] == schematics._short(p.name)]
+            assert int((piece["end"] - piece["start"]).sum()) == n, (r, p.name)
+            rows = two[(two["parameter"] == schematics._short(p.name)) & (two["rank"] == r)].iloc[0]
+            assert (rows["row_end"] - rows["row_start"]) * rows["cols"] == dim0_layout(p, world_size, r)[1]
+    padding = flat[flat["parameter"] == "padding"]
+    assert int((padding["end"] - padding["start"]).sum()) == world_size * shard - sum(p.numel for p in params)
+    if world_size == 2:
+        fig = schematics.plot_flat_vs_dtensor(seg)
+        wide = [s for s in fig.layout.shapes if s.yref == "y"]  # row 1: the flat buffer
+        for r in range(2):
+            drawn = sum(s.x1 - s.x0 for s in wide if s.fillcolor == palette.SHARD[f"rank {r}"])
+            assert drawn == shard
+        said = schematics.flat_vs_dtensor_reading(seg)
+        assert f"{shard:,} elements on each rank" in said and "43,136 elements of `gate_proj`" in said

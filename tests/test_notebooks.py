@@ -389,6 +389,28 @@ def test_pages_print_no_machine_path(executed):
         )
 
 
+#: a progress line on a page (issue 41): a tqdm bar, a heartbeat, a rank's log line, a launch or import note
+PROGRESS_LINE = re.compile(
+    r"\d+%\||\d it/s|\d s/it|still running, \d|^\[rank\d\]|\[dry run\]|importing .*\(seconds\)|starting \d CPU rank",
+    re.M,
+)
+
+
+def test_pages_show_no_progress_lines(executed):
+    """Progress is seen while a cell runs, never kept (``smolfsdp.launch.progress.live_say``): no executed
+    chapter's outputs, and no page's visible text, hold a progress bar, a heartbeat or a rank's log line."""
+    notebooks, html_dir, _ = executed
+    for name, nb in notebooks.items():
+        for cell in nb.cells:
+            for o in cell.get("outputs", []):
+                texts = [o.get("text", "")] + [v for v in o.get("data", {}).values() if isinstance(v, str)]
+                hits = [m for t in texts for m in PROGRESS_LINE.findall(t)]
+                assert not hits, (name, hits, cell.source[:80])
+    bars = re.compile(r"\d+%\||\d it/s|still running, \d|^\[rank\d\]", re.M)  # the notes' text is code there
+    for html in sorted(html_dir.glob("*.html")):
+        assert not bars.findall(visible_text(html.read_text())), html.name
+
+
 def test_html_in_chromium(executed):
     if CHROMIUM is None:
         if os.environ.get("CI"):

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from smolfsdp.book.profiles import PROFILES, check_profile  # noqa: F401 (PROFILES: re-exported)
 from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.launch.progress import QUARTO_DISPLAY
 from smolfsdp.paths import repo_root
 
 
@@ -207,7 +208,8 @@ def execute_chapter(
     Cells tagged ``remove-cell`` (the parameters and the injected cell) are
     left out of the HTML, as Quarto leaves them out of the book. A page with a figure loads
     ``plotly.min.js`` from ``html_dir`` (written there once: :func:`plotting.write_plotlyjs`), as the Quarto
-    site loads it from its ``site_libs/``. Returns the executed notebook.
+    site loads it from its ``site_libs/``. Outputs Quarto leaves off a page (:func:`drop_undisplayed_outputs`:
+    the emptied progress displays) are removed before the HTML is written. Returns the executed notebook.
     Raises ``nbclient.exceptions.CellExecutionError`` on the first failing cell, with its traceback.
     """
     from nbclient import NotebookClient  # deferred: dev extra, book tooling only
@@ -233,6 +235,7 @@ def execute_chapter(
         finally:
             if bar is not None:
                 bar.close()
+    drop_undisplayed_outputs(nb)
     if html_dir is not None:
         from nbconvert import HTMLExporter  # deferred: dev extra, book tooling only
         from traitlets.config import Config  # deferred: dev extra (nbconvert's), book tooling only
@@ -245,6 +248,19 @@ def execute_chapter(
         body, _ = HTMLExporter(config=cfg).from_notebook_node(nb)
         (out / f"{path.stem}.html").write_text(with_plotlyjs(body, out))
     return nb
+
+
+def drop_undisplayed_outputs(nb) -> int:
+    """Remove, in place, every output Quarto would leave off the page (output metadata ``quarto_display``
+    false: the emptied live progress displays of ``smolfsdp.launch.progress.LiveLines``), so the HTML and the
+    executed notebooks written here show what a Quarto render shows. Returns how many were removed."""
+    removed = 0
+    for cell in nb.cells:
+        kept = [o for o in cell.get("outputs", []) if o.get("metadata", {}).get(QUARTO_DISPLAY) is not False]
+        removed += len(cell.get("outputs", [])) - len(kept)
+        if "outputs" in cell:
+            cell["outputs"] = kept
+    return removed
 
 
 def with_plotlyjs(page: str, folder: Path) -> str:

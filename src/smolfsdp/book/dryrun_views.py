@@ -16,6 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from smolfsdp.book.figures import palette
+from smolfsdp.estimate.params import LoraSpec
 from smolfsdp.estimate.recipe_peak import (
     moment_words,
     recipe_peak,
@@ -23,6 +24,7 @@ from smolfsdp.estimate.recipe_peak import (
     settings_line,
     traced_moment,
 )
+from smolfsdp.estimate.recompute import recompute_share
 from smolfsdp.paths import repo_root
 
 GIB = 2**30
@@ -297,9 +299,8 @@ def flops_reading(grid: dict) -> str:
         + "; ".join(parts)
         + ". Without checkpointing the excess is what the attention "
         "backward computes again (the scores `Q·K^T`, 2·L·H·Q·T per token), which model FLOPs leave out by "
-        "definition (`tests/test_dryrun.py` checks it to 0.1 %). With checkpointing each layer's forward runs "
-        "twice: hardware FLOPs the GPU spends, not model FLOPs, so an MFU from the formula reads lower than "
-        "how busy the GPU is by that ratio."
+        "definition (`tests/test_dryrun.py` checks it to 0.1 %). "
+        + recompute_reading([r for r in rest if r["setup"]["activation_checkpointing"]])
     )
     if fsdp1_lora:
         ratios = [r["flops_counted"] / r["flops_formula"] for r in fsdp1_lora]
@@ -309,6 +310,34 @@ def flops_reading(grid: dict) -> str:
             "the formula counts 4 for a frozen weight), and the gradient is thrown away."
         )
     return text
+
+
+def recompute_reading(runs: list[dict]) -> str:
+    """What checkpointing adds to the grid's ``runs`` (those with activation checkpointing), computed by
+    ``smolfsdp.estimate.recompute.recompute_share`` for each run's model, sequence, mode and LoRA: the share of
+    the decoder layers' forward FLOPs the backward recomputes (not all of it: torch's checkpoint stops before
+    each layer's last matmul) and of the step's model FLOPs."""
+    shares = [
+        recompute_share(
+            r["setup"]["model"], r["setup"].get("ac_mode") or "full", r["setup"].get("ac_every"),
+            seq_len=r["setup"]["max_length"], lora=LoraSpec() if r["setup"]["lora"] else None,
+        )
+        for r in runs
+    ]  # fmt: skip
+    if not shares:
+        return ""
+
+    def span(key: str) -> str:
+        lo, hi = min(s[key] for s in shares), max(s[key] for s in shares)
+        return f"{lo:.0%}" if f"{lo:.0%}" == f"{hi:.0%}" else f"{lo:.0%} to {hi:.0%}"
+
+    return (
+        f"With checkpointing the backward recomputes {span('of_forward')} of the decoder layers' forward "
+        "FLOPs, not the whole forward (torch's checkpoint stops before each layer's last matmul: "
+        f"`smolfsdp.estimate.recompute`), {span('of_step')} more than the step's model FLOPs: hardware FLOPs "
+        "the GPU spends, not model FLOPs, so an MFU from the formula reads lower than how busy the GPU is by "
+        "that ratio."
+    )
 
 
 #: The shapes grid (issue 31): SmolLM3-3B, Llama 3.2 1B, Qwen2.5-1.5B and Llama 3.1 8B (untied) at short and long

@@ -1,6 +1,8 @@
 """Sentences of the chapter "FSDP mechanics" that read the step probe (``smolfsdp.probes.step``):
 what resharding the root costs and saves, and how high each variant's memory hill is, each compared
-with the spread of the same peak over the probe's steady steps, so no CPU noise is read as a saving.
+with the spread of the same peak over the probe's steady steps, so no CPU noise is read as a saving; how
+to read the step timelines, naming each block's colour from ``smolfsdp.book.figures.palette`` (the colours
+``mechanisms.plot_step_timeline`` draws with), so a sentence cannot name a colour the figure does not use.
 
     python -c "from smolfsdp.probes.step import measure_step_variants as m; from smolfsdp.book import \\
         probe_views as v; r = {x['variant']: x for x in m('/tmp/probe')[0]}; print(v.memory_sentence(r))"
@@ -8,6 +10,7 @@ with the spread of the same peak over the probe's steady steps, so no CPU noise 
 
 from __future__ import annotations
 
+from smolfsdp.book.figures import palette
 from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.probes.step import MEMORY_STEPS
 
@@ -76,4 +79,40 @@ def memory_sentence(by_variant: dict[str, dict]) -> str:
         "the end of forward, where every saved activation is alive; on a GPU (`torch.cuda.memory_allocated` "
         "over a step) the same shape appears, with the gathered bf16 units as steps of one layer's size at "
         "each all-gather and free."
+    )
+
+
+def timeline_colours_sentence() -> str:
+    """How to read the step timeline's blocks, each named by its colour in the palette: all-gather,
+    reduce-scatter, and where a unit computes (``palette.TRACE_CATEGORY["compute"]``)."""
+    ag, rs = (
+        palette.word(palette.COLLECTIVE["all-gather"]),
+        palette.word(palette.COLLECTIVE["reduce-scatter"]),
+    )
+    compute = palette.word(palette.TRACE_CATEGORY["compute"])
+    return (
+        f"Each decoder layer is a lane, the root (embedding, final norm and the tied `lm_head`) another. Blocks in "
+        f"{ag} are all-gathers (AG) of that unit's parameters, {rs} reduce-scatters (RS) of its gradients, "
+        f"{compute} where the unit computes (the book's colours: `smolfsdp.book.figures.palette`); the step's "
+        "phases are shaded behind. Collectives on a CPU last a fraction of a millisecond, so every block is "
+        "drawn at least 3% of the step wide; hover for the real duration."
+    )
+
+
+def prefetch_reading() -> str:
+    """The sentence under the explicit-prefetch timeline: where the forward all-gathers moved (the compute
+    block named by its palette colour), what did not change, and what explicit prefetching adds on a GPU
+    beyond the default overlap (``smolfsdp.book.library_facts.prefetch_markdown``)."""
+    compute = palette.word(palette.TRACE_CATEGORY["compute"])
+    return (
+        "Compare with the first timeline: with explicit prefetch the forward all-gather of layer *i+1* sits at "
+        f"the start of layer *i*'s {compute} block instead of after it. The counts and bytes do not change (the "
+        '"explicit prefetch" and "root kept (default)" rows of the table above); only when they are issued. On '
+        "CPU, gloo runs the transfers one after another on its own threads, so the step takes no less time. On a "
+        "GPU the all-gathers run on their own CUDA stream in both cases, so the default already overlaps a "
+        "layer's all-gather with the previous layer's matmuls when the CPU runs ahead; explicit prefetching "
+        "issues it earlier from the CPU, which helps where the CPU falls behind (small layers, CPU-heavy steps), "
+        "and a longer list gathers more than one layer ahead. How much a step hides is a measurement: "
+        "@sec-profiling reads overlap from a trace, and the one real GPU trace there is a DDP run, so FSDP's "
+        "case on GPUs is still to be measured."
     )

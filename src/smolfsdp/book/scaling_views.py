@@ -69,9 +69,10 @@ def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> st
         f"bf16 compute with fp32 gradient reduction, AdamW. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
         f"{a['network']} between nodes, {mfu_short(a, recipe_run(load_config(recipe(recipe_name))))}; weak scaling "
         "(tokens per GPU fixed). DDP (NO_SHARD) "
-        "all-reduces the gradients once per optimizer step, as it is run under gradient accumulation (`no_sync()` "
-        "on the other micro-batches: accelerate's `accumulate()` and the Trainer do this); the FSDP strategies "
-        "reduce after every micro-batch, their default."
+        "all-reduces the gradients once per optimizer step, as accelerate's `accumulate()` and the Trainer run it "
+        "by default under gradient accumulation (`no_sync()` on the other micro-batches); the FSDP strategies "
+        "reduce after every micro-batch, as smolfsdp runs them (the Trainer's default would put FSDP under "
+        "`no_sync()` too, holding unsharded gradients: below)."
     )
 
 
@@ -93,7 +94,8 @@ def mfu_short(a: dict, run: dict) -> str:
 
 def ddp_sync_view(a: dict, model="smollm3-3b", n_gpus=(8, 16, 1024)) -> pd.DataFrame:
     """DDP's projected efficiency per GPU count with the gradient all-reduce once per optimizer step
-    (``no_sync`` on all but the last micro-batch, the default) and after every micro-batch (the cost of not
+    (``no_sync`` on all but the last micro-batch, accelerate's and the Trainer's default) and after every
+    micro-batch (the cost of not
     using it), with the recipe's ``gradient_accumulation_steps`` (``a``: :func:`book_assumptions`).
     Columns hold the efficiency as a percentage and the all-reduced bytes per step in GiB."""
     acc = a["gradient_accumulation_steps"]
@@ -122,7 +124,8 @@ def ddp_sync_markdown(view: pd.DataFrame, a: dict) -> str:
         for gpus, r in view.iterrows()
     ]
     return (
-        f"DDP as it is run, all-reducing once per optimizer step, against an all-reduce after each of the {acc} "
+        f"DDP as the Trainer runs it by default, all-reducing once per optimizer step, against an all-reduce "
+        f"after each of the {acc} "
         f"micro-batches ({'; '.join(parts)}). Skipping the sync costs DDP no memory (every GPU holds whole "
         "gradients anyway), so `no_sync()` under accumulation is free; what still limits DDP across nodes is "
         "that the one all-reduce can hide only behind the backward of the last micro-batch."

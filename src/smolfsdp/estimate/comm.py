@@ -14,7 +14,8 @@ arXiv:2304.11277, sec. 3-4; ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, sec
 gradient; SHARD_GRAD_OP (ZeRO-2, ``reshard_after_forward=False``) skips the backward all-gather;
 HYBRID_SHARD (HSDP) does both inside a shard group and all-reduces the gradient shard across
 replicas; NO_SHARD is DDP (bucketed all-reduce of all gradients, Li et al. 2020, arXiv:2006.15704), which
-under gradient accumulation syncs once per optimizer step, as DDP is run (``no_sync`` on the other micro-batches).
+under gradient accumulation syncs once per optimizer step, as accelerate and the Trainer run it by default
+(``no_sync`` on the other micro-batches).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def estimate_collectives(
     with ``no_sync`` (FSDP1 ``no_sync()`` / FSDP2 ``set_requires_gradient_sync(False)``, which keep
     unsharded gradients); HYBRID_SHARD adds an all-reduce of each gradient shard across the
     ``n_gpus / shard_size`` replicas (default: one node). NO_SHARD: DDP all-reduces all gradients in 25 MiB
-    buckets. ``no_sync=None``: as run, True for DDP (``accumulate()``, the Trainer; free), False for FSDP.
+    buckets. ``no_sync=None``: True for DDP (accelerate's and the Trainer's default; free), False for FSDP (as smolfsdp runs it).
     Dtypes: all-gathers in the compute dtype (``mixed_precision`` bf16 -> 2 bytes, "no" -> 4),
     gradient reductions in ``reduce_dtype`` (fp32, as smolfsdp's FSDP1 ``MixedPrecision`` and FSDP2
     ``MixedPrecisionPolicy`` set it; ignored when ``mixed_precision="no"``).

@@ -14,17 +14,24 @@ from smolfsdp.estimate.params import LoraSpec, ParamSpec, model_units
 from smolfsdp.estimate.recipes import Recipe
 
 
-def flat_layout(params: list[ParamSpec], group: int, rank: int, align: int) -> tuple[int, list[int]]:
-    """FSDP1: one FlatParameter per unit. With ``use_orig_params`` each parameter starts at a multiple of
-    16 bytes of the compute dtype and the total is padded to a multiple of the world size
-    (torch/distributed/fsdp/_flat_param.py, ``_init_flat_param_and_metadata``); each rank holds
-    ``ceil(total / group)`` elements. Returns (shard numel, this rank's elements of each parameter)."""
+def flat_offsets(params: list[ParamSpec], align: int) -> tuple[list[int], int]:
+    """FSDP1: where each parameter starts in its unit's FlatParameter, in elements (each at a multiple of
+    ``align`` elements, 0: packed), and where the last one ends (before the padding to the world size)."""
     offsets, end = [], 0
     for p in params:
         if align and end % align:
             end += align - end % align
         offsets.append(end)
         end += p.numel
+    return offsets, end
+
+
+def flat_layout(params: list[ParamSpec], group: int, rank: int, align: int) -> tuple[int, list[int]]:
+    """FSDP1: one FlatParameter per unit. With ``use_orig_params`` each parameter starts at a multiple of
+    16 bytes of the compute dtype and the total is padded to a multiple of the world size
+    (torch/distributed/fsdp/_flat_param.py, ``_init_flat_param_and_metadata``); each rank holds
+    ``ceil(total / group)`` elements. Returns (shard numel, this rank's elements of each parameter)."""
+    offsets, end = flat_offsets(params, align)
     shard = -(-end // group)
     lo, hi = rank * shard, (rank + 1) * shard
     return shard, [max(0, min(hi, o + p.numel) - max(lo, o)) for o, p in zip(offsets, params, strict=True)]

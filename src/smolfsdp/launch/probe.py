@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from smolfsdp.launch.processes import run_group
-from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook
+from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook, live_say
 from smolfsdp.launch.torchrun import launch_env, torchrun_command
 
 
@@ -69,16 +69,18 @@ def run_probe(
     never reads half-written files; ``check=False`` returns a failed process too. ``announce`` prints one line
     saying what starts (``None``: inside a Jupyter kernel, :func:`smolfsdp.launch.progress.in_notebook`), so a
     chapter's probe cell is not silent until its table; the output itself stays captured. Inside a kernel a
-    line every ``progress.HEARTBEAT_S`` seconds says it still runs (``progress.heartbeat``).
+    line every ``progress.HEARTBEAT_S`` seconds says it still runs (``progress.heartbeat``). Both go to
+    ``progress.live_say``: in a chapter seen while the cell runs, gone from the saved page.
     """
+    say = live_say()  # in a kernel the cell's live display, emptied when the cell ends: never on the page
     if in_notebook() if announce is None else announce:
-        print(f"{what}: starting {nproc} CPU rank{'' if nproc == 1 else 's'} (torchrun, gloo)", flush=True)
+        say(f"{what}: starting {nproc} CPU rank{'' if nproc == 1 else 's'} (torchrun, gloo)")
     cmd = torchrun_command(nproc, args, module=str(target))
     if not str(target).startswith("smolfsdp."):  # a script path: torchrun takes it without its -m
         del cmd[cmd.index(str(target)) - 1]
     # torchrun and its ranks in a process group of their own: a timeout or Ctrl-C stops all of them;
     # GPUs hidden: the probes shard on CPU on purpose, also on a GPU box
-    with heartbeat(what, HEARTBEAT_S if in_notebook() else None):  # the output comes only at the end
+    with heartbeat(what, HEARTBEAT_S if in_notebook() else None, say):  # the output comes only at the end
         proc = run_group(
             cmd, env={**cpu_probe_env(nproc), **(env or {}), "CUDA_VISIBLE_DEVICES": ""}, timeout=timeout
         )

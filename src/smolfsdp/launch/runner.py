@@ -32,7 +32,7 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data, too_long_hint
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.host_checks import check_model_fits_data, check_output_dir, check_tied_head
-from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook, rank0_progress
+from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook, live_say, rank0_progress
 from smolfsdp.launch.torchrun import launch
 from smolfsdp.launch.validate import validate
 from smolfsdp.measure.benchmark import load_bench
@@ -142,12 +142,14 @@ def run(
     """Check ``cfg``, launch ``cfg.nproc`` processes, wait, and return the finished run (``results.Run``).
 
     ``capture``: keep the output in ``Run.log`` instead of printing it all. ``progress``: with ``capture``,
-    still show progress while the run goes on: ``True`` prints rank 0's lines and the progress bar every 9 s
+    still show progress while the run goes on: ``True`` shows rank 0's lines and the progress bar every 9 s
     (:func:`smolfsdp.launch.progress.rank0_progress`: page-safe, paths relative to the repository or to
     ``cfg.output_dir``, no third-party warning line), and a "still running" line wherever nothing else was said
     for 9 s (:class:`smolfsdp.launch.progress.heartbeat`: the ranks' start-up), or a callable is given every
     line of output as it arrives; ``None`` (the default): ``True`` inside a Jupyter kernel (a chapter's cell, a reader's notebook:
     :func:`smolfsdp.launch.progress.in_notebook`), so no cell waits in silence; off elsewhere; ``False``: off.
+    In a kernel the lines go to the cell's live display (:func:`smolfsdp.launch.progress.live_say`): seen while
+    the run goes on, emptied when the cell ends, so the saved notebook and the page keep none of them.
     ``Run.log`` keeps every line either way. Raises ConfigError before launching on bad input, RuntimeError if
     the launched run fails.
     """
@@ -155,11 +157,8 @@ def run(
     progress = in_notebook() if progress is None else progress
     # streamed: a line every HEARTBEAT_S seconds where the run says nothing (its ranks' start-up), so no cell waits
     # in silence; its own lines go through beat.relay and restart the count
-    beat = heartbeat(
-        f"run {cfg.name!r}",
-        HEARTBEAT_S if progress is True and capture else None,
-        lambda ln: print(ln, flush=True),
-    )
+    # (live_say: in a kernel the cell's live display, emptied when the cell ends; else the terminal)
+    beat = heartbeat(f"run {cfg.name!r}", HEARTBEAT_S if progress is True and capture else None, live_say())
     on_line = (
         rank0_progress(beat.relay, roots=[repo_root(), cfg.output_dir]) if progress is True else progress
     )

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.errors import ConfigError
-from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook, rank0_progress
+from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook, live_say, rank0_progress
 from smolfsdp.launch.runner import preflight, run
 from smolfsdp.launch.torchrun import launch
 from smolfsdp.measure.results import load_run
@@ -159,9 +159,7 @@ def launch_and_kill(cfg, step: int, *, rank: int | None = None, timeout: float |
     killer = threading.Thread(target=kill_after_step, args=(cfg, step, killed), kwargs={"rank": rank})
     killer.start()
     # as runner.run streams: a "still running" line wherever rank 0 says nothing for HEARTBEAT_S (its start-up)
-    beat = heartbeat(
-        f"run {cfg.name!r}", HEARTBEAT_S if in_notebook() else None, lambda ln: print(ln, flush=True)
-    )
+    beat = heartbeat(f"run {cfg.name!r}", HEARTBEAT_S if in_notebook() else None, live_say())
     on_line = (
         _until_killed(rank0_progress(beat.relay, roots=[repo_root(), cfg.output_dir]), killed)
         if in_notebook()

@@ -69,10 +69,12 @@ STRATEGY = {
 }
 #: loss curves
 LOSS = {"train": "#3690c0", "eval": "#014636"}
+#: which rank holds a piece of a parameter, and the padding no parameter uses (the sharding schematics)
+SHARD = {"rank 0": "#80b1d3", "rank 1": "#ffed6f", "padding": "#d9d9d9"}
 
 FAMILIES = {
     "verdict": VERDICT, "phase": PHASE, "collective": COLLECTIVE, "source": SOURCE, "overlap": OVERLAP,
-    "component": COMPONENT, "trace category": TRACE_CATEGORY, "strategy": STRATEGY, "loss": LOSS,
+    "component": COMPONENT, "trace category": TRACE_CATEGORY, "strategy": STRATEGY, "loss": LOSS, "shard": SHARD,
 }  # fmt: skip
 
 
@@ -91,6 +93,8 @@ WORDS = {
     TRACE_CATEGORY["communication"]: "dark orange", OVERLAP["exposed"]: "light orange",
     OVERLAP["overlapped with compute"]: "light blue", VERDICT["fits"]: "green", VERDICT["tight"]: "amber",
     VERDICT["does not fit"]: "red",
+    SHARD["rank 0"]: "blue", SHARD["rank 1"]: "yellow", SHARD["padding"]: "light grey",
+    COMPONENT["params"]: "dark blue", COMPONENT["gathered"]: "purple",
 }  # fmt: skip
 
 
