@@ -159,12 +159,12 @@ def book_peak_lines(grid: dict) -> list[str]:
     accumulation), tensors only and with the CUDA context and NCCL buffers: the same
     ``recipe_peak`` numbers the other chapters and ``smolfsdp dryrun`` quote for the same settings."""
     run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
-    # the estimate at the traced row's own settings, its loss included (rows traced before the dry run took TRL's
-    # fused LM head went through transformers' loss: settings_from_setup says which)
-    traced_loss = settings_from_setup(run["setup"])["loss_path"]
-    one = recipe_peak(
-        gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"], loss_path=traced_loss
-    )
+    # the estimate at the traced row's own settings, its loss and AdamW step included (the committed rows went
+    # through transformers' loss and a foreach AdamW, the native engine's: settings_from_setup says which)
+    traced = {
+        k: settings_from_setup(run["setup"])[k] for k in ("gradient_accumulation_steps", "loss_path", "adamw")
+    }
+    one = recipe_peak(**traced)
     recipe, device = recipe_peak(), recipe_peak(include="device")
     traced = moment_words(traced_moment(run["peak_moment"]))
     return [
