@@ -76,6 +76,28 @@ def test_the_readme_quotes_the_recipes_peak():
     assert foreach.moment == "optimizer"
 
 
+def test_the_recipe_as_configured_traces_the_estimated_peak():
+    """The committed full-size dry run of the book recipe as configured (data/results/dryrun/recipe.json: the TRL
+    engine's fused AdamW and fused LM head, 8 micro-batches of 2 x 2,048 tokens): the moment ``recipe_peak`` names
+    and its bytes within 0.1 %; the static terms to the byte (what ``smolfsdp dryrun`` prints beside it)."""
+    from smolfsdp.audit.dryrun.compare import compare_committed
+    from smolfsdp.estimate.adamw_step import traced_adamw
+
+    run = json.loads((ROOT / "data/results/dryrun/recipe.json").read_text())["runs"][0]
+    peak = recipe_peak()
+    assert traced_adamw(run["setup"]) == peak.settings["adamw"] == "fused"
+    assert (
+        settings_line(settings_from_setup(run["setup"])) == peak.settings_line
+    )  # the same settings, in words
+    assert traced_moment(run["peak_moment"]) == peak.moment == "loss"
+    assert round(run["peak_bytes"] / GIB, 2) == 25.94 and run["peak_bytes"] == pytest.approx(
+        peak.bytes, rel=1e-3
+    )
+    table = compare_committed(run, ROOT).set_index("component")
+    assert (table.loc[["parameters", "gradients", "optimizer state"], "error_pct"] == 0).all()
+    assert table.loc["peak (loss moment)", "estimate_gib"] * GIB == peak.bytes
+
+
 def test_the_memory_command_gives_the_recipes_peak():
     """``smolfsdp memory --config`` estimates at the recipe's settings (``recipe_settings``: the engine's loss and
     AdamW step included), and options given on the command line override them."""
