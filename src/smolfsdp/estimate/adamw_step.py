@@ -86,8 +86,9 @@ def engine_optimizer(engine: str, device: str = "cuda") -> str:
 
 def built_adamw(optimizer) -> str:
     """The implementation a built ``torch.optim.AdamW`` runs (its first param group's ``fused``/``foreach``;
-    neither set: torch's choice for its parameters' device). For ``summary.json`` and the tests: what ran."""
-    group = optimizer.param_groups[0]
+    neither set: torch's choice for its parameters' device; accelerate's ``AcceleratedOptimizer`` is read through
+    the optimizer it wraps). For ``summary.json`` and the tests: what ran."""
+    group = getattr(optimizer, "optimizer", optimizer).param_groups[0]
     if group.get("fused"):
         return "fused"
     if group.get("foreach") is not None:
