@@ -342,5 +342,11 @@ def test_book_views_of_the_committed_grid():
     judged = dryrun_views.add_dry_run_evidence([sc.full_model_memory(), sc.per_gpu_memory()], grid)
     assert "16.0 bytes per parameter" in judged[0].evidence[-1]  # the seed's 36 GB is 12 bytes per parameter
     assert "traced on fake tensors" in judged[1].evidence[-1] and judged[1].values["dry_run_peak_bytes"] > 0
+    # the per-GPU claim's evidence is the recipe as configured, traced (recipe.json): its own estimate's moment
+    assert judged[1].values["dry_run_peak_bytes"] == dryrun_views.load_recipe_trace()["peak_bytes"]
+    assert (
+        "with 8 micro-batches per step" in judged[1].evidence[-1]
+        and "at the loss moment" in judged[1].evidence[-1]
+    )
     fig = dryrun_views.plot_step_memory(grid["runs"][0])
     assert {t.name for t in fig.data} >= {"forward", "backward"}
