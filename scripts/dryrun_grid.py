@@ -11,6 +11,7 @@ Traced on fake tensors, not measured on a GPU (``smolfsdp.audit.dryrun.dry_run.L
     python scripts/dryrun_grid.py --reestimate --write # ... and rewrites the file's estimates
     python scripts/dryrun_grid.py --only book          # the book's two recipes only
     python scripts/dryrun_grid.py --grid shapes --workers 2   # SmolLM3-3B, Llama 3.x, Qwen2.5 (shapes.json)
+    python scripts/dryrun_grid.py --grid recipe        # the book's full fine-tune as configured (recipe.json)
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ def _shape_setups() -> list[tuple[str, str, dict]]:
 
 
 SHAPES = _shape_setups()
+RECIPE_OUT = ROOT / "data" / "results" / "dryrun" / "recipe.json"
+#: The recipe grid (``--grid recipe``): the book's full fine-tune recipe exactly as configured, its engine's loss
+#: and AdamW step included (TRL's fused LM head, the Trainer's fused AdamW; 8 micro-batches of 2 x 2048 tokens):
+#: the peak every page quotes (``smolfsdp.estimate.recipe_peak``), traced. About 3 min on 2 cores.
+RECIPE = [("book: full fine-tune (FSDP1) recipe as configured", FULL, {})]
 
 
 def one(item: tuple[str, str, dict]) -> dict:
@@ -183,8 +189,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--grid", choices=["smollm3", "shapes"], default="smollm3",
-                        help="smollm3: the 48 SmolLM3-3B setups (grid.json); shapes: SHAPES (shapes.json)")  # fmt: skip
+    parser.add_argument("--grid", choices=["smollm3", "shapes", "recipe"], default="smollm3",
+                        help="smollm3: the 48 SmolLM3-3B setups (grid.json); shapes: SHAPES (shapes.json); "
+                        "recipe: the book's full fine-tune as configured (recipe.json)")  # fmt: skip
     parser.add_argument("--only", choices=["book", "all"], default="all")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument(
@@ -196,13 +203,13 @@ def main() -> None:
                         "what changed")  # fmt: skip
     parser.add_argument("--write", action="store_true", help="with --reestimate: rewrite --out's estimates")
     args = parser.parse_args()
-    args.out = args.out or (SHAPES_OUT if args.grid == "shapes" else OUT)
+    args.out = args.out or {"shapes": SHAPES_OUT, "recipe": RECIPE_OUT}.get(args.grid, OUT)
     if args.reestimate:
         reestimate(args.out, write=args.write)
         return None
     grid = [
         g
-        for g in (SHAPES if args.grid == "shapes" else GRID)
+        for g in {"shapes": SHAPES, "recipe": RECIPE}.get(args.grid, GRID)
         if args.only == "all" or g[0].startswith("book:")
     ]
     done = {}

@@ -42,6 +42,7 @@ def replay_row(overrides: dict) -> dict:
     out = replay(report.alloc_events)
     return {
         "recipe": recipe, "overrides": overrides, "loss_path": report.setup["loss_path"],
+        "optimizer": report.setup["optimizer"],
         "tensor_peak_bytes": report.peak_bytes, "peak_moment": report.peak_moment,
         "replay_reserved_bytes": out["peak_reserved"] + CUBLAS_WORKSPACE_BYTES,
         "replay_active_bytes": out["peak_active"], "segments_by_stream_bytes": out["reserved_by_stream"],

@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from smolfsdp.config import load_config
+from smolfsdp.estimate.adamw_step import traced_adamw
 from smolfsdp.paths import repo_root
 
 FULL, LORA = "configs/runs/smollm3_3b_medical.yaml", "configs/runs/lora_smollm3_3b.yaml"
@@ -33,8 +34,9 @@ def _mid_config(folder) -> str:
     return str(folder)
 
 
-def _dry(recipe: str, overrides: dict, fake: bool = True, world_size: int | None = None) -> dict:
-    """In a fresh process: the dry run of ``recipe`` + ``overrides`` and its comparison with the estimate."""
+def _dry(recipe: str, overrides: dict, fake: bool = True, world_size: int | None = None, adamw=None) -> dict:
+    """In a fresh process: the dry run of ``recipe`` + ``overrides`` (``adamw``: the AdamW step, by default the
+    engine's) and its comparison with the estimate; ``phase_peaks``: the most bytes alive in each phase."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -42,8 +44,26 @@ def _dry(recipe: str, overrides: dict, fake: bool = True, world_size: int | None
     from smolfsdp.audit.dryrun.dry_run import dry_run
 
     cfg = load_config(repo_root() / recipe, **overrides)
-    report = dry_run(cfg, world_size, fake=fake)
-    return {**report.to_dict(), "table": compare_with_estimate(report, cfg).to_dict("records")}
+    report = dry_run(cfg, world_size, fake=fake, adamw=adamw)
+    return {**report.to_dict(), "table": compare_with_estimate(report, cfg).to_dict("records"),
+            "phase_peaks": _phase_peaks(report.alloc_events)}  # fmt: skip
+
+
+def _phase_peaks(events: list) -> dict[str, int]:
+    """The most bytes alive within each phase of a traced step, from its allocation order (``("p", phase)``,
+    ``("a", id, bytes, ...)``, ``("f", id)``: ``smolfsdp.audit.dryrun.tracker``)."""
+    alive, sizes, peaks, phase = 0, {}, {}, None
+    for e in events:
+        if e[0] == "p":
+            phase = e[1]
+        elif e[0] == "a":
+            sizes[e[1]] = e[2]
+            alive += e[2]
+        elif e[0] == "f":
+            alive -= sizes.pop(e[1], 0)
+        if phase is not None:
+            peaks[phase] = max(peaks.get(phase, 0), alive)
+    return peaks
 
 
 def _run_all(jobs: list[tuple]) -> list[dict]:
@@ -173,6 +193,31 @@ def test_trl_fused_lm_head_is_traced_and_estimated(mid):
     )
 
 
+def test_the_book_recipe_with_each_adamw_step(mid):
+    """The book recipe (the TRL engine: the Trainer's fused AdamW and TRL's fused LM head, gradient accumulation)
+    on the mid-size model: the dry run builds a fused AdamW unless told otherwise, and its traced peak and moment
+    are the estimate's. The same step with a foreach and a for-loop AdamW holds, at the optimizer step, what the
+    estimate's optimizer moment says for each: foreach exactly one v-sized temporary more than fused."""
+    from smolfsdp.audit.dryrun.compare import estimate_for
+    from smolfsdp.estimate.recipe_peak import traced_moment
+
+    setup = {"model": mid, "max_length": 256, "gradient_accumulation_steps": 2}
+    results = _run_all([(FULL, setup, True, None, a) for a in (None, "foreach", "for-loop")])
+    assert [r["setup"]["optimizer"] for r in results] == [
+        "torch.optim.AdamW(fused=True)", "torch.optim.AdamW(foreach=True)", "torch.optim.AdamW(foreach=False)",
+    ]  # fmt: skip
+    fused, foreach, _ = results
+    est = estimate_for(load_config(repo_root() / FULL, **setup), 2)  # the recipe's own: fused AdamW
+    assert est.adamw == "fused" and traced_moment(fused["peak_moment"]) == est.peak_moment
+    assert abs(_row(fused, "peak")["error_pct"]) <= 1.0, _row(fused, "peak")
+    for r, adamw in zip(results, ("fused", "foreach", "for-loop"), strict=True):
+        moment = estimate_for(load_config(repo_root() / FULL, **setup), 2, adamw=adamw).moments["optimizer"]
+        # the step's scalars (AdamW's step counts, the clip's norm) are all the estimate leaves out
+        assert 0 <= r["phase_peaks"]["optimizer"] - moment < 4096, (adamw, r["phase_peaks"], moment)
+    v = fused["held_bytes"]["optimizer_bytes"] // 2
+    assert foreach["phase_peaks"]["optimizer"] - fused["phase_peaks"]["optimizer"] == v
+
+
 def test_smollm3_3b_traces_again_what_the_grid_committed():
     """Five SmolLM3-3B setups run again here: the same bytes, moment, collectives and FLOPs as committed, the
     estimate within 3 %; on the first, the communication model and the MFU's FLOP formula against the trace."""
@@ -180,8 +225,10 @@ def test_smollm3_3b_traces_again_what_the_grid_committed():
 
     committed = {r["label"]: r for r in _committed_grid()["runs"]}
     rows = [committed[label] for label in CI_SUBSET]
-    # rows traced before the dry run took TRL's fused LM head went through transformers' loss: the native step
-    results = _run_all([(row["recipe"], {**row["overrides"], **native_loss(row)}) for row in rows])
+    # rows traced before the dry run took TRL's fused LM head went through transformers' loss: the native step;
+    # each with the AdamW step it was traced with (the committed grid: foreach)
+    results = _run_all([(row["recipe"], {**row["overrides"], **native_loss(row)}, True, None,
+                         traced_adamw(row["setup"])) for row in rows])  # fmt: skip
     for row, r in zip(rows, results, strict=True):
         for key in ("peak_bytes", "peak_moment", "held_bytes", "collectives", "flops_counted"):
             assert r[key] == row[key], (row["label"], key)
@@ -295,5 +342,11 @@ def test_book_views_of_the_committed_grid():
     judged = dryrun_views.add_dry_run_evidence([sc.full_model_memory(), sc.per_gpu_memory()], grid)
     assert "16.0 bytes per parameter" in judged[0].evidence[-1]  # the seed's 36 GB is 12 bytes per parameter
     assert "traced on fake tensors" in judged[1].evidence[-1] and judged[1].values["dry_run_peak_bytes"] > 0
+    # the per-GPU claim's evidence is the recipe as configured, traced (recipe.json): its own estimate's moment
+    assert judged[1].values["dry_run_peak_bytes"] == dryrun_views.load_recipe_trace()["peak_bytes"]
+    assert (
+        "with 8 micro-batches per step" in judged[1].evidence[-1]
+        and "at the loss moment" in judged[1].evidence[-1]
+    )
     fig = dryrun_views.plot_step_memory(grid["runs"][0])
     assert {t.name for t in fig.data} >= {"forward", "backward"}

@@ -64,11 +64,15 @@ def _replay_grid_pairs():
     """(replayed reserved bytes, today's estimate) for each setup of data/results/dryrun/replay_grid.json."""
     from smolfsdp.audit.dryrun.compare import estimate_for
     from smolfsdp.config import load_config
+    from smolfsdp.estimate.adamw_step import traced_adamw
 
     rows = json.loads((repo_root() / reserved.REPLAY_GRID).read_text())["rows"]
     assert len(rows) == 16
+    # each estimated with the loss and the AdamW step it was traced with (every row: foreach)
+    assert {traced_adamw(r) for r in rows} == {"foreach"}
     return [(r["replay_reserved_bytes"], estimate_for(load_config(repo_root() / r["recipe"], **r["overrides"]),
-                                                       r["overrides"]["nproc"], r["loss_path"])) for r in rows]  # fmt: skip
+                                                       r["overrides"]["nproc"], r["loss_path"], traced_adamw(r)))
+            for r in rows]  # fmt: skip
 
 
 def test_default_pool_factor_is_the_fit_of_the_replay_grid_and_its_residuals_the_range():

@@ -27,26 +27,103 @@ def test_settings_come_from_the_recipe_and_name_what_is_counted():
     )  # fmt: skip
     assert s["gradient_accumulation_steps"] == 8 and s["activation_checkpointing"] and s["lora"] is None
     tensors, device = recipe_peak(), recipe_peak(include="device")
-    # TRL's fused LM head (the recipe's engine) makes no [tokens, vocab] logits: AdamW's step is the peak,
-    # whatever the accumulation; transformers' loss would peak at the last micro-batch's loss moment
-    assert (
-        tensors.moment == device.moment == "optimizer"
-        and tensors.settings["loss_path"] == "trl-fused-lm-head"
-    )
-    assert round(tensors.gib, 2) == 28.64 and round(recipe_peak(loss_path="transformers").gib, 2) == 31.02
-    assert recipe_peak(loss_path="transformers").moment == "loss"
+    # the TRL engine: TRL's fused LM head (no [tokens, vocab] logits) and the Trainer's fused AdamW (no v-sized
+    # temporary): the last micro-batch's loss moment is the peak; a foreach AdamW (the native engine's) would peak
+    # at its step, transformers' loss at the loss moment with the logits' fp32 tensors
+    assert tensors.moment == device.moment == "loss"
+    assert (tensors.settings["loss_path"], tensors.settings["adamw"]) == ("trl-fused-lm-head", "fused")
+    foreach, hf = recipe_peak(adamw="foreach"), recipe_peak(loss_path="transformers")
+    assert round(tensors.gib, 2) == 25.95 and round(foreach.gib, 2) == 28.64 and round(hf.gib, 2) == 31.02
+    assert (foreach.moment, hf.moment) == ("optimizer", "loss")
+    # foreach's sqrt(v) is as large as v: half the AdamW state, at the optimizer moment and nowhere else
+    fused_m, foreach_m = tensors.estimate.moments, foreach.estimate.moments
+    assert foreach_m["optimizer"] - fused_m["optimizer"] == tensors.estimate.optimizer_bytes // 2
+    assert {k: v for k, v in foreach_m.items() if k != "optimizer"} == {
+        k: v for k, v in fused_m.items() if k != "optimizer"
+    }
     assert device.bytes - tensors.bytes == 768 * 2**20  # the CUDA context (512 MiB) + NCCL buffers (256 MiB)
     assert (
         tensors.settings_line.endswith("; tensors only")
         and "gradient accumulation 8" in tensors.settings_line
     )
     assert device.settings_line.endswith("; tensors + CUDA context and NCCL buffers")
-    assert "the optimizer moment" in device.text() and "settings: FSDP1 FULL_SHARD x 2" in device.text()
-    assert "TRL's fused LM-head loss (no logits); tensors" in tensors.settings_line
+    assert (
+        "at the loss moment (backward" in device.text() and "settings: FSDP1 FULL_SHARD x 2" in device.text()
+    )
+    assert "TRL's fused LM-head loss (no logits), fused AdamW; tensors" in tensors.settings_line
     with pytest.raises(TypeError, match="unknown settings"):
         recipe_settings(gradient_accumulation=8)
     with pytest.raises(ValueError, match="include"):
         recipe_peak(include="reserved")
+
+
+def test_the_readme_quotes_the_recipes_peak():
+    """The README's sentence on the book recipe's peak: its three numbers and moment are ``recipe_peak``'s (the
+    TRL engine's fused AdamW; a foreach AdamW; transformers' loss)."""
+    import re
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(r"The book recipe peaks at ([\d.]+) GiB of tensors at the (\w+) moment, not at ([\d.]+) GiB at "
+                  r"AdamW's step as a foreach AdamW would have it, nor at ([\d.]+) GiB as transformers' loss", text)  # fmt: skip
+    assert m, "the README no longer states the book recipe's peak in the sentence this test reads"
+    peak, foreach, hf = recipe_peak(), recipe_peak(adamw="foreach"), recipe_peak(loss_path="transformers")
+    assert (float(m[1]), m[2], float(m[3]), float(m[4])) == (
+        round(peak.gib, 2),
+        peak.moment,
+        round(foreach.gib, 2),
+        round(hf.gib, 2),
+    )
+    assert foreach.moment == "optimizer"
+
+
+def test_the_recipe_as_configured_traces_the_estimated_peak():
+    """The committed full-size dry run of the book recipe as configured (data/results/dryrun/recipe.json: the TRL
+    engine's fused AdamW and fused LM head, 8 micro-batches of 2 x 2,048 tokens): the moment ``recipe_peak`` names
+    and its bytes within 0.1 %; the static terms to the byte (what ``smolfsdp dryrun`` prints beside it)."""
+    from smolfsdp.audit.dryrun.compare import compare_committed
+    from smolfsdp.estimate.adamw_step import traced_adamw
+
+    run = json.loads((ROOT / "data/results/dryrun/recipe.json").read_text())["runs"][0]
+    peak = recipe_peak()
+    assert traced_adamw(run["setup"]) == peak.settings["adamw"] == "fused"
+    assert (
+        settings_line(settings_from_setup(run["setup"])) == peak.settings_line
+    )  # the same settings, in words
+    assert traced_moment(run["peak_moment"]) == peak.moment == "loss"
+    assert round(run["peak_bytes"] / GIB, 2) == 25.94 and run["peak_bytes"] == pytest.approx(
+        peak.bytes, rel=1e-3
+    )
+    table = compare_committed(run, ROOT).set_index("component")
+    assert (table.loc[["parameters", "gradients", "optimizer state"], "error_pct"] == 0).all()
+    assert table.loc["peak (loss moment)", "estimate_gib"] * GIB == peak.bytes
+
+
+def test_the_memory_command_gives_the_recipes_peak():
+    """``smolfsdp memory --config`` estimates at the recipe's settings (``recipe_settings``: the engine's loss and
+    AdamW step included), and options given on the command line override them."""
+    import argparse
+
+    from smolfsdp.cli_memory import add_memory_parser, memory_settings
+    from smolfsdp.estimate.memory import estimate_memory
+
+    ap = argparse.ArgumentParser()
+    add_memory_parser(ap.add_subparsers(), {})
+    config = str(ROOT / "configs/runs/smollm3_3b_medical.yaml")
+    s = memory_settings(ap.parse_args(["memory", "--config", config]))
+    assert (s["adamw"], s["loss_path"], s["gradient_accumulation_steps"]) == ("fused", "trl-fused-lm-head", 8)
+    est = estimate_memory(**s)
+    assert (est.moments[est.peak_moment], est.peak_moment) == (recipe_peak().bytes, recipe_peak().moment)
+    native = memory_settings(
+        ap.parse_args(["memory", "--config", config, "--engine", "native", "--gpus", "4"])
+    )
+    assert (native["adamw"], native["loss_path"], native["world_size"]) == ("foreach", "transformers", 4)
+    plain = memory_settings(ap.parse_args(["memory", "--adamw", "fused"]))
+    assert (plain["adamw"], plain["loss_path"], plain["world_size"], plain["lora"]) == (
+        "fused",
+        "transformers",
+        1,
+        None,
+    )
 
 
 def test_the_cli_estimate_path_gives_the_same_peak():
@@ -85,14 +162,22 @@ def test_every_chapter_quotes_the_same_peak_for_the_same_settings():
     lines = "\n".join(dryrun_views.book_peak_lines(grid))
     assert f"**{recipe_peak().gib:,.2f} GiB**" in lines and f"**{device.gib:,.2f} GiB**" in lines
     run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
-    # the committed row was traced with transformers' loss (before the dry run took TRL's fused head): its
-    # settings line says so, and the estimate at those settings is the one beside it
+    # the committed row was traced with transformers' loss (before the dry run took TRL's fused head) and a
+    # foreach AdamW (the native engine's step): its settings line says so, and the estimate at those settings is
+    # the one beside it
+    traced = settings_from_setup(run["setup"])
+    assert "loss_path" not in run["setup"] and (traced["loss_path"], traced["adamw"]) == (
+        "transformers",
+        "foreach",
+    )
     assert (
-        "loss_path" not in run["setup"] and settings_from_setup(run["setup"])["loss_path"] == "transformers"
+        "transformers' loss (logits held), foreach AdamW; tensors only"
+        in dryrun_views.traced_settings_line(run)
     )
     one = recipe_peak(
-        gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"], loss_path="transformers"
-    )
+        gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"], loss_path="transformers",
+        adamw="foreach",
+    )  # fmt: skip
     assert settings_line(settings_from_setup(run["setup"])) == one.settings_line  # the same words for both
     assert run["peak_bytes"] == pytest.approx(one.bytes, rel=5e-3)  # traced vs estimated, same settings
 

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import load_config
+from smolfsdp.estimate.adamw_step import engine_optimizer
 from smolfsdp.launch import runner
 from smolfsdp.paths import recipe
 from smolfsdp.train import accelerate_cpu_fsdp, trl_engine
@@ -48,6 +49,9 @@ def test_the_trainer_applies_fsdp1_on_cpu(fsdp_run):
     assert sum(s["params"]["local_numel_per_rank"]) >= s["params"]["total"]  # padding only adds
     assert s["requested"]["fsdp_config"]["backward_prefetch"] == "BACKWARD_PRE"
     assert s["requested"]["fsdp_config"]["state_dict_type"] == "SHARDED_STATE_DICT"
+    # the Trainer's default optim, a fused AdamW on CPU too: what the estimator models for the TRL engine
+    assert s["optimizer"] == {"optim": "adamw_torch_fused", "adamw": engine_optimizer("trl", "cpu")} == {
+        "optim": "adamw_torch_fused", "adamw": "fused"}  # fmt: skip
 
 
 def test_the_gate_left_as_shipped_runs_ddp_and_says_so(ddp_run):

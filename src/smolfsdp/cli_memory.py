@@ -2,7 +2,8 @@
 
     smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096 [--json]
     smolfsdp memory --model smollm3-3b --gpus 8 --activation-checkpointing --ac-mode layer --ac-every 2
-    smolfsdp memory --model smollm3-3b --gpus 2 --seq-len 4096 --loss-path trl-fused-lm-head
+    smolfsdp memory --model smollm3-3b --gpus 2 --seq-len 4096 --engine trl   # TRL's loss and fused AdamW
+    smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml               # a run recipe's settings
 
 Light at import (the parser answers a misspelt option before torch loads).
 """
@@ -14,8 +15,9 @@ import json
 import sys
 
 from smolfsdp.cli_output import format_fit_verdict
+from smolfsdp.estimate.adamw_step import ADAMW_IMPLS, engine_optimizer  # light (torch only when called)
 from smolfsdp.estimate.hardware import GPUS  # light (no torch): the parser lists the names
-from smolfsdp.estimate.loss_path import LOSS_PATHS  # light (no torch)
+from smolfsdp.estimate.loss_path import LOSS_PATHS, engine_loss_path  # light (no torch)
 from smolfsdp.estimate.recipes import RECIPES  # light (no torch)
 from smolfsdp.lora_options import LORA_LAYOUTS
 
@@ -35,18 +37,10 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from smolfsdp.estimate.recommend import recommend  # deferred with hardware
     from smolfsdp.estimate.reserved import format_reserved  # deferred with hardware
 
-    common = {
-        k: getattr(args, k)
-        for k in ("recipe", "seq_len", "micro_batch", "lora", "activation_checkpointing", "fsdp_version")
-    }
-    common["gpus_per_node"] = args.gpus_per_node
-    common["lora"] = lora_spec(args)
-    common["lora_layout"] = args.lora_layout
-    common.update(ac_mode=args.ac_mode, ac_every=args.ac_every, loss_path=args.loss_path)  # checked there
-    est = estimate_memory(
-        args.model, world_size=args.gpus, strategy=args.strategy, offload=args.offload, **common
-    )
-    rec = recommend(args.model, gpu, args.gpus, **common)
+    common = memory_settings(args)  # checked in estimate_memory
+    model, world, strategy, offload = (common.pop(k) for k in ("model", "world_size", "strategy", "offload"))
+    est = estimate_memory(model, world_size=world, strategy=strategy, offload=offload, **common)
+    rec = recommend(model, gpu, world, **common)
     fit = fit_verdict(est, gpu)  # the one verdict: fits / tight / does not fit, with its numbers
     if args.json:
         out = {
@@ -67,6 +61,42 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(f"\nverdict on {gpu.name}: {fit.line}")
     print(format_fit_verdict(est, fit, rec))
     return 0
+
+
+#: ``smolfsdp memory``'s options and the ``estimate_memory`` keyword each sets (``lora*``: :func:`lora_spec`)
+OPTION_SETTINGS = {
+    "model": "model", "gpus": "world_size", "strategy": "strategy", "recipe": "recipe", "seq_len": "seq_len",
+    "micro_batch": "micro_batch", "lora_layout": "lora_layout", "offload": "offload",
+    "activation_checkpointing": "activation_checkpointing", "ac_mode": "ac_mode", "ac_every": "ac_every",
+    "fsdp_version": "fsdp_version", "gpus_per_node": "gpus_per_node", "loss_path": "loss_path", "adamw": "adamw",
+}  # fmt: skip
+
+
+def memory_settings(args: argparse.Namespace) -> dict:
+    """``estimate_memory`` keywords (``model`` and ``world_size`` included) for ``smolfsdp memory``'s options.
+
+    With ``--config``: the run recipe's settings (``smolfsdp.estimate.recipe_peak.recipe_settings``, as every page
+    quotes the recipe's peak), then every option given on the command line over them. ``--loss-path`` and
+    ``--adamw`` default to the engine's (``--engine``, else the recipe's): ``loss_path.engine_loss_path``,
+    ``adamw_step.engine_optimizer`` (on a GPU). Raises ConfigError for a recipe that does not load."""
+    from smolfsdp.config import load_config  # deferred with the estimator: a light parser
+    from smolfsdp.estimate.recipe_peak import recipe_settings  # deferred: transformers configs
+
+    given = {k: v for k, v in vars(args).items() if k in _DEFAULTS and v != _DEFAULTS[k]}
+    if args.config:
+        cfg = load_config(args.config)
+        settings, engine = recipe_settings(cfg), given.get("engine", cfg.engine)
+    else:
+        settings, engine = (
+            {OPTION_SETTINGS[k]: _DEFAULTS[k] for k in OPTION_SETTINGS},
+            args.engine or "native",
+        )
+    settings.update(loss_path=engine_loss_path(engine), adamw=engine_optimizer(engine))
+    settings.update({OPTION_SETTINGS[k]: v for k, v in given.items() if k in OPTION_SETTINGS})
+    if not args.config or any(k.startswith("lora") and k != "lora_layout" for k in given):
+        settings["lora"] = lora_spec(args)
+    settings.setdefault("gpus_per_node", max(_DEFAULTS["gpus_per_node"], settings["world_size"]))
+    return settings
 
 
 def lora_spec(args: argparse.Namespace):
@@ -143,9 +173,25 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     )  # fmt: skip
     p.add_argument("--ac-every", type=int, default=None, help="--ac-mode layer: checkpoint every k-th layer")
     p.add_argument(
-        "--loss-path", default="transformers", choices=list(LOSS_PATHS),
-        help="the code computing the loss: transformers' (logits held; the native engine) or TRL's fused LM "
-        "head (no logits; TRL 1.16's SFTTrainer, the TRL engine); torchtitan's two loops",
+        "--config", default=None, metavar="YAML",
+        help="a run recipe (configs/runs/): estimate at its settings, as the book quotes its peak; the options "
+        "given here override them",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine", default=None, choices=["native", "trl"],
+        help="the engine whose loss and AdamW step are estimated unless --loss-path / --adamw say otherwise: "
+        "native (transformers' loss, foreach AdamW on a GPU; the default) or trl (TRL's fused LM head, fused "
+        "AdamW); with --config, the recipe's engine unless given",
+    )  # fmt: skip
+    p.add_argument(
+        "--loss-path", default=None, choices=list(LOSS_PATHS),
+        help="the code computing the loss (default: the engine's): transformers' (logits held; the native "
+        "engine) or TRL's fused LM head (no logits; TRL 1.16's SFTTrainer, the TRL engine); torchtitan's two loops",
+    )  # fmt: skip
+    p.add_argument(
+        "--adamw", default=None, choices=list(ADAMW_IMPLS),
+        help="the AdamW step (default: the engine's on a GPU): fused (the Trainer's adamw_torch_fused; no "
+        "temporary), foreach (torch's choice on CUDA; a v-sized temporary), for-loop (torch's on CPU)",
     )  # fmt: skip
     p.add_argument("--fsdp-version", type=int, default=1, help="1 (the README's Trainer run) or 2")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (HYBRID_SHARD groups)")
@@ -155,3 +201,13 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     )  # fmt: skip
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
     p.add_argument("--json", action="store_true", help="the estimate and verdict as JSON")
+
+
+def _parser_defaults() -> dict:
+    """Each ``smolfsdp memory`` option's default (what :func:`memory_settings` reads as "not given")."""
+    ap = argparse.ArgumentParser()
+    add_memory_parser(ap.add_subparsers(dest="command"), {})
+    return vars(ap.parse_args(["memory"]))
+
+
+_DEFAULTS = _parser_defaults()

@@ -140,12 +140,14 @@ def replay_grid_table() -> pd.DataFrame:
     reserved memory, today's estimate (``smolfsdp.estimate.reserved.reserved_parts``) and its error % (GiB)."""
     from smolfsdp.audit.dryrun.compare import estimate_for  # deferred: torch, transformers
     from smolfsdp.config import load_config  # deferred: the chapter's other views need no config
+    from smolfsdp.estimate.adamw_step import traced_adamw  # deferred with load_config
 
     grid = json.loads((repo_root() / REPLAY_GRID).read_text())
     out = []
     for r in grid["rows"]:
         o = r["overrides"]
-        est = estimate_for(load_config(repo_root() / r["recipe"], **o), o["nproc"], r["loss_path"])
+        cfg = load_config(repo_root() / r["recipe"], **o)
+        est = estimate_for(cfg, o["nproc"], r["loss_path"], traced_adamw(r))  # the loss and AdamW step traced
         replayed = r["replay_reserved_bytes"]
         out.append({"setup": f"FSDP{o['fsdp_version']} {'LoRA' if o['lora'] else 'full'} AC "
                              f"{'on' if o['activation_checkpointing'] else 'off'} x{o['nproc']}",

@@ -29,6 +29,8 @@ from smolfsdp.paths import repo_root
 
 GIB = 2**30
 GRID = Path("data/results/dryrun/grid.json")
+#: the book's full fine-tune recipe exactly as configured, traced (``scripts/dryrun_grid.py --grid recipe``)
+RECIPE_TRACE = Path("data/results/dryrun/recipe.json")
 #: What the grid's numbers come from: a change here since the traced commit may change a row.
 TRACED_CODE = (
     "src/smolfsdp/audit/dryrun",
@@ -43,6 +45,12 @@ def load_grid(path: str | Path | None = None) -> dict | None:
     """The committed grid (``{"provenance": ..., "runs": [...]}``), or None when the file is absent."""
     p = Path(path) if path else repo_root() / GRID
     return json.loads(p.read_text()) if p.is_file() else None
+
+
+def load_recipe_trace() -> dict | None:
+    """The committed trace of the book's full fine-tune recipe as configured (its one row), or None when absent."""
+    p = repo_root() / RECIPE_TRACE
+    return json.loads(p.read_text())["runs"][0] if p.is_file() else None
 
 
 def signed(value: float, digits: int) -> str:
@@ -162,20 +170,25 @@ def book_peak_lines(grid: dict) -> list[str]:
     accumulation), tensors only and with the CUDA context and NCCL buffers: the same
     ``recipe_peak`` numbers the other chapters and ``smolfsdp dryrun`` quote for the same settings."""
     run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
-    # the estimate at the traced row's own settings, its loss included (rows traced before the dry run took TRL's
-    # fused LM head went through transformers' loss: settings_from_setup says which)
-    traced_loss = settings_from_setup(run["setup"])["loss_path"]
-    one = recipe_peak(
-        gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"], loss_path=traced_loss
-    )
+    # the estimate at the traced row's own settings, its loss and AdamW step included (the committed rows went
+    # through transformers' loss and a foreach AdamW, the native engine's: settings_from_setup says which)
+    traced = {
+        k: settings_from_setup(run["setup"])[k] for k in ("gradient_accumulation_steps", "loss_path", "adamw")
+    }
+    one = recipe_peak(**traced)
     recipe, device = recipe_peak(), recipe_peak(include="device")
     traced = moment_words(traced_moment(run["peak_moment"]))
-    return [
+    lines = [
         f"- traced (fake tensors): **{run['peak_bytes'] / GIB:,.2f} GiB** at {traced}; settings: "
         f"{traced_settings_line(run)}",
         f"- estimated, same settings: **{one.gib:,.2f} GiB** at {moment_words(one.moment)}",
         f"- estimated, the recipe as configured: **{recipe.gib:,.2f} GiB** at {moment_words(recipe.moment)}; "
         f"settings: {recipe.settings_line}",
+    ]
+    if (whole := load_recipe_trace()) is not None:  # the recipe as configured, traced (its own settings line)
+        lines.append(f"- traced (fake tensors), the recipe as configured: **{whole['peak_bytes'] / GIB:,.2f} GiB** "
+                     f"at {moment_words(traced_moment(whole['peak_moment']))}; settings: {traced_settings_line(whole)}")  # fmt: skip
+    return lines + [
         f"- estimated, the recipe on a GPU: **{device.gib:,.2f} GiB** at {moment_words(device.moment)}; "
         f"settings: {device.settings_line}",
     ]
@@ -215,15 +228,20 @@ def flops_table(grid: dict) -> pd.DataFrame:
 
 def add_dry_run_evidence(judged: list, grid: dict | None) -> list:
     """Append the dry run's sentence to the seed claims about per-GPU memory on 2 GPUs (``per_gpu_memory``,
-    ``fit_table``: what one step of the book's full fine-tune recipe traced on rank 0) and about the whole
-    model's 36-42 GB (``full_model_memory``: the state both ranks hold after it). Returns ``judged``."""
+    ``fit_table``: what one step of the book's full fine-tune recipe traced on rank 0, as configured when
+    :func:`load_recipe_trace` has it, else the grid's one-micro-batch row) and about the whole model's 36-42 GB
+    (``full_model_memory``: the state both ranks hold after it). Returns ``judged``."""
     if not grid:
         return judged
-    run = next(r for r in grid["runs"] if r["label"].startswith("book: full fine-tune"))
-    held = sum(run["held_bytes"].values())
+    # the recipe as configured when its trace is committed (the claims' own estimate), else the grid's row
+    run = load_recipe_trace() or next(
+        r for r in grid["runs"] if r["label"].startswith("book: full fine-tune")
+    )
+    held, steps = sum(run["held_bytes"].values()), run["setup"]["gradient_accumulation_steps"]
     sentence = (
         f"The full-size dry run (traced on fake tensors, not a GPU measurement) of one step of the book's full "
-        f"fine-tune recipe with one micro-batch per step on 2 ranks peaks at {run['peak_bytes'] / GIB:.1f} GiB of "
+        f"fine-tune recipe with {steps} micro-batch{'es' if steps > 1 else ''} per step on 2 ranks peaks at "
+        f"{run['peak_bytes'] / GIB:.1f} GiB of "
         f"tensors on rank 0, at {moment_words(traced_moment(run['peak_moment']))}, and holds {held / GIB:.1f} GiB "
         f"of parameter, gradient and AdamW shards after it (settings: {traced_settings_line(run)}); a GPU adds its "
         "CUDA context and NCCL buffers."

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from smolfsdp.config import load_config
+from smolfsdp.estimate.adamw_step import ADAMW_WORDS, engine_optimizer
 from smolfsdp.estimate.calibration import hfu_calibration, run_mfu
 from smolfsdp.estimate.hardware import fit_verdict, get_gpu
 from smolfsdp.estimate.loss_path import engine_loss_path
@@ -38,7 +39,8 @@ def book_assumptions(
     mfu: float | None = None,
 ) -> dict:
     """``scaling_table`` arguments for the committed run recipe: its ``max_length`` as the sequence, its
-    micro-batch, gradient accumulation, FSDP version, activation checkpointing and its engine's loss; the cluster is an
+    micro-batch, gradient accumulation, FSDP version, activation checkpointing, its engine's loss and AdamW step
+    (``adamw_step.engine_optimizer``: what the engine builds on a GPU); the cluster is an
     assumption; the MFU (a fraction) the published calibration for ``gpu`` unless given
     (``smolfsdp.estimate.calibration.run_mfu``: the HFU of torchtitan's published rows, each with its recomputation
     counted, error % stated; the recipe's own checkpointing)."""
@@ -48,7 +50,7 @@ def book_assumptions(
         gpu=gpu, gpus_per_node=gpus_per_node, network=network, mfu=mfu, seq_len=cfg.max_length,
         micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         fsdp_version=cfg.fsdp_version, activation_checkpointing=cfg.activation_checkpointing,
-        loss_path=engine_loss_path(cfg.engine),
+        loss_path=engine_loss_path(cfg.engine), adamw=engine_optimizer(cfg.engine),
     )  # fmt: skip
 
 
@@ -66,7 +68,7 @@ def assumptions_markdown(a: dict, recipe_name: str = "smollm3_3b_medical") -> st
         f"{a['micro_batch']}, so **{tokens:,} tokens per GPU per micro-batch**, {a['gradient_accumulation_steps']} "
         f"micro-batches per optimizer step ({tokens * a['gradient_accumulation_steps']:,} tokens per GPU and step), "
         f"FSDP{a['fsdp_version']}, activation checkpointing {'on' if a['activation_checkpointing'] else 'off'}, "
-        f"bf16 compute with fp32 gradient reduction, AdamW. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
+        f"bf16 compute with fp32 gradient reduction, {ADAMW_WORDS[a.get('adamw', 'foreach')]}. Assumed: {a['gpu']}, {a['gpus_per_node']} per node, "
         f"{a['network']} between nodes, {mfu_short(a, recipe_run(load_config(recipe(recipe_name))))}; weak scaling "
         "(tokens per GPU fixed). DDP (NO_SHARD) "
         "all-reduces the gradients once per optimizer step, as accelerate's `accumulate()` and the Trainer run it "
@@ -204,6 +206,7 @@ def tokens_sweep(a: dict, model="smollm3-3b", n_gpus: int = 16, micro_batches=(1
                     model, world_size=n_gpus, strategy=strategy, seq_len=a["seq_len"], micro_batch=mb,
                     activation_checkpointing=a["activation_checkpointing"], fsdp_version=a["fsdp_version"],
                     gpus_per_node=a["gpus_per_node"], no_sync=no_sync, loss_path=a.get("loss_path", "transformers"),
+                    adamw=a.get("adamw", "foreach"),
                 )  # fmt: skip
                 rows.append({
                     "strategy": STRATEGY_NAMES[strategy],

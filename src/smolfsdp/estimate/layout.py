@@ -86,10 +86,12 @@ def sharded_state(
     gradient and only the adapters' elements do (their own small FlatParameters' padding is ignored). Adam state covers only the real (unpadded) elements of
     trainable parameters on the rank; its ``step`` counters (one 0-d fp32 host tensor per parameter
     with local elements) are counted in ``n_step_tensors``. ``full_units``: per unit, (full padded
-    numel, whether it holds a trainable parameter).
+    numel, whether it holds a trainable parameter). ``optimizer_shards``: this rank's elements of each trainable
+    parameter in ``model.parameters()`` order (the embedding first, the root's other parameters last), the order
+    a per-parameter AdamW step visits them (``adamw_step.adamw_temporary_bytes``).
     """
     out = dict.fromkeys(["params", "grads", "master", "optimizer", "n_step_tensors"], 0)
-    out["full_units"] = {}
+    out["full_units"], shards = {}, {}
     align = 16 // recipe.compute_bytes
     for name, params in model_units(config, lora).items():
         if fsdp_version == 1 and adapter_units and any(p.trainable for p in params):
@@ -118,6 +120,9 @@ def sharded_state(
         out["master"] += sum(mine) * recipe.master_bytes
         out["n_step_tensors"] += sum(1 for n in mine if n > 0)
         out["full_units"][name] = (full, any(p.trainable for p in params))
+        shards[name] = mine  # trainable parameters keep their order in every layout
+    root = shards.pop("root", [])
+    out["optimizer_shards"] = root[:1] + [n for ns in shards.values() for n in ns] + root[1:]
     return out
 
 

@@ -19,6 +19,7 @@ from smolfsdp import lora_options
 from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError
 from smolfsdp.estimate.activations import activation_breakdown
+from smolfsdp.estimate.adamw_step import ADAMW_IMPLS
 from smolfsdp.estimate.layout import sharded_state
 from smolfsdp.estimate.loss_path import LEGACY_HF_LOSS, LOSS_PATHS, logits_component_bytes, with_loss_path  # noqa: F401
 from smolfsdp.estimate.moments import peak_moments
@@ -101,6 +102,8 @@ class MemoryEstimate:
     # activation checkpointing's policy (``smolfsdp.ac_options``): ``full``, every ``ac_every``-th ``layer``, ``op``
     ac_mode: str = "full"
     ac_every: int | None = None
+    # the AdamW step (``adamw_step.ADAMW_IMPLS``): what it adds to the optimizer moment
+    adamw: str = "foreach"
 
     @property
     def base_grads(self) -> bool:
@@ -132,7 +135,7 @@ class MemoryEstimate:
     @property
     def components_sum_bytes(self) -> int:
         """The sum of the device components (what the stacked bars draw). Not a bound on the peak: a moment
-        can hold tensors no component counts (the multi-tensor AdamW's temporary in the optimizer step, the
+        can hold tensors no component counts (a foreach AdamW's v-sized temporary in the optimizer step, the
         loss's fp32 ``tokens x vocabulary`` tensors as backward starts), so ``peak_bytes`` can exceed it
         (NO_SHARD on 2 GPUs at 4,096 tokens; FULL_SHARD on 2 with offload)."""
         return (
@@ -205,13 +208,13 @@ def estimate_memory(
     ``lora_layout``: :data:`LORA_LAYOUTS`; ``legacy_hf_loss``: :data:`LEGACY_HF_LOSS`; ``ac_mode``:
     :func:`_activations`; ``loss_path``: :data:`LOSS_PATHS`, the code computing the loss (``measure.loss_path``).
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
-    ``peak_bytes``: the fullest moment of a step (``moments``; ``adamw`` ``foreach`` adds a v-sized temporary,
-    ``fused`` none), held to the full-size dry run, plus constants.
+    ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants;
+    ``adamw``: its AdamW step (``adamw_step``: ``foreach`` adds a v-sized temporary, ``fused`` none).
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
 
-    Raises ConfigError for an unknown strategy/recipe/loading, world size < 1, a sequence longer than the
-    model's ``max_position_embeddings``, or an unresolvable model; ValueError for an unknown ``adamw``.
+    Raises ConfigError for an unknown strategy/recipe/loading/``adamw``, world size < 1, a sequence longer than
+    the model's ``max_position_embeddings``, or an unresolvable model.
     """
     rec = _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank)
     config = _check_seq_len(resolve_model_config(model), seq_len)
@@ -241,10 +244,10 @@ def estimate_memory(
         load_peak_host_bytes_per_node={"every-rank": per_node, "rank0": 1, "meta": 0}[loading]
         * counts.total * rec.param_bytes,
         notes=_notes(rec, fsdp_version, spec, lora_layout), lora_layout=lora_layout, loss_fp32_copies=2 + legacy_hf_loss, loss_path=loss_path,
-        no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0, ac_mode=ac_mode, ac_every=ac_every,
+        no_sync_grads_bytes=counts.trainable * c if no_sync and group > 1 else 0, ac_mode=ac_mode, ac_every=ac_every, adamw=check_choice(adamw, tuple(ADAMW_IMPLS), "adamw"),
     )  # fmt: skip
     est.record_stream_bytes = _record_stream_bytes(config, rec, group, fsdp_version, spec, lora_layout)
-    return _with_moments(est, config, gradient_accumulation_steps, spec, adamw)
+    return _with_moments(est, config, gradient_accumulation_steps, spec)
 
 
 def _record_stream_bytes(config, rec: Recipe, group: int, fsdp_version: int, spec, lora_layout: str) -> int:
@@ -277,9 +280,9 @@ def _activations(
     return out
 
 
-def _with_moments(est: MemoryEstimate, config, steps: int, spec, adamw: str = "foreach") -> MemoryEstimate:
+def _with_moments(est: MemoryEstimate, config, steps: int, spec) -> MemoryEstimate:
     """``est`` with its ``moments`` (``peak_moments``, the ``peak`` key left out)."""
-    est.moments = {k: v for k, v in peak_moments(est, config, steps, spec, adamw).items() if k != "peak"}
+    est.moments = {k: v for k, v in peak_moments(est, config, steps, spec).items() if k != "peak"}
     return est
 
 
@@ -313,10 +316,8 @@ def _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_bat
 
 
 def _check_seq_len(config, seq_len: int):
-    if seq_len > config.max_position_embeddings:
-        raise ConfigError(
-            f"seq_len={seq_len} is above the model's max_position_embeddings={config.max_position_embeddings}."
-        )
+    if seq_len > (most := config.max_position_embeddings):
+        raise ConfigError(f"seq_len={seq_len} is above the model's max_position_embeddings={most}.")
     return config
 
 
@@ -376,19 +377,15 @@ def _notes(rec: Recipe, fsdp_version: int, spec: LoraSpec | None, lora_layout: s
 
 def format_table(est: MemoryEstimate) -> str:
     """A readable per-rank breakdown (GiB = 2**30 bytes)."""
-    rows = [(k, v) for k, v in est.components().items()]
-    rows += [("= sum of the components (not a bound)", est.components_sum_bytes)]
-    rows += [(f"tensors at the peak ({est.peak_moment} moment)", est.moments[est.peak_moment])]
-    rows += [
-        ("= device peak (+ CUDA context, NCCL)", est.peak_bytes),
-        ("host (offload), per rank", est.host_bytes),
-    ]
-    rows += [("load-time peak, host per node", est.load_peak_host_bytes_per_node)]
+    rows = [*est.components().items(), ("= sum of the components (not a bound)", est.components_sum_bytes),
+            (f"tensors at the peak ({est.peak_moment} moment)", est.moments[est.peak_moment]),
+            ("= device peak (+ CUDA context, NCCL)", est.peak_bytes), ("host (offload), per rank", est.host_bytes),
+            ("load-time peak, host per node", est.load_peak_host_bytes_per_node)]  # fmt: skip
     head = (
         f"{est.model}: {est.strategy} over {est.world_size} GPU{'s' * (est.world_size != 1)} "
         f"(shard group {est.shard_group}), recipe {est.recipe}, FSDP{est.fsdp_version}, seq {est.seq_len} x "
         f"micro-batch {est.micro_batch}{', LoRA' if est.lora else ''}{', offload' if est.offload else ''}"
-        f"{', activation checkpointing' + _ac_label(est) if est.activation_checkpointing else ''}"
+        f"{', activation checkpointing' + _ac_label(est) if est.activation_checkpointing else ''}, {est.adamw} AdamW"
     )
     width = max(len(k) for k, _ in rows)
     lines = [head, "-" * len(head)] + [f"{k:<{width}}  {v / GIB:10.3f} GiB" for k, v in rows]

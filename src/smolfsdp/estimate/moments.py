@@ -16,9 +16,10 @@ which moments those are for the book's recipes, traced on fake tensors:
   input, and the logits still held.
 * ``last layer``: the first decoder layer's backward, the last of backward: every other layer's gradient
   shard is held now, the saved tensors are gone but this layer's own (recomputed under checkpointing).
-* ``optimizer``: AdamW's step. Parameters, gradients, master copy and m, v, plus one temporary as large as
-  v (the multi-tensor ``foreach`` step computes ``sqrt(v)`` for every parameter at once; torch's choice on CUDA);
-  the ``fused`` step (``adamw="fused"``) updates in place with no such temporary.
+* ``optimizer``: AdamW's step. Parameters, gradients, master copy and m, v, plus what the step's implementation
+  makes (``smolfsdp.estimate.adamw_step``): ``foreach`` (the native engine on a GPU) one temporary as large as v
+  (``sqrt(v)`` for every parameter at once), ``for-loop`` (native on CPU) one parameter's, ``fused`` (the TRL
+  engine: transformers' ``adamw_torch_fused``) none, updating in place.
 
 * ``embedding`` and ``root reduce-scatter`` (when the root trains: ``smolfsdp.estimate.root_grad``), the end of
   backward; ``first layer forward`` (FSDP2: ``smolfsdp.estimate.gather_moment``), the root's all-gather output still
@@ -37,12 +38,13 @@ host) follow the same accounting: SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD and FSDP
 (within 0.1 %, not in the committed grid); offload and accumulation are held in CI on a scaled-down model
 (``tests/test_dryrun.py``); FSDP1's ``no_sync`` is untraced.
 
-    python -c "from smolfsdp.measure import memory, moments; print(moments.peak_moments(memory.estimate_memory(world_size=2)))"
+    python -c "from smolfsdp.estimate import memory, moments; print(moments.peak_moments(memory.estimate_memory(world_size=2)))"
 """
 
 from __future__ import annotations
 
 from smolfsdp.estimate.activations import activation_breakdown
+from smolfsdp.estimate.adamw_step import adamw_temporary_bytes
 from smolfsdp.estimate.gather_moment import first_layer_gather_moment
 from smolfsdp.estimate.layout import sharded_state
 from smolfsdp.estimate.loss_path import with_loss_path
@@ -51,27 +53,21 @@ from smolfsdp.estimate.recipes import RECIPES
 from smolfsdp.estimate.root_grad import root_grad_before_layers, root_gradient_moments
 from smolfsdp.estimate.selective_ac_bytes import checkpointed_bytes
 
-#: AdamW step implementations the ``optimizer`` moment models: ``foreach`` (torch's default on CUDA: a
-#: v-sized ``sqrt(v)`` temporary) and ``fused`` (``AdamW(fused=True)``, the Trainer's ``adamw_torch_fused``:
-#: one kernel per parameter group updates in place, no state-sized temporary).
-ADAMW_IMPLS = ("foreach", "fused")
-
 
 def peak_moments(
     est,
     model=None,
     gradient_accumulation_steps: int = 1,
     lora: LoraSpec | None = None,
-    adamw: str = "foreach",
+    adamw: str | None = None,
 ) -> dict[str, int]:
     """Device bytes alive at the ``loss``, ``layer`` and ``optimizer`` moments of one step, and ``peak`` (their
     largest), for the setup of ``est`` (a :class:`smolfsdp.estimate.memory.MemoryEstimate`). ``model``: the
     model (name or config) ``est`` was made for, when ``est.model`` is not a name ``resolve_model_config`` knows;
     ``lora``: the adapters' ``LoraSpec`` (default ``LoraSpec()`` when ``est.lora``; its dropout adds saved bytes).
-    Tensors only: CUDA context and communication buffers are not in any moment. ``adamw``: one of
-    :data:`ADAMW_IMPLS` (``fused`` drops the optimizer moment's v-sized temporary); ValueError otherwise."""
-    if adamw not in ADAMW_IMPLS:
-        raise ValueError(f"adamw={adamw!r}: expected one of {ADAMW_IMPLS}")
+    Tensors only: CUDA context and communication buffers are not in any moment. ``adamw``: the AdamW step (one
+    of ``adamw_step.ADAMW_IMPLS``: what it adds to the optimizer moment), ``est.adamw`` unless given;
+    ConfigError for another."""
     config = resolve_model_config(model if model is not None else est.model)
     rec, spec = RECIPES[est.recipe], ((lora or LoraSpec()) if est.lora else None)
     c, tokens = rec.compute_bytes, est.micro_batch * est.seq_len
@@ -114,7 +110,9 @@ def peak_moments(
         state + est.grads_bytes + no_sync + root_grad + gathered_root + unit + act["per_layer"]
         + est.grad_buffer_bytes + logits_held
     )  # fmt: skip
-    temporary = est.optimizer_bytes // 2 if adamw == "foreach" else 0  # v-sized sqrt(v), foreach only
+    # the step's own temporaries (none on the device when the state is offloaded: the step runs on the host)
+    shards = [] if est.offload else st["optimizer_shards"]
+    temporary = adamw_temporary_bytes(adamw or est.adamw, shards, rec.state_bytes)
     optimizer = state + est.grads_bytes + temporary
     moments = {"loss": loss, "layer": layer, "last layer": last_layer, "optimizer": optimizer}
     # the end of backward, when the root trains: its gradient (root_grad.py says what each moment holds)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from smolfsdp.config import TrainConfig, load_config
+from smolfsdp.estimate.adamw_step import ADAMW_WORDS, engine_optimizer, traced_adamw
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import MemoryEstimate, estimate_memory
 from smolfsdp.estimate.params import LoraSpec
@@ -53,9 +54,10 @@ LOSS_WORDS = {
 def recipe_settings(cfg: TrainConfig | str = BOOK_RECIPE, **overrides) -> dict:
     """``estimate_memory`` keyword arguments (``model`` included) for the setup ``cfg`` runs: a run recipe's
     name under ``configs/runs/`` or a ``TrainConfig``. World size = ``nproc``, its sharding strategy, sequence =
-    ``max_length``, micro-batch, gradient accumulation, activation checkpointing, FSDP version, CPU offload,
-    LoRA (its dropout included), the precision recipe smolfsdp's engines keep (fp32 state, bf16 compute
-    under ``mixed_precision: bf16``), the engine's loss (``loss_path.engine_loss_path``: TRL's fused LM head).
+    ``max_length``, micro-batch, gradient accumulation, activation checkpointing (its policy), FSDP version, CPU
+    offload, LoRA (its dropout and FSDP1 layout included), the precision recipe smolfsdp's engines keep (fp32 state, bf16 compute
+    under ``mixed_precision: bf16``), the engine's loss (``loss_path.engine_loss_path``: TRL's fused LM head)
+    and the AdamW step it builds on a GPU (``adamw_step.engine_optimizer``: fused for TRL, foreach for native).
     ``overrides`` replace any of them (e.g. ``gradient_accumulation_steps=1``)."""
     if isinstance(cfg, str):
         cfg = load_config(recipe(cfg))
@@ -70,7 +72,9 @@ def recipe_settings(cfg: TrainConfig | str = BOOK_RECIPE, **overrides) -> dict:
         recipe="hf-fsdp-bf16" if cfg.mixed_precision == "bf16" else "fp32", seq_len=cfg.max_length,
         micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         activation_checkpointing=cfg.activation_checkpointing, fsdp_version=cfg.fsdp_version,
-        offload=cfg.cpu_offload, lora=lora, loss_path=engine_loss_path(cfg.engine),
+        offload=cfg.cpu_offload, lora=lora, loss_path=engine_loss_path(cfg.engine), adamw=engine_optimizer(cfg.engine),
+        ac_mode=cfg.ac_mode, ac_every=cfg.ac_every,
+        lora_layout=cfg.lora_layout if cfg.lora and cfg.fsdp_version == 1 else "in-unit",
     )  # fmt: skip
     unknown = set(overrides) - set(settings)
     if unknown:
@@ -80,19 +84,21 @@ def recipe_settings(cfg: TrainConfig | str = BOOK_RECIPE, **overrides) -> dict:
 
 def settings_from_setup(setup: dict) -> dict:
     """The settings :func:`settings_line` reads, from a dry run's ``setup`` (``DryRun.setup``, a committed grid
-    row's ``setup``): the same words for a traced peak as for an estimated one."""
+    row's ``setup``): the same words for a traced peak as for an estimated one (its optimizer: ``traced_adamw``)."""
     return dict(
         world_size=setup["world_size"], strategy=setup["sharding_strategy"], fsdp_version=setup["fsdp_version"],
         seq_len=setup["max_length"], micro_batch=setup["per_device_train_batch_size"],
         gradient_accumulation_steps=setup["gradient_accumulation_steps"],
         activation_checkpointing=setup["activation_checkpointing"], lora=setup["lora"],
         offload=setup.get("cpu_offload", False), loss_path=setup.get("loss_path", "transformers"),
+        adamw=traced_adamw(setup),
     )  # fmt: skip
 
 
 def settings_line(settings: dict, include: str = "tensors") -> str:
     """One line saying what a peak was computed at: ranks and strategy, micro-batch x sequence, micro-batches
-    per optimizer step, activation checkpointing, LoRA, offload, and what it counts (:data:`INCLUDES`)."""
+    per optimizer step, activation checkpointing, LoRA, the loss, the AdamW step, offload, and what it counts
+    (:data:`INCLUDES`)."""
     s = settings
     parts = [
         f"FSDP{s['fsdp_version']} {s['strategy']} x {s['world_size']}",
@@ -101,6 +107,7 @@ def settings_line(settings: dict, include: str = "tensors") -> str:
         f"activation checkpointing {'on' if s['activation_checkpointing'] else 'off'}",
         "LoRA" if s.get("lora") else "full fine-tune",
         LOSS_WORDS.get(s.get("loss_path", "transformers"), s.get("loss_path")),
+        ADAMW_WORDS[s.get("adamw", "foreach")],
     ]
     if s.get("offload"):
         parts.append("CPU offload")

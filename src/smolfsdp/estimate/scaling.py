@@ -227,6 +227,7 @@ def scaling_table(
     micro_batch: int = 1,
     mfu: float | None = None,
     loss_path: str = "transformers",
+    adamw: str = "foreach",
     **kwargs,
 ) -> pd.DataFrame:
     """One row per (model, strategy, GPU count): :func:`estimate_step` plus the per-GPU memory of
@@ -234,8 +235,8 @@ def scaling_table(
     group: at the book recipe's settings the peak ``smolfsdp.estimate.recipe_peak`` gives) and whether
     it fits the GPU (``memory_gib``: the tensor peak + CUDA context + NCCL; ``need_gib``: reserved + both, what
     the verdict decides on; ``gpu_memory_gib``; ``verdict``: ``hardware.fit_verdict``'s word, fits / tight /
-    does not fit; ``fits``: the word is "fits"; ``loss_path``: the code computing the loss,
-    ``smolfsdp.estimate.loss_path``). Weak scaling: tokens per GPU fixed.
+    does not fit; ``fits``: the word is "fits"; ``loss_path`` and ``adamw``: the loss and the AdamW step,
+    ``estimate.loss_path``, ``estimate.adamw_step``: native's by default). Weak scaling: tokens per GPU fixed.
     ``models``: names for ``resolve_model_config`` or configs (e.g. ``params.llama3_70b_config()``); a
     single name or config, a single strategy and a single GPU count are taken as one-element lists.
     The recipe sets the communication dtypes too (:func:`recipe_dtypes`: "fp32" all-gathers and
@@ -272,6 +273,7 @@ def scaling_table(
                     micro_batch=micro_batch, activation_checkpointing=activation_checkpointing,
                     fsdp_version=kwargs.get("fsdp_version", 2), gpus_per_node=cl.gpus_per_node,
                     gradient_accumulation_steps=kwargs.get("gradient_accumulation_steps", 1), loss_path=loss_path,
+                    adamw=adamw,
                 )  # fmt: skip
                 fit = fit_verdict(mem, cl.gpu)  # the verdict of smolfsdp memory and every page
                 rows.append({

@@ -56,17 +56,17 @@ def build(cfg: TrainConfig) -> tuple[Any, Any, nn.Module]:
     return tokenizer, data, model
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, foreach: bool | None = None) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, cfg: TrainConfig, foreach=None, fused=None) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters of the *sharded* model (so its state is sharded too).
 
-    ``foreach=None`` is torch's own choice: the multi-tensor (foreach) implementation on CUDA, the
-    per-parameter loop on CPU. The full-size dry run passes ``True``, what a CUDA run takes.
-    """
+    ``foreach=None`` is torch's own choice: foreach on CUDA, a per-parameter loop on CPU (``estimate.adamw_step``).
+    The full-size dry run passes the step its engine runs on a GPU (``foreach=True``; TRL's ``fused=True``)."""
     return torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
         foreach=foreach,
+        fused=fused,
     )
 
 

@@ -27,6 +27,7 @@ from trl import SFTConfig
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
+from smolfsdp.estimate.adamw_step import built_adamw
 from smolfsdp.measure import benchmark
 from smolfsdp.measure.results import versions
 from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
@@ -377,6 +378,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
             "local_numel_per_rank": local,
             "fraction_per_rank": [round(n / total_params, 4) for n in local],
         },
+        "optimizer": {"optim": args.optim.value, "adamw": built_adamw(trainer.optimizer)},
         "data": data.stats(),
         "metrics": {
             "steps": out.global_step,

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pandas as pd
 
 from smolfsdp.config import TrainConfig, load_config
+from smolfsdp.estimate.adamw_step import engine_optimizer, traced_adamw
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import estimate_memory
 from smolfsdp.estimate.params import LoraSpec, resolve_model_config
@@ -21,11 +22,12 @@ from smolfsdp.estimate.params import LoraSpec, resolve_model_config
 GIB = 2**30
 
 
-def estimate_for(cfg: TrainConfig, world_size: int, loss_path: str | None = None):
+def estimate_for(cfg: TrainConfig, world_size: int, loss_path: str | None = None, adamw: str | None = None):
     """``estimate_memory`` for the setup ``cfg`` runs (the recipe smolfsdp's engines use: fp32 parameters,
     gradients and AdamW state, bf16 compute under ``mixed_precision: bf16``; its LoRA adapters with their
     dropout and FSDP1 ``lora_layout``; its gradient accumulation; its engine's loss, ``loss_path`` when given:
-    a dry run's ``setup["loss_path"]``, transformers' for rows traced before the dry run took TRL's)."""
+    a dry run's ``setup["loss_path"]``, transformers' for rows traced before the dry run took TRL's; the AdamW
+    step its engine builds on a GPU, ``adamw_step.engine_optimizer``, or ``adamw``: the one a dry run built)."""
     spec = (
         LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules), cfg.lora_dropout)
         if cfg.lora
@@ -48,6 +50,7 @@ def estimate_for(cfg: TrainConfig, world_size: int, loss_path: str | None = None
         gpus_per_node=world_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         loss_path=loss_path or engine_loss_path(cfg.engine),
+        adamw=adamw or engine_optimizer(cfg.engine),
     )
 
 
@@ -56,8 +59,10 @@ def compare_with_estimate(report, cfg: TrainConfig) -> pd.DataFrame:
     (tensors at the estimate's fullest moment, ``MemoryEstimate.moments``, against the traced peak; with CPU
     offload one host row and the device's peak): ``estimate_gib``, ``dry_run_gib``, ``error_pct`` (estimate vs
     dry run, signed)."""
-    # the loss the dry run traced (committed rows from before TRL's fused head was traced: transformers')
-    est = estimate_for(cfg, report.setup["world_size"], report.setup.get("loss_path", "transformers"))
+    # the loss the dry run traced (committed rows from before TRL's fused head was traced: transformers') and
+    # the AdamW step it built (the committed grids: foreach)
+    setup = report.setup
+    est = estimate_for(cfg, setup["world_size"], setup.get("loss_path", "transformers"), traced_adamw(setup))
     held, moment = report.held_bytes, est.peak_moment
     peak = est.moments[moment]
     offload = getattr(report, "offload", None)

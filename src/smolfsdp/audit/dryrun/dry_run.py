@@ -8,9 +8,10 @@ shapes; rank 0 is the fullest, FSDP padding lands on the last ranks):
   config for its hub id, any folder with ``config.json``, ``tiny``) under ``FakeTensorMode``, fp32 as the
   engines build it; LoRA adapters by ``sharding.lora.apply_lora``;
 * ``train.native.shard_model`` (FSDP1 wrap or FSDP2 ``fully_shard``, activation checkpointing, mixed
-  precision, offload, HSDP mesh) and ``train.native.make_optimizer`` with ``foreach=True`` (torch's choice
-  on CUDA); for a TRL-engine config the native FSDP1 wrap with the arguments the package hands accelerate
-  (:data:`TRAINER_FSDP1_ARGS`: accelerate 1.15 itself refuses to build its FSDP plugin inside a fake world);
+  precision, offload, HSDP mesh) and ``train.native.make_optimizer`` building the AdamW step the engine runs on
+  a GPU (``estimate.adamw_step.engine_optimizer``: ``foreach`` for native, ``fused`` for TRL, whose Trainer
+  builds ``adamw_torch_fused``); for a TRL-engine config the native FSDP1 wrap with the arguments the package
+  hands accelerate (:data:`TRAINER_FSDP1_ARGS`: accelerate 1.15 refuses to build its plugin in a fake world);
 * for a TRL-engine config, TRL's fused LM head (``add_fused_lm_head``, as ``SFTTrainer`` patches the model;
   its tiles allocate as its Triton kernels do on a GPU: ``gpu_path.trl_triton_tiles``), called with
   ``fused_lm_head=True`` as ``SFTTrainer.compute_loss`` calls it;
@@ -49,9 +50,11 @@ from smolfsdp.audit.dryrun.tracker import (
     untracked_sharding_propagation,
 )
 from smolfsdp.config import TrainConfig
+from smolfsdp.estimate.adamw_step import ADAMW_IMPLS, OPTIMIZER_TEXT, engine_optimizer
 from smolfsdp.estimate.flops import flops_per_token
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.params import resolve_model_config
+from smolfsdp.estimate.recipes import check_choice
 from smolfsdp.measure.benchmark import matmul_params, model_geometry
 from smolfsdp.models.modeling import decoder_layers, resolve_wrap_class
 from smolfsdp.paths import shown_path
@@ -179,14 +182,14 @@ def _patched(cfg: TrainConfig, world: int, fake: bool):
 
 
 def dry_run(
-    cfg: TrainConfig, world_size: int | None = None, progress=None, fake: bool = True, loop=None
+    cfg: TrainConfig, world_size: int | None = None, progress=None, fake: bool = True, loop=None, adamw=None
 ) -> DryRun:
     """One optimizer step of ``cfg`` at full size on fake tensors (with AdamW's state already created).
 
     ``world_size`` defaults to ``cfg.nproc``. ``progress(str)`` is called at each stage (the CLI prints it).
-    ``loop``: another project's micro-batch forward and backward (``smolfsdp.audit.dryrun.published_replay.TorchtitanLoop``),
-    called as ``loop(model, batch)`` in place of ``train.steps.micro_batch_backward``; its ``loss_path`` is
-    recorded in ``setup``.
+    ``adamw``: the AdamW step (:func:`build_optimizer`; a committed grid row is traced again with its own).
+    ``loop``: another project's micro-batch forward and backward (``published_replay.TorchtitanLoop``), called
+    as ``loop(model, batch)`` in place of ``train.steps.micro_batch_backward``; its ``loss_path`` goes in ``setup``.
     """
     world = int(world_size or cfg.nproc)
     say = progress or (lambda msg: log.info(msg))
@@ -202,16 +205,12 @@ def dry_run(
             add_trl_fused_lm_head(model)
         total = matmul_params(model)
         trainable = matmul_params(model, trainable_only=True)
-        layers = {
-            f"layer {i}": m
-            for i, m in enumerate(decoder_layers(model, resolve_wrap_class(model, cfg.wrap_class)))
-        }
+        wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
+        layers = {f"layer {i}": m for i, m in enumerate(decoder_layers(model, wrap_cls))}
         say(f"sharding over a fake world of {world} (FSDP{cfg.fsdp_version}, {cfg.sharding_strategy})")
         model, evidence = native.shard_model(model, cfg, info)
-        optimizer = native.make_optimizer(model, cfg, foreach=True)
+        optimizer, adamw = build_optimizer(model, cfg, adamw, say)
         tracker_cls = FSDP2Tracker if cfg.fsdp_version == 2 else ModuleTracker
-        say("creating the optimizer state (one AdamW step on zero gradients: torch creates m and v lazily)")
-        _init_optimizer_state(model, optimizer)
         say(
             f"one step: {len(batches)} micro-batch(es) of {tuple(batches[0]['input_ids'].shape)} tokens, tracked"
         )
@@ -226,7 +225,10 @@ def dry_run(
         for h in handles:
             h.remove()
         held = tracker.held
-        setup = _setup(cfg, world, evidence, total, trainable, tracker_cls, loop)
+        setup = {
+            **_setup(cfg, world, evidence, total, trainable, tracker_cls, loop),
+            "optimizer": OPTIMIZER_TEXT[adamw],
+        }
         if cfg.fsdp_version == 1:  # on a GPU, active beyond the traced bytes (dryrun.streams)
             setup["fsdp1_record_stream_bytes"] = record_stream_bytes(model)
     tokens = cfg.per_device_train_batch_size * cfg.max_length * cfg.gradient_accumulation_steps
@@ -257,6 +259,17 @@ def dry_run(
         else None,  # fmt: skip
         alloc_events=alloc_events,
     )
+
+
+def build_optimizer(model, cfg: TrainConfig, adamw: str | None = None, say=lambda m: None):
+    """(AdamW over ``model``'s trainable parameters with its state created, the implementation's name):
+    ``train.native.make_optimizer`` with the flag of ``adamw`` (``estimate.adamw_step.ADAMW_IMPLS``; by default
+    what ``cfg``'s engine builds on a GPU, ``engine_optimizer``). ConfigError for an unknown ``adamw``."""
+    adamw = check_choice(adamw or engine_optimizer(cfg.engine), tuple(ADAMW_IMPLS), "adamw")
+    optimizer = native.make_optimizer(model, cfg, foreach=adamw == "foreach", fused=adamw == "fused" or None)
+    say(f"creating the {adamw} AdamW's state (one step on zero gradients: torch creates m and v lazily)")
+    _init_optimizer_state(model, optimizer)
+    return optimizer, adamw
 
 
 def _init_optimizer_state(model, optimizer) -> None:
@@ -361,20 +374,9 @@ def _setup(
     cfg: TrainConfig, world: int, evidence: dict, total: int, trainable: int, tracker_cls, loop=None
 ) -> dict[str, Any]:
     keys = (
-        "model",
-        "engine",
-        "fsdp_version",
-        "sharding_strategy",
-        "mixed_precision",
-        "activation_checkpointing",
-        "ac_mode",
-        "ac_every",
-        "cpu_offload",
-        "lora",
-        "max_length",
-        "per_device_train_batch_size",
-        "gradient_accumulation_steps",
-    )
+        "model engine fsdp_version sharding_strategy mixed_precision activation_checkpointing ac_mode ac_every "
+        "cpu_offload lora max_length per_device_train_batch_size gradient_accumulation_steps"
+    ).split()
     out = {k: getattr(cfg, k) for k in keys}
     out.update(
         world_size=world,
@@ -382,7 +384,6 @@ def _setup(
         trainable=trainable,
         tracker=tracker_cls.__mro__[2].__name__,
         wrap=evidence,
-        optimizer="torch.optim.AdamW(foreach=True)",
         loss_path=engine_loss_path(
             cfg.engine
         ),  # smolfsdp.estimate.loss_path: the code that computes the loss

@@ -23,7 +23,9 @@ from smolfsdp.audit.seeds.judgement import (
     gb,
     gib,
 )
+from smolfsdp.estimate.adamw_step import ADAMW_WORDS, engine_optimizer
 from smolfsdp.estimate.hardware import GPUS, fit_verdict, fits
+from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import RECIPES, estimate_memory
 from smolfsdp.estimate.params import LoraSpec, count_parameters, llama3_8b_config, resolve_model_config
 from smolfsdp.estimate.recipe_peak import LOSS_WORDS, moment_words, recipe_peak, recipe_settings
@@ -164,8 +166,10 @@ def batch_size_lever() -> Judgement:
         f"the batch, and micro-batch 1 brings the peak to {gib(r['peak_micro_batch_1'])}"
         for s, r in rows.items()
     )
-    hf = [recipe_peak(include="device", seq_len=8192, loss_path="transformers", micro_batch=mb)
-          for mb in (kw["micro_batch"], 1)]  # the same 8k run with transformers' own loss  # fmt: skip
+    # the native engine's loss and AdamW step (on a GPU)
+    native = {"loss_path": engine_loss_path("native"), "adamw": engine_optimizer("native")}
+    hf = [recipe_peak(include="device", seq_len=8192, micro_batch=mb, **native)
+          for mb in (kw["micro_batch"], 1)]  # the same 8k run with the native engine's loss  # fmt: skip
     r8 = rows[8192]
     saved = {"TRL": r8["peak_bytes"] - r8["peak_micro_batch_1"], "hf": hf[0].bytes - hf[1].bytes}
     holds = max(share.values()) < 0.25
@@ -175,14 +179,15 @@ def batch_size_lever() -> Judgement:
         "is the fix and a smaller batch is not.",
         "holds" if holds else "partly",
         [f"The estimator, the book's recipe on 2 GPUs with FULL_SHARD, micro-batch {kw['micro_batch']} and "
-         f"{LOSS_WORDS[recipe_settings()['loss_path']]}, counting activations and logits as what "
-         f"scales with the batch: {text}. The sharded state ({gib(rows[2048]['static_bytes'])}) does not move "
-         f"with the batch. With transformers' own loss (the native engine, whose output holds the logits) the "
-         f"same 8,192-token run saves {gib(saved['hf'])} at micro-batch 1 (peak {gib(hf[0].bytes)})."],
+         f"{LOSS_WORDS[recipe_settings()['loss_path']]} ({ADAMW_WORDS[recipe_settings()['adamw']]}), counting "
+         f"activations and logits as what scales with the batch: {text}. The sharded state ({gib(rows[2048]['static_bytes'])}) does not move "
+         f"with the batch. With transformers' own loss (the native engine, whose output holds the logits; "
+         f"{ADAMW_WORDS[native['adamw']]}) the same 8,192-token run saves {gib(saved['hf'])} at micro-batch 1 "
+         f"(peak {gib(hf[0].bytes)})."],
         f"{'True' if holds else 'True for the static state, and at short sequences'} for the seed's own trainer: "
         f"TRL's SFTTrainer (1.16) scores the LM head in tiles and never makes the [tokens, vocab] logits, so up "
-        f"to 8,192 tokens micro-batch 1 saves only {gib(saved['TRL'])}. It depends on that loss: where the logits "
-        f"are made (transformers' own loss, the native engine) they grow with tokens per GPU, and at 8,192 tokens "
+        f"to 8,192 tokens micro-batch 1 saves {gib(saved['TRL'])} of a {gib(r8['peak_bytes'])} peak. It depends "
+        f"on that loss: where the logits are made (transformers' own loss, the native engine) they grow with tokens per GPU, and at 8,192 tokens "
         f"micro-batch 1 saves {gib(saved['hf'])}. Shard first when the static state does not fit; when it does, "
         "micro-batch and sequence length are a lever in proportion to what the loss makes per token (with "
         "gradient accumulation to keep the global batch).",
