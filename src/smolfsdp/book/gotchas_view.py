@@ -261,7 +261,7 @@ def eval_logits_frame(cfg, model_config) -> pd.DataFrame:
     """What the Trainer's evaluation keeps per rank for a recipe ``cfg`` (``TrainConfig``: ``eval_size`` rows,
     ``max_length`` tokens, ``per_device_eval_batch_size`` x ``nproc`` rows per step) and a model config (its
     ``vocab_size``): bf16 logits per step and for the whole evaluation, and the argmax ids instead (GiB,
-    ``smolfsdp.gotchas.explained.gathered_logits_bytes``; an upper bound: rows padded to ``max_length``)."""
+    ``smolfsdp.gotchas.explained.gathered_logits_bytes``; at most: rows padded to ``max_length``)."""
     step_rows = cfg.per_device_eval_batch_size * cfg.nproc
     rows = [
         ("logits of one evaluation step (gathered from every rank)", step_rows, model_config.vocab_size, 2),

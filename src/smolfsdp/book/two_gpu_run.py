@@ -86,7 +86,7 @@ def expected_memory(recipe_name: str = BOOK_RECIPE, gpu: str | None = None) -> d
 def expected_time(recipe_name: str = BOOK_RECIPE) -> dict[str, Any]:
     """Estimated seconds per optimizer step and per epoch of the recipe on its ``nproc`` GPUs (``estimate_step``
     at the recipe's sequence, micro-batch, accumulation, FSDP version, activation checkpointing and the card and
-    MFU of ``book_assumptions``; every sequence counted at ``max_length``, so an upper bound on compute)."""
+    MFU of ``book_assumptions``; every sequence counted at ``max_length``, so the most compute a step can take)."""
     cfg = load_config(recipe(recipe_name))
     a = book_assumptions(recipe_name)
     keys = ("gpu", "gpus_per_node", "network", "mfu", "seq_len", "micro_batch", "gradient_accumulation_steps")

@@ -39,7 +39,7 @@ def gathered_logits_bytes(rows: int, tokens_per_row: int, vocab_size: int, value
     """Bytes of the logits the Trainer's evaluation keeps on each rank: every rank's rows, gathered onto every
     rank, ``rows x tokens_per_row x vocab_size`` values of ``value_bytes`` (2: bf16 logits; 8 per token with
     ``preprocess_logits_for_metrics`` = argmax, pass ``vocab_size=1``). Rows padded to ``tokens_per_row``
-    (``pad_across_processes`` pads to the longest row), so an upper bound (transformers/trainer.py)."""
+    (``pad_across_processes`` pads to the longest row), so the most it can hold (transformers/trainer.py)."""
     return rows * tokens_per_row * vocab_size * value_bytes
 
 
