@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -64,12 +65,24 @@ def write_calibration() -> None:
 
 
 def main(argv=None) -> int:
-    from smolfsdp.audit.published_rows import CHECK_PATH, check_table
+    """Check every row of rows.json first (one line naming the row and the key, exit 2), then compute and write."""
+    from smolfsdp.errors import ConfigError
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--print", action="store_true", help="print the table, write nothing")
     ap.add_argument("--calibration", action="store_true", help="write only the step-time calibration")
     args = ap.parse_args(argv)
+    try:
+        return _check(args)
+    except ConfigError as err:
+        print(f"published_check: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _check(args: argparse.Namespace) -> int:
+    from smolfsdp.audit.published_rows import CHECK_PATH, check_table, load_rows
+
+    load_rows()  # every row checked before anything is computed or written
     if not args.print:
         write_calibration()
         if args.calibration:

@@ -4,8 +4,11 @@ import gc
 import hashlib
 import json
 import logging
+import os
 import shutil
+import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -459,3 +462,94 @@ def test_convert_onto_a_full_disk_says_so_and_leaves_nothing(stopped, small_disk
     assert "The partial output was removed; free space or choose another folder." in str(err.value)
     gc.collect()
     assert list(small_disk.iterdir()) == []
+
+
+# ------------------------------------------------------------------ issue 43: convert's output, refusals
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_convert_output_folder_is_readable_as_trains_final_model_is(stopped, tmp_path):
+    """The folder convert moves into place was a ``mkdtemp`` (0700): nobody else could read the model."""
+    out = checkpoint.convert_checkpoint(
+        stopped.run_dir / "checkpoints" / "step-000004", tmp_path / "exported"
+    )
+    mask = _umask()
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask  # 0755 under umask 022, as train's final_model/
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o666 & ~mask
+
+
+def test_convert_into_a_folder_it_cannot_write_is_refused_before_the_model_is_built(stopped, monkeypatch):
+    from smolfsdp.checkpoint import convert
+
+    try:
+        with tempfile.TemporaryFile(dir="/sys"):
+            pytest.skip("/sys is writable here")
+    except OSError:
+        pass
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was built before the output folder was checked")
+
+    monkeypatch.setattr(convert, "build_model", never)
+    monkeypatch.setattr(convert, "verify_checkpoint", never)
+    with pytest.raises(ConfigError) as err:  # sysfs refuses new files even to root (chmod does not stop root)
+        checkpoint.convert_checkpoint(stopped.run_dir / "checkpoints" / "step-000004", "/sys/smolfsdp-out")
+    msg = str(err.value)
+    assert "\n" not in msg and "OUT /sys/smolfsdp-out is not writable" in msg and "in '/sys'" in msg
+    assert "choose an output folder you can write to" in msg
+    assert not Path("/sys/smolfsdp-out").exists()
+
+
+def test_a_checkpoint_deleted_while_convert_reads_it_is_named(stopped, tmp_path, monkeypatch):
+    """keep-last-K of a run still going (or a person) removes the checkpoint between the check and the load."""
+    from smolfsdp.checkpoint import convert
+
+    run = _copy_run(stopped, tmp_path / "copy")
+    ckpt = run.run_dir / "checkpoints" / "step-000002"
+    real_load = convert.dcp_load
+
+    def load_after_deletion(state, path):
+        shutil.rmtree(path)
+        return real_load(state, path)
+
+    monkeypatch.setattr(convert, "dcp_load", load_after_deletion)
+    with pytest.raises(ConfigError) as err:
+        checkpoint.convert_checkpoint(ckpt, tmp_path / "out")
+    msg = str(err.value)
+    assert "\n" not in msg and f"{ckpt} was deleted while convert read it" in msg
+    assert "nothing was written" in msg and str(run.run_dir / "checkpoints" / "step-000004") in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_reads_a_recorded_config_whose_unused_values_were_redacted(stopped, tmp_path):
+    """The refusal of ``<redacted>`` values is for configs trained on; convert reads a checkpoint's config only
+    for the model and LoRA settings (a redacted model name is still refused, by ``convert_model``)."""
+    from smolfsdp.checkpoint.convert import plan_convert
+
+    run = _copy_run(stopped, tmp_path / "copy")
+    ckpt = run.run_dir / "checkpoints" / "step-000004"
+    text = (ckpt / "config.yaml").read_text().replace("system_prompt: null", "system_prompt: Be <redacted>.")
+    (ckpt / "config.yaml").write_text(text)
+    plan = plan_convert(ckpt, tmp_path / "out")
+    assert plan.cfg.model == "tiny" and plan.cfg.system_prompt == "Be <redacted>."
+
+
+def test_resuming_a_finished_run_that_saved_no_final_model_says_it_finished(tmp_path):
+    """``save_final_model: false`` writes no final_model/: nothing was interrupted."""
+    cfg = BASE.replace(name="nofinal", output_dir=str(tmp_path), save_final_model=False)
+    ckpt = cfg.run_dir / "checkpoints" / "step-000006"
+    ckpt.mkdir(parents=True)
+    cfg.save(ckpt / "config.yaml")
+    with pytest.raises(ConfigError) as err:
+        checkpoint.check_resume_settings(ckpt, cfg.replace(resume_from="latest"))
+    msg = str(err.value)
+    assert "\n" not in msg and "interrupted" not in msg
+    assert f"{ckpt} is at step 6 of max_steps=6: the run finished" in msg
+    assert "save_final_model: false" in msg and f"smolfsdp convert {ckpt} OUT" in msg
+    # the same run with save_final_model true and no final model: its save was interrupted (unchanged)
+    cfg.replace(save_final_model=True).save(ckpt / "config.yaml")
+    with pytest.raises(ConfigError, match="its save was interrupted"):
+        checkpoint.check_resume_settings(ckpt, cfg.replace(save_final_model=True, resume_from="latest"))

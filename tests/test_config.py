@@ -175,3 +175,25 @@ def test_run_start_checks_live_above_config_and_run_first(tmp_path):
         runner.preflight(cfg)
     assert not (tmp_path / "out").exists()
     assert validate(TrainConfig(wrap_class="SmolLM3DecoderLayer")).wrap_class == "SmolLM3DecoderLayer"
+
+
+def test_a_recorded_config_with_redacted_values_is_refused_naming_the_key(tmp_path):
+    """Issue 43: a run folder's config.yaml has token-shaped strings replaced by ``<redacted>``; trained on as
+    written, the run would use the placeholder (another system prompt, another row count) without a word."""
+    key = "sk-" + "a" * 24
+    prompt = f"You are a careful doctor (ticket {key})."
+    TrainConfig(name="recorded", system_prompt=prompt).save(tmp_path / "config.yaml")
+    assert (
+        "system_prompt: You are a careful doctor (ticket <redacted>)."
+        in (tmp_path / "config.yaml").read_text()
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "config.yaml")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{tmp_path / 'config.yaml'}: system_prompt holds '<redacted>'")
+    assert "redacted when the run recorded it" in msg and "--system_prompt" in msg
+    # the real value given as an option replaces the recorded one: nothing refused, nothing lost
+    assert load_config(tmp_path / "config.yaml", system_prompt=prompt).system_prompt == prompt
+    (tmp_path / "extra.yaml").write_text("extra:\n  wandb_api_key: <redacted>\n")
+    with pytest.raises(ConfigError, match=r"extra\.wandb_api_key holds '<redacted>'"):
+        load_config(tmp_path / "extra.yaml")

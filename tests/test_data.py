@@ -160,3 +160,18 @@ def test_medquad_question_answer_mapping(medquad_path, tokenizer):
     assert data.mapping == "question_answer"
     assert data.n_rows == 400
     assert data.stats()["dropped_too_long"] > 100  # MedQuAD answers run to ~28k characters
+
+
+def test_a_jsonl_with_a_broken_line_names_the_file_and_the_line(tmp_path):
+    """datasets says only "An error occurred while generating the dataset"."""
+    path = tmp_path / "rows.jsonl"
+    lines = [json.dumps(r) for r in ROWS[:3]] + ['{"Question": "q", "Answer": "a"'] + [json.dumps(ROWS[3])]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_rows(str(path))
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"Data file {str(path)!r}, line 4: not a JSON object (")
+    assert "fix or remove that line" in msg
+    path.write_text("\n".join([json.dumps(ROWS[0]), "[1, 2]"]) + "\n")  # valid JSON, not a row
+    with pytest.raises(ConfigError, match=r"line 2: a JSON list, not an object"):
+        load_rows(str(path))

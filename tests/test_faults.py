@@ -596,3 +596,27 @@ def test_drill_output_as_a_page_prints_it_has_no_machine_path(tmp_path):
     assert "checkpoint is fault_killed/checkpoints/step-000003;" in out and out.endswith(
         f"of binary: {Path(sys.executable).name}"
     )
+
+
+def test_drills_compare_a_lora_runs_adapter(tmp_path):
+    """Issue 43: a LoRA run's final_model/ holds adapter/adapter_model.safetensors, no model.safetensors; the
+    resume drill failed looking for the latter after all three of its runs."""
+    from safetensors.torch import save_file
+
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    for name, value in (("whole", 0.25), ("resumed", 0.5)):
+        (tmp_path / name / "final_model" / "adapter").mkdir(parents=True)
+        save_file(
+            {key: torch.full((8, 128), value)},
+            str(tmp_path / name / "final_model/adapter/adapter_model.safetensors"),
+        )
+    assert drills.max_abs_diff(tmp_path / "whole", tmp_path / "resumed") == (1, 0.25)
+    (tmp_path / "empty" / "final_model").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"empty/final_model holds neither model.safetensors nor adapter/"):
+        drills.max_abs_diff(tmp_path / "whole", tmp_path / "empty")
+
+
+def test_drills_refuse_a_run_that_saves_no_final_model_before_running():
+    for drill in (lambda c: drills.resume_drill(c, 2), lambda c: drills.kill_rank_drill(c, after_step=2)):
+        with pytest.raises(ConfigError, match="compares final models; set save_final_model: true"):
+            drill(BASE.replace(lora=True, fsdp_version=2, save_final_model=False))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -373,3 +374,115 @@ def test_margin_line_names_the_pools_the_factor_and_its_source():
     assert f"{reserved.DEFAULT_POOL_FACTOR} x the default stream's tensors" in text and "32 MiB" in text
     assert "all-gather stream's pool" in text and "reduce-scatter stream's pool" in text
     assert reserved.REPLAY_GRID in text and "-15 % to +7 %" in text and "smolfsdp dryrun --gpu" in text
+
+
+# ------------------------------------------------------------------ issue 43: an edited rows.json
+FIRST = "fsdp_qlora/lora-7b-ctx512-bs1"  # rows[0]
+MFU_ROW = "torchtitan/h100-8b-fsdp-sac"  # a row with tokens/s (mfu_rows)
+
+
+def _mfu_row(data: dict) -> dict:
+    return next(r for r in data["rows"] if r["id"] == MFU_ROW)
+
+
+#: (what is edited in rows.json, the row named, the words of the refusal)
+EDITS = {
+    "measured missing": (lambda d: d["rows"][0].pop("measured"), FIRST, "'measured' is missing"),
+    "world_size a string": (
+        lambda d: d["rows"][0].update(world_size="2"),
+        FIRST,
+        "world_size must be a whole number >= 1, not '2'",
+    ),
+    "seq_len zero": (
+        lambda d: d["rows"][0].update(seq_len=0),
+        FIRST,
+        "seq_len must be a whole number >= 1, not 0",
+    ),
+    "measured a string": (
+        lambda d: d["rows"][0]["measured"].update(reserved_gib="10.2"),
+        FIRST,
+        "measured.reserved_gib must be a positive number, not '10.2'",
+    ),
+    "lora without r": (lambda d: d["rows"][0]["lora"].pop("r"), FIRST, "'lora.r' is missing"),
+    "gpu memory a string": (
+        lambda d: d["rows"][0].update(gpu_memory_gib="24GB"),
+        FIRST,
+        "gpu_memory_gib must be a positive number, not '24GB'",
+    ),
+    "unknown recipe": (
+        lambda d: d["rows"][0].update(recipe="bf16-pure"),
+        FIRST,
+        "recipe 'bf16-pure' is not one of",
+    ),
+    "unknown strategy": (
+        lambda d: d["rows"][0].update(strategy="FULLSHARD"),
+        FIRST,
+        "strategy 'FULLSHARD' is not one of",
+    ),
+    "missing model folder": (
+        lambda d: d["rows"][0].update(model="data/models/nope"),
+        FIRST,
+        "model 'data/models/nope' has no config.json in the repository",
+    ),
+    "unknown gpu": (lambda d: _mfu_row(d).update(gpu="H1000"), MFU_ROW, "gpu 'H1000' is not one of"),
+    "tokens a string": (
+        lambda d: _mfu_row(d)["measured"].update(tokens_per_s_per_gpu="fast"),
+        MFU_ROW,
+        "measured.tokens_per_s_per_gpu must be a positive number, not 'fast'",
+    ),
+    "outcome misspelt": (lambda d: d["rows"][0].update(outcome="rna"), FIRST, "outcome 'rna' is not one of"),
+    "duplicate id": (lambda d: d["rows"][1].update(id=FIRST), FIRST, "is the id of an earlier row too"),
+    "id missing": (lambda d: d["rows"][0].pop("id"), "row 1", "'id' is missing"),
+    "row not an object": (lambda d: d["rows"].__setitem__(0, "x"), "row 1", "is a str, not an object"),
+}
+
+
+def _edited_rows(tmp_path, monkeypatch, edit) -> Path:
+    data = json.loads((repo_root() / published.ROWS_PATH).read_text())
+    edit(data)
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(published, "ROWS_PATH", str(path))  # absolute: repo_root() / it is it
+    return path
+
+
+def _published_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "published_check", repo_root() / "scripts/published_check.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_an_edited_rows_file_is_refused_naming_the_row_and_the_key(name, tmp_path, monkeypatch, capsys):
+    """Each of these was a traceback (KeyError, TypeError, even MemoryError) with no row id."""
+    edit, row, words = EDITS[name]
+    path = _edited_rows(tmp_path, monkeypatch, edit)
+    script = _published_check()
+
+    def wrote(*args):
+        raise AssertionError("published_check wrote a file before the rows were checked")
+
+    monkeypatch.setattr(script, "write_calibration", wrote)
+    for argv in (["--print"], []):
+        assert script.main(argv) == 2
+        out, err = capsys.readouterr()
+        named = f"row {row!r}" if "/" in row else row
+        assert out == "" and err.startswith(f"published_check: error: {path}, {named}: "), err
+        assert words in err and err.count("\n") == 1, err
+
+
+def test_a_rows_file_that_is_not_json_names_the_line(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "rows.json"
+    path.write_text('{"sources": {},\n "rows": [,]}\n')
+    monkeypatch.setattr(published, "ROWS_PATH", str(path))
+    assert _published_check().main(["--print"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"published_check: error: {path} is not JSON (line 2, column 11: ")
+        and err.count("\n") == 1
+    )

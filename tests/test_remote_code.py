@@ -41,23 +41,48 @@ def _cli(args, tmp_path):
     )  # fmt: skip
 
 
+def _fake_checkpoint(tmp_path) -> Path:
+    """A checkpoint as ``convert``'s checks see it (metadata file, marker, the run's config.yaml)."""
+    from smolfsdp.checkpoint.verify import MARKER
+    from smolfsdp.config import TrainConfig
+
+    ckpt = tmp_path / "runs" / "r" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / ".metadata").write_bytes(b"")
+    (ckpt / MARKER).write_text("")
+    TrainConfig(name="r", output_dir=str(tmp_path / "runs")).save(ckpt.parent.parent / "config.yaml")
+    return ckpt
+
+
+#: The advice each command gives: the option it really has (issue 43: memory has none; convert's is a flag).
+ADVICE = {
+    "memory": "smolfsdp memory has no such option: it never runs a model's own code",
+    "dryrun": "pass --trust_remote_code true only after reading that code",
+    "convert": "pass --trust_remote_code only after reading that code",
+}
+
+
 @pytest.mark.parametrize(
     "args",
     [
         ["memory", "--model", "{m}"],
         ["dryrun", "--model", "{m}", "--gpus", "2"],
         ["dryrun", "--model", "{m}", "--trust_remote_code", "false"],
+        ["convert", "{ckpt}", "{out}", "--model", "{m}"],
     ],
-    ids=["memory", "dryrun", "dryrun-trust-false"],
+    ids=["memory", "dryrun", "dryrun-trust-false", "convert"],
 )
 def test_cli_never_runs_a_folders_code(evil_folder, tmp_path, args):
     folder, marker = evil_folder
-    proc = _cli([a.format(m=folder) for a in args], tmp_path)
+    places = {"m": folder, "ckpt": _fake_checkpoint(tmp_path), "out": tmp_path / "out"}
+    proc = _cli([a.format(**places) for a in args], tmp_path)
     assert not marker.exists()
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert lines[-1].startswith("smolfsdp: error: ") and "auto_map" in lines[-1], proc.stderr
-    assert "--trust_remote_code true" in lines[-1]
+    assert ADVICE[args[0]] in lines[-1]
+    if args[0] != "dryrun":
+        assert "--trust_remote_code true" not in lines[-1]
     assert "Traceback" not in proc.stderr and "[y/N]" not in proc.stdout + proc.stderr
 
 

@@ -49,7 +49,7 @@ def cmd_dryrun(args: argparse.Namespace) -> int:
     from smolfsdp.estimate.hardware import get_gpu  # deferred: measure loads torch
 
     # an unknown name fails here, before the dry run
-    gpu = get_gpu(args.gpu, args.gpu_memory_gib) if args.gpu or args.gpu_memory_gib else None
+    gpu = get_gpu(args.gpu, args.gpu_memory_gib) if args.gpu or args.gpu_memory_gib is not None else None
     from smolfsdp.audit.dryrun.compare import compare_with_estimate  # deferred: torch, transformers
     from smolfsdp.audit.dryrun.dry_run import dry_run  # deferred: torch, transformers
 
@@ -108,15 +108,25 @@ def _replayed(report, replayed):
 
 
 def _held_to_published() -> str:
-    """How far the replay was from the published runs of ``check.json``'s ``dry_run`` rows, in words."""
-    from smolfsdp.audit.published_rows import CHECK_PATH  # deferred: measure loads torch
+    """How far the replay was from the published runs of ``check.json``'s ``dry_run`` rows, in words; without
+    that file (a copy without ``data/results``, or one being rewritten) a sentence saying so, not an error."""
+    from smolfsdp.audit import published_rows  # deferred: measure loads torch
 
-    rows = json.loads((repo_root() / CHECK_PATH).read_text()).get("dry_run", [])
+    path = repo_root() / published_rows.CHECK_PATH
+    try:
+        rows = json.loads(path.read_text()).get("dry_run", [])
+    except FileNotFoundError:
+        return (
+            f"not yet held to published runs: {path} is absent (python scripts/published_check.py writes it)"
+        )
+    except (OSError, ValueError, AttributeError) as err:
+        return f"not held to published runs: {path} is not readable JSON ({err})"
     worst = max((abs(r["reserved"]["error_pct"]) for r in rows), default=None)
     if worst is None:
         return "not yet held to published runs (scripts/published_check.py writes the check)"
     return (
-        f"held to {len(rows)} published torchtitan runs within {math.ceil(worst)} % ({CHECK_PATH}, dry_run)"
+        f"held to {len(rows)} published torchtitan runs within {math.ceil(worst)} % "
+        f"({published_rows.CHECK_PATH}, dry_run)"
     )
 
 

@@ -26,8 +26,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
     """Print the per-rank memory estimate, the verdict for the chosen GPU, or JSON with ``--json``."""
     from smolfsdp.estimate.hardware import fit_verdict, get_gpu  # light: checked before torch loads
 
+    check_memory_args(args)
     # --gpu-memory-gib alone describes a custom GPU; without either, the H100 SXM is the default
-    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib else "H100 SXM"), args.gpu_memory_gib)
+    gpu = get_gpu(args.gpu or (None if args.gpu_memory_gib is not None else "H100 SXM"), args.gpu_memory_gib)
     print(
         "[memory] reading the model's config (transformers loads torch: a few seconds)",
         file=sys.stderr,
@@ -36,6 +37,9 @@ def cmd_memory(args: argparse.Namespace) -> int:
     from smolfsdp.estimate.memory import estimate_memory, format_table  # deferred: transformers configs
     from smolfsdp.estimate.recommend import recommend  # deferred with hardware
     from smolfsdp.estimate.reserved import format_reserved  # deferred with hardware
+    from smolfsdp.models.modeling import refuse_remote_code  # deferred: torch
+
+    refuse_remote_code(args.model, option=None)  # memory has no --trust_remote_code: the advice says so
 
     common = memory_settings(args)  # checked in estimate_memory
     model, world, strategy, offload = (common.pop(k) for k in ("model", "world_size", "strategy", "offload"))
@@ -97,6 +101,28 @@ def memory_settings(args: argparse.Namespace) -> dict:
         settings["lora"] = lora_spec(args)
     settings.setdefault("gpus_per_node", max(_DEFAULTS["gpus_per_node"], settings["world_size"]))
     return settings
+
+
+def check_memory_args(args: argparse.Namespace) -> None:
+    """Refuse, before torch loads, what the estimate would otherwise drop or misread: ``--lora-layout
+    adapter-units`` without LoRA or with FSDP2 (it models FSDP1's units only), and a ``--model`` that looks like a
+    folder and is none (it would be looked up on the hub). Raises ConfigError naming the option and the fix."""
+    from smolfsdp.errors import ConfigError  # deferred with the other smolfsdp modules: a light parser
+    from smolfsdp.paths import check_model_folder  # light
+
+    check_model_folder(args.model, "--model")
+    if args.lora_layout != "adapter-units" or getattr(args, "config", None):
+        return  # with --config the recipe's own checks (TrainConfig) hold its LoRA layout to its LoRA and FSDP version
+    if not args.lora and all(v is None for v in (args.lora_rank, args.lora_alpha, args.lora_targets)):
+        raise ConfigError(
+            "--lora-layout adapter-units makes each LoRA adapter its own FSDP1 unit, and without --lora there are "
+            "no adapters; add --lora, or drop --lora-layout."
+        )
+    if args.fsdp_version != 1:
+        raise ConfigError(
+            "--lora-layout adapter-units is an FSDP1 layout (FSDP2 shards each parameter as its own DTensor, so "
+            "frozen weights never get a gradient); give --fsdp-version 1, or drop --lora-layout."
+        )
 
 
 def lora_spec(args: argparse.Namespace):

@@ -20,7 +20,7 @@ import yaml
 from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError, did_you_mean
 from smolfsdp.lora_options import check_lora
-from smolfsdp.secrets import redact
+from smolfsdp.secrets import REDACTED, redact, redacted_keys
 from smolfsdp.yaml_files import read_recipe
 
 ENGINES = ("native", "trl")
@@ -357,12 +357,16 @@ def check_keys(keys, where: str) -> None:
             )
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """Load ``configs/runs/*.yaml`` (optional) and apply ``overrides``; validate everything.
+def load_config(
+    path: str | Path | None = None, *, redacted_ok: bool = False, **overrides: Any
+) -> TrainConfig:
+    """Load ``configs/runs/*.yaml`` (optional) and apply ``overrides``; validate everything. ``redacted_ok``: read
+    a recorded config for what was not redacted (``smolfsdp convert`` wants its model and LoRA settings only).
 
     Raises:
         ConfigError: a missing file, one over :data:`smolfsdp.yaml_files.MAX_RECIPE_BYTES`, YAML aliases or tags
-            (:func:`smolfsdp.yaml_files.read_recipe`), an unknown key (with the nearest valid one), or an invalid value.
+            (:func:`smolfsdp.yaml_files.read_recipe`), an unknown key (with the nearest valid one), an invalid value,
+            or a value holding ``<redacted>`` that no override replaces (a run folder's ``config.yaml``).
     """
     values: dict[str, Any] = {}
     if path is not None:
@@ -374,6 +378,13 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
         if not isinstance(values, dict):
             raise ConfigError(f"{p} must hold a mapping of TrainConfig fields, got {type(values).__name__}.")
         check_keys(values, str(p))
+        kept = {k: v for k, v in values.items() if overrides.get(k) is None}
+        if not redacted_ok and (keys := redacted_keys(kept)):
+            raise ConfigError(
+                f"{p}: {keys[0]} holds {REDACTED!r}: a token-shaped part of its value was redacted when the run "
+                f"recorded it, so training on it would use the placeholder. Pass the real value with "
+                f"--{keys[0].split('.')[0]} (it overrides the file), or write it into a copy of {p.name}."
+            )
     check_keys(overrides, "the overrides")
     values.update({k: v for k, v in overrides.items() if v is not None})
     types = {f.name: str(f.type) for f in fields(TrainConfig)}

@@ -9,7 +9,9 @@ results writer reach the same paths without importing each other.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 from smolfsdp.errors import ConfigError, did_you_mean
@@ -63,18 +65,67 @@ def recipe(name: str) -> Path:
 
 
 def umask_modes(folder: str | Path) -> None:
-    """Give every file in ``folder`` (recursively) the mode the process umask gives a new file (0644
-    under umask 022).
+    """Give ``folder``, every folder in it and every file in it (recursively) the mode the process umask
+    gives a new one (0755 and 0644 under umask 022).
 
     Why: safetensors 0.8 writes ``*.safetensors`` through a temporary file created 0600 and renamed
     into place, so ``model.safetensors`` would be readable only by its owner while the config and
-    tokenizer next to it are 0644 (a model folder shared or served by another user fails to load).
+    tokenizer next to it are 0644; and a folder made by ``tempfile.mkdtemp`` (``smolfsdp convert``'s,
+    moved into place when complete) is 0700. Either way a model folder shared or served by another user
+    fails to load.
     """
     mask = os.umask(0)  # the only portable way to read the umask: set it, then put it back at once
     os.umask(mask)
-    for path in Path(folder).rglob("*"):
-        if path.is_file() and not path.is_symlink():
+    for path in (Path(folder), *Path(folder).rglob("*")):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            path.chmod(0o777 & ~mask)
+        elif path.is_file():
             path.chmod(0o666 & ~mask)
+
+
+def check_writable_folder(out: str | Path, what: str) -> None:
+    """Raise ConfigError unless a folder can be written where ``out`` is (or would be created): probed by
+    creating and removing a file in the nearest existing folder among ``out`` and its parents
+    (``os.access`` says yes to root even on a read-only mount). ``what`` names ``out`` in the message
+    (``"OUT /tmp/x"``)."""
+    base = Path(out).expanduser().absolute()
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    try:
+        with tempfile.TemporaryFile(dir=base):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"{what} is not writable ({err.strerror} in {str(base)!r}); nothing was read or written: choose an "
+            "output folder you can write to."
+        ) from err
+
+
+#: A Hugging Face hub id, ``owner/name``: one slash, letters, digits, ``-``, ``_`` and ``.`` (the hub's rule).
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def looks_like_path(name: str) -> bool:
+    """True for a ``--model`` meant as a folder: it starts with ``.``, ``/`` or ``~``, or holds a path separator
+    and is not one ``owner/name`` hub id (``../models/x``, ``data/models/llama2_7b``; not ``HuggingFaceTB/SmolLM3-3B``)."""
+    name = str(name)
+    if name.startswith((".", "/", "~")):
+        return True
+    return any(sep in name for sep in {"/", "\\", os.sep}) and not HUB_ID.fullmatch(name)
+
+
+def check_model_folder(model: str, what: str = "model") -> None:
+    """Raise ConfigError when ``model`` looks like a folder (:func:`looks_like_path`) and is none, before it is
+    taken for a hub id (looked up offline, with advice to download it). ``what`` names it (``"--model"``)."""
+    folder = Path(str(model)).expanduser()
+    if looks_like_path(model) and not folder.is_dir():
+        why = "a file, not a folder" if folder.exists() else "no such folder"
+        raise ConfigError(
+            f"{what} {model}: {why} ({folder.resolve()}); give a folder with the model's config.json, or a hub "
+            "id owner/name."
+        )
 
 
 def pid_alive(pid: int) -> bool:

@@ -82,3 +82,16 @@ def redact(obj: Any, secrets: list[str] | None = None) -> Any:
             obj = obj.replace(s, REDACTED)
         return SECRET_VALUE.sub(REDACTED, obj)
     return obj
+
+
+def redacted_keys(obj: Any, prefix: str = "") -> list[str]:
+    """The keys of mapping ``obj`` (dotted inside nested mappings: ``extra.wandb_api_key``) whose value, or a
+    string in its list, holds :data:`REDACTED`: what :func:`redact` replaced when the file was written, so
+    the file no longer holds the value that ran. In the order found, each once."""
+    if isinstance(obj, dict):
+        found = [k for key, v in obj.items() for k in redacted_keys(v, f"{prefix}{key}.")]
+    elif isinstance(obj, list | tuple):
+        found = [k for v in obj for k in redacted_keys(v, prefix)]
+    else:
+        found = [prefix.rstrip(".")] if isinstance(obj, str) and REDACTED in obj else []
+    return list(dict.fromkeys(found))

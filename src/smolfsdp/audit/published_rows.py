@@ -14,14 +14,19 @@ Rows the estimator cannot express yet (``"modelled": false``) keep their reason 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 from smolfsdp.errors import ConfigError
-from smolfsdp.estimate.hardware import get_gpu, verdict
-from smolfsdp.estimate.memory import estimate_memory
+from smolfsdp.estimate.hardware import GPUS, get_gpu, verdict
+from smolfsdp.estimate.loss_path import LOSS_PATHS
+from smolfsdp.estimate.memory import LORA_LAYOUTS, estimate_memory
 from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.estimate.recipes import RECIPES, STRATEGIES
 from smolfsdp.estimate.record_stream import fsdp1_stream_held, fsdp2_reduce_scatter_kept
 from smolfsdp.estimate.reserved import reserved_parts, reserved_range_bytes
 from smolfsdp.paths import repo_root
@@ -34,14 +39,105 @@ TOLERANCE_PCT = {"reserved": 10.0, "allocated": 5.0, "active": 5.0}
 
 
 def load_rows(path: str | Path | None = None) -> dict:
-    """The published rows file (``sources`` and ``rows``); ConfigError when it is missing or has no rows."""
+    """The published rows file (``sources`` and ``rows``), every row checked (:func:`check_row`) before any is used.
+
+    Raises:
+        ConfigError: the file is missing, is not JSON (its line and column), has no rows, or a row is not what
+            the estimator reads (its id and key named).
+    """
     p = Path(path) if path else repo_root() / ROWS_PATH
     if not p.is_file():
         raise ConfigError(f"{p} not found; the published rows live in {ROWS_PATH}.")
-    data = json.loads(p.read_text())
-    if not data.get("rows"):
-        raise ConfigError(f"{p} has no 'rows'.")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{p} is not JSON (line {err.lineno}, column {err.colno}: {err.msg}).") from err
+    if not isinstance(data, dict) or not data.get("rows") or not isinstance(data["rows"], list):
+        raise ConfigError(f"{p} has no 'rows' (a list of row objects).")
+    sources = data.get("sources") if isinstance(data.get("sources"), dict) else {}
+    seen: set[str] = set()
+    for i, row in enumerate(data["rows"], 1):
+        rid = row.get("id") if isinstance(row, dict) else None
+        named = f"row {rid!r}" if isinstance(rid, str) and rid else f"row {i}"
+        problem = check_row(row, sources) or (
+            f"{rid!r} is the id of an earlier row too" if rid in seen else None
+        )
+        if problem:
+            raise ConfigError(f"{p}, {named}: {problem}; fix that row.")
+        seen.add(rid)
     return data
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _names(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(t, str) and t for t in v)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+#: The checks of a row's keys: key -> (test, what the value must be). Names are checked against the
+#: estimator's own lists, so a misspelt one is refused here, not as a traceback or another tool's advice.
+ROW_KEYS = {
+    "world_size": (_whole, "a whole number >= 1"), "seq_len": (_whole, "a whole number >= 1"),
+    "micro_batch": (_whole, "a whole number >= 1"), "ac_every": (_whole, "a whole number >= 1"),
+    "gpu_memory_gib": (_positive, "a positive number"), "fsdp_version": (lambda v: v in (1, 2), "1 or 2"),
+    "activation_checkpointing": (lambda v: isinstance(v, bool), "true or false"),
+    "offload": (lambda v: isinstance(v, bool), "true or false"),
+    "modelled": (lambda v: isinstance(v, bool), "true or false"),
+}  # fmt: skip
+ROW_NAMES = {
+    "outcome": ("ran", "out of memory"), "recipe": tuple(RECIPES), "strategy": STRATEGIES, "gpu": tuple(GPUS),
+    "loss_path": tuple(LOSS_PATHS), "ac_mode": ("full", "layer", "op"), "layout": LORA_LAYOUTS,
+}  # fmt: skip
+MEASURED = ("reserved_gib", "allocated_gib", "active_gib", "tokens_per_s_per_gpu", "mfu_pct")
+
+
+def check_row(row, sources: dict) -> str | None:
+    """What is wrong with one published row, in words naming the key, or None: the keys every row has, their
+    types (:data:`ROW_KEYS`, ``measured`` values positive numbers of :data:`MEASURED`), names the estimator knows
+    (:data:`ROW_NAMES`, ``source`` one of the file's sources), a model folder with ``config.json`` in the
+    repository for a ``data/`` model or a tokens/s row with its GPU (:func:`mfu_rows` reads those); a modelled
+    memory row also needs its strategy, FSDP version and GPU memory, a LoRA row ``r``, ``alpha`` and ``targets``."""
+    if not isinstance(row, dict):
+        return f"is a {type(row).__name__}, not an object"
+    needed = ["id", "source", "model", "world_size", "seq_len", "micro_batch", "outcome", "measured"]
+    if missing := [k for k in needed if k not in row]:
+        return f"{missing[0]!r} is missing"
+    measured, lora = row["measured"], row.get("lora")
+    if not isinstance(row["id"], str) or not row["id"]:
+        return f"id must be a non-empty string, not {row['id']!r}"
+    if not isinstance(measured, dict) or not measured:
+        return f"measured must be an object of published numbers, not {measured!r}"
+    if lora is not None and not isinstance(lora, dict):
+        return f"lora must be an object (r, alpha, targets), not {lora!r}"
+    if row.get("modelled", True) and "recipe" in row and any(k.endswith("_gib") for k in measured):
+        needed += ["strategy", "fsdp_version", "gpu_memory_gib"]
+    # a LoRA row's own keys are listed only when missing
+    needed += [f"lora.{k}" for k in ("r", "alpha", "targets") if lora and k not in lora]
+    if missing := [k for k in needed if k.startswith("lora.") or k not in row]:
+        return f"{missing[0]!r} is missing"
+    checks = [(k, row[k], *ROW_KEYS[k]) for k in ROW_KEYS if k in row]
+    checks += [(f"measured.{k}", v, _positive, "a positive number") for k, v in measured.items()]
+    checks += [(f"lora.{k}", lora[k], _whole, "a whole number >= 1") for k in ("r", "alpha") if lora]
+    if lora:
+        checks.append(("lora.targets", lora["targets"], _names, "a list of module names"))
+    for key, value, test, what in checks:
+        if not test(value):
+            return f"{key} must be {what}, not {value!r}"
+    names = [(k, row[k], ROW_NAMES[k]) for k in ROW_NAMES if k in row]
+    names += [("measured key", k, MEASURED) for k in measured] + [("source", row["source"], tuple(sources))]
+    for key, value, known in names:
+        if value not in known:
+            return f"{key} {value!r} is not one of {list(known)}"
+    local = str(row["model"]).startswith("data/") or {"tokens_per_s_per_gpu", "gpu"} <= {*measured, *row}
+    if local and not (repo_root() / str(row["model"]) / "config.json").is_file():
+        return f"model {row['model']!r} has no config.json in the repository (a folder under data/models/)"
+    return None
 
 
 def estimate_row(row: dict):
@@ -65,12 +161,22 @@ def estimate_row(row: dict):
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def named_row(row: dict) -> Iterator[None]:
+    """Re-raise a ConfigError from inside the block prefixed with the rows file and ``row``'s id."""
+    try:
+        yield
+    except ConfigError as err:
+        raise ConfigError(f"{ROWS_PATH}, row {row['id']!r}: {err}") from err
+
+
 def _memory_rows(row: dict) -> list[dict]:
     """One output row per memory number of a published row (reserved, allocated), with error % if modelled."""
     out = []
     measured = {k[: -len("_gib")]: v for k, v in row["measured"].items() if k.endswith("_gib")}
     modelled = row.get("modelled", True) and "recipe" in row
-    est = estimate_row(row) if modelled else None
+    with named_row(row):  # a refusal from the estimator names the row it came from
+        est = estimate_row(row) if modelled else None
     for what, published in measured.items():
         rec = {"id": row["id"], "source": row["source"], "what": what, "published_gib": published,
                "modelled": modelled, "reason": row.get("reason", "")}  # fmt: skip

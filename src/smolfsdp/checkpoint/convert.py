@@ -23,12 +23,14 @@ recompute) says which model it was trained from. ``convert`` reads that as a nam
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ from smolfsdp.checkpoint.verify import (
     find_problem,
     is_complete,
     read_dcp_metadata,
+    read_marker,
     verify_checkpoint,
 )
 from smolfsdp.config import load_config
@@ -53,8 +56,9 @@ from smolfsdp.models.modeling import (
     build_model,
     check_safetensors_folder,
     load_tokenizer,
+    refuse_remote_code,
 )
-from smolfsdp.paths import pid_alive, umask_modes
+from smolfsdp.paths import check_writable_folder, pid_alive, umask_modes
 from smolfsdp.sharding.lora import apply_lora
 
 #: The file ``convert`` writes last into its output: where the weights came from and every file it wrote.
@@ -132,9 +136,9 @@ def check_convert_out(ckpt: Path, out: Path, overwrite: bool) -> None:
     """Refuse an output folder ``convert`` must not write or replace (see the module docstring).
 
     Raises:
-        ConfigError: ``out`` is, holds or is inside the checkpoint, a checkpoint or a run's ``checkpoints/``;
-            it is a file; it is not empty and ``overwrite`` is off; or ``overwrite`` is on and it holds files
-            an earlier ``convert`` did not write (nothing is deleted).
+        ConfigError: ``out`` is, holds or is inside the checkpoint, a checkpoint or a run's ``checkpoints/``; it is
+            a file; its folder cannot be written; it is not empty and ``overwrite`` is off; or ``overwrite`` is on
+            and it holds files an earlier ``convert`` did not write (nothing is deleted).
     """
     out_r, ck_r = out.resolve(), ckpt.resolve()
     if _inside(out_r, ck_r) or _inside(ck_r, out_r):
@@ -156,6 +160,7 @@ def check_convert_out(ckpt: Path, out: Path, overwrite: bool) -> None:
         )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} is a file; give convert a new or empty folder.")
+    check_writable_folder(out.parent, f"OUT {out}")  # the output is made beside OUT, then moved onto it
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not overwrite:
@@ -179,12 +184,10 @@ def remove_stale_tmps(out: Path) -> list[Path]:
     removed = []
     for tmp in sorted(out.parent.glob(f".{glob.escape(out.name)}.*.tmp")):
         pid = tmp.name[len(out.name) + 2 :].split(".", 1)[0]
-        if not (pid.isdigit() and tmp.is_dir() and not tmp.is_symlink() and tmp.stat().st_uid == os.getuid()):
-            continue
-        if pid_alive(int(pid)):
-            continue
-        shutil.rmtree(tmp, ignore_errors=True)
-        removed.append(tmp)
+        ours = pid.isdigit() and tmp.is_dir() and not tmp.is_symlink() and tmp.stat().st_uid == os.getuid()
+        if ours and not pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
     return removed
 
 
@@ -213,18 +216,12 @@ def write_convert_marker(folder: Path, ckpt: Path, model: str) -> None:
     (folder / CONVERT_MARKER).write_text(json.dumps(body, indent=1) + "\n")
 
 
-def _checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    meta = read_dcp_metadata(path)
-    return {
-        k[len("model.") :]: tuple(v.size)
-        for k, v in meta.state_dict_metadata.items()
-        if k.startswith("model.") and hasattr(v, "size")
-    }
-
-
 def check_matches_model(ckpt: str | Path, model, model_name: str = "the model") -> None:
     """Raise ConfigError naming the keys that differ between a checkpoint and ``model`` (meta is fine)."""
-    saved = _checkpoint_shapes(Path(ckpt))
+    entries = read_dcp_metadata(Path(ckpt)).state_dict_metadata.items()
+    saved = {
+        k[len("model.") :]: tuple(v.size) for k, v in entries if k.startswith("model.") and hasattr(v, "size")
+    }
     wanted = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(wanted) - set(saved))
     shape = sorted(k for k in set(wanted) & set(saved) if wanted[k] != saved[k])
@@ -246,6 +243,25 @@ def config_of(ckpt: str | Path) -> Path:
     (the run folder's may have changed since the save). The path may not exist."""
     ckpt = Path(ckpt)
     return ckpt / "config.yaml" if (ckpt / "config.yaml").is_file() else ckpt.parent.parent / "config.yaml"
+
+
+@contextlib.contextmanager
+def still_there(ckpt: Path) -> Iterator[None]:
+    """Re-raise what fails inside the block, unless ``ckpt`` (or a file its marker lists) is gone by then:
+    that is then the cause, raised as one ConfigError naming the checkpoint and the ones that verify."""
+    try:
+        yield
+    except Exception as err:
+        files = read_marker(ckpt) if is_complete(ckpt) else {}  # {} when the marker is gone too
+        gone = [n for n in files or {} if not (ckpt / n).is_file()] or [MARKER] * (files == {})
+        if gone:
+            what = ", ".join(gone[:3]) if ckpt.is_dir() else "the folder"
+            raise ConfigError(
+                f"{ckpt} was deleted while convert read it ({what} gone); nothing was written. Convert a "
+                "checkpoint that stays (keep-last-K of a run still going removes older ones: copy it first)."
+                + checkpoints_near(ckpt)
+            ) from err
+        raise
 
 
 @dataclass
@@ -307,10 +323,12 @@ def plan_convert(
         raise ConfigError(
             f"{run_config} is missing: convert needs the run's config (LoRA settings) to rebuild the model."
         )
-    saved = load_config(run_config)
+    saved = load_config(run_config, redacted_ok=True)  # read for the model and LoRA settings only
     tokenizer = saved.tokenizer and convert_model(saved.tokenizer, run_config, ckpt, None, "tokenizer")
     chosen = convert_model(saved.model, run_config, ckpt, model)
     cfg = saved.replace(model=chosen, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
+    for name in {chosen, tokenizer or chosen}:  # a folder's own code: refused now, naming convert's own flag
+        refuse_remote_code(name, trust_remote_code, option="--trust_remote_code")
     return ConvertPlan(ckpt, out, run_config, cfg)
 
 
@@ -337,16 +355,17 @@ def convert_checkpoint(
         checkpoint, out_dir, overwrite=overwrite, model=model, trust_remote_code=trust_remote_code
     )  # fmt: skip
     ckpt, out, cfg = plan.ckpt, plan.out, plan.cfg
-    verify_checkpoint(ckpt, hashes=True, action="convert")
-    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
-    # a local model folder's headers before from_pretrained reads its weights (one line, not SafetensorError)
-    check_safetensors_folder(cfg.model, build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code))
-    built = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
-    if cfg.lora:
-        built = apply_lora(built, cfg)
-    check_matches_model(ckpt, built, f"the model {cfg.model!r} (named by {plan.config})")
-    loaded = {"model": built.state_dict()}
-    dcp_load(loaded, ckpt)  # no process group: DCP reads every shard in this process
+    with still_there(ckpt):  # a checkpoint deleted meanwhile (keep-last-K of a run going on) is named
+        verify_checkpoint(ckpt, hashes=True, action="convert")
+        tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
+        # a local model folder's headers before from_pretrained reads its weights (one line, not SafetensorError)
+        check_safetensors_folder(cfg.model, build_meta_model(cfg.model, tokenizer, cfg.trust_remote_code))
+        built = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+        if cfg.lora:
+            built = apply_lora(built, cfg)
+        check_matches_model(ckpt, built, f"the model {cfg.model!r} (named by {plan.config})")
+        loaded = {"model": built.state_dict()}
+        dcp_load(loaded, ckpt)  # no process group: DCP reads every shard in this process
     built.load_state_dict(loaded["model"])
     if cfg.lora:
         built = built.merge_and_unload()
@@ -366,10 +385,7 @@ def convert_checkpoint(
         if out.exists():
             shutil.rmtree(out)  # check_convert_out: empty, or an earlier convert's files only
         tmp.replace(out)
-    except (
-        OSError,
-        SafetensorError,
-    ) as err:  # a full disk, a read-only folder: named, nothing half-written left
+    except (OSError, SafetensorError) as err:  # a full disk, a read-only folder: named, nothing half-written
         free = shutil.disk_usage(out.parent).free
         raise ConfigError(
             f"writing {out} failed ({err}); {free:,} bytes are free on its filesystem. The partial output was "

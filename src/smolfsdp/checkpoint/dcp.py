@@ -298,6 +298,7 @@ def check_resume_settings(path: str | Path, cfg) -> None:
     """
     path = Path(path)
     saved_file = path / "config.yaml"
+    saved: dict = {}
     if saved_file.is_file():
         saved = read_recipe(saved_file) or {}  # bounded: a checkpoint's file is data from elsewhere
         now = redact(cfg.to_dict())  # the saved config is redacted: compare like with like
@@ -316,6 +317,12 @@ def check_resume_settings(path: str | Path, cfg) -> None:
     step = int(path.name.split("-")[-1]) if path.name.split("-")[-1].isdigit() else None
     if step is not None and cfg.max_steps > 0 and step >= cfg.max_steps:
         missing = missing_final_model(cfg.run_dir, path)
+        if missing and not saved.get("save_final_model", cfg.save_final_model):  # none was to be written
+            raise ConfigError(
+                f"{path} is at step {step} of max_steps={cfg.max_steps}: the run finished, and with "
+                "save_final_model: false it wrote no final model; nothing is left to resume. Write the model "
+                f"from that checkpoint: smolfsdp convert {path} OUT; to train longer, start a new run from it."
+            )
         if missing:
             raise ConfigError(
                 f"{path} is at step {step} of max_steps={cfg.max_steps}: nothing is left to train. {missing}"

@@ -115,8 +115,32 @@ def _load_local(path: Path):
     except ConfigError:
         raise
     except Exception as err:  # datasets' builders raise many types; name the file and the cause
+        bad = find_bad_json_line(path) if path.suffix.lower() == ".jsonl" else None  # datasets names no line
+        if bad is not None:
+            raise ConfigError(
+                f"Data file {str(path)!r}, line {bad[0]}: {bad[1]}; JSON lines hold one object per line "
+                '({"Question": ..., "Answer": ...}): fix or remove that line.'
+            ) from err
         cause = str(err).splitlines()[0] if str(err) else ""
         raise ConfigError(f"Could not read {str(path)!r} as {fmt}: {type(err).__name__}: {cause}") from err
+
+
+def find_bad_json_line(path: Path) -> tuple[int, str] | None:
+    """The first line of a JSON-lines file that is not one JSON object: ``(line number from 1, what it is)``,
+    or None when every non-blank line is one. Read line by line (constant memory): called only after
+    ``datasets`` failed, whose message ("An error occurred while generating the dataset") names neither."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))  # columns of this line
+            except json.JSONDecodeError as err:
+                return lineno, f"not a JSON object ({err.msg} at column {err.colno})"
+            if not isinstance(value, dict):
+                kind = {list: "list", str: "string", bool: "boolean"}.get(type(value), type(value).__name__)
+                return lineno, f"a JSON {kind}, not an object"
+    return None
 
 
 def load_rows(

@@ -11,6 +11,7 @@ says whether a setting fits asks it. The "Does FSDP fit?" decision built on it i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from smolfsdp.errors import ConfigError, did_you_mean
@@ -151,11 +152,15 @@ def get_gpu(name: str | None = None, memory_gib: float | None = None) -> GPU:
 
     Names match ignoring case, spaces, dashes and underscores ('h100-sxm', 'H100SXM'). Raises
     ConfigError for an unknown name, listing the known ones and suggesting those that start with or
-    contain it ('a100' -> 'A100 40GB' or 'A100 80GB'), else the nearest spelling.
+    contain it ('a100' -> 'A100 40GB' or 'A100 80GB'), else the nearest spelling; and a ``memory_gib`` that
+    is not a positive, finite number (nan and inf would fail only where the verdict converts it to bytes).
     """
     if memory_gib is not None:
-        if memory_gib <= 0:
-            raise ConfigError(f"gpu memory {memory_gib} GiB: give a positive size.")
+        if not math.isfinite(memory_gib) or memory_gib <= 0:
+            raise ConfigError(
+                f"--gpu-memory-gib {memory_gib:g}: give the GPU's memory as a positive, finite number of GiB "
+                "(e.g. --gpu-memory-gib 80)."
+            )
         label = name or f"custom {memory_gib:g} GiB"
         return GPU(
             label,

@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Pretrain
 
 from smolfsdp.errors import ConfigError, nearest
 from smolfsdp.models.modeling import load_tokenizer, refuse_remote_code, tiny_config
-from smolfsdp.paths import repo_root
+from smolfsdp.paths import check_model_folder, repo_root
 
 SHIPPED_MODELS = {
     "smollm3-3b": "data/models/smollm3_3b",
@@ -104,6 +104,7 @@ def _resolve(model, local_files_only, trust_remote_code):
             raise ConfigError(f"{path} has no config.json; give a directory with the model's config.json.")
         refuse_remote_code(path, trust_remote_code)
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    check_model_folder(model)  # ../models/x missing is a missing folder, not a hub id to download
     if "/" not in str(model):
         hint = nearest(model, ["tiny", *SHIPPED_MODELS])
         raise ConfigError(

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from smolfsdp.errors import ConfigError, did_you_mean
-from smolfsdp.paths import bundled_tokenizer_path
+from smolfsdp.paths import bundled_tokenizer_path, check_model_folder
 
 SMOLLM3_3B = "HuggingFaceTB/SmolLM3-3B"
 
@@ -38,7 +38,9 @@ PRESETS = ("tiny",)
 
 
 def check_model_name(model: str) -> str:
-    """A preset name, a local path or an ``owner/name`` hub id; anything else is an unknown preset."""
+    """A preset name, a local path or an ``owner/name`` hub id; anything else is an unknown preset, and a name
+    that looks like a path (:func:`smolfsdp.paths.looks_like_path`) must be an existing folder."""
+    check_model_folder(model)
     if model in PRESETS or "/" in model or Path(model).expanduser().exists():
         return model
     raise ConfigError(
@@ -52,11 +54,29 @@ def check_model_name(model: str) -> str:
 REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json")
 
 
-def refuse_remote_code(model, trust_remote_code: bool = False) -> None:
+#: The option that turns ``trust_remote_code`` on for ``smolfsdp train``, ``bench`` and ``dryrun`` (a TrainConfig
+#: field: ``--trust_remote_code true``, or ``trust_remote_code: true`` in the run config). ``smolfsdp convert``'s
+#: is a bare flag, ``--trust_remote_code``; ``smolfsdp memory`` has none (it never runs a model's code).
+TRUST_OPTION = "--trust_remote_code true"
+
+
+def remote_code_fix(option: str | None = TRUST_OPTION) -> str:
+    """The advice after a refused ``auto_map``: pass ``option`` (the calling command's own) only after reading
+    the code; ``option=None`` for ``smolfsdp memory``, which has no such option."""
+    if option is None:
+        return (
+            "smolfsdp memory has no such option: it never runs a model's own code; give a folder whose "
+            "config.json names a transformers architecture without auto_map"
+        )
+    return f"pass {option} only after reading that code, or give a folder without auto_map"
+
+
+def refuse_remote_code(model, trust_remote_code: bool = False, *, option: str | None = TRUST_OPTION) -> None:
     """Raise ConfigError when the local folder ``model`` names its own Python (``auto_map`` in
     config.json or tokenizer_config.json) and ``trust_remote_code`` is off: before transformers asks
     on standard input or imports the folder's ``.py`` files. Hub ids and presets pass (transformers
-    itself refuses their code with ``trust_remote_code=False``, which every caller passes)."""
+    itself refuses their code with ``trust_remote_code=False``, which every caller passes). ``option``: the
+    calling command's way to turn it on, named in the advice (:func:`remote_code_fix`)."""
     if trust_remote_code or not isinstance(model, (str, Path)):
         return
     folder = Path(str(model)).expanduser()
@@ -69,8 +89,8 @@ def refuse_remote_code(model, trust_remote_code: bool = False) -> None:
             continue
         if auto_map:
             raise ConfigError(
-                f"{folder / name} has auto_map (the folder's own Python: {sorted(auto_map)}); refused: pass "
-                "--trust_remote_code true only after reading that code, or give a folder without auto_map."
+                f"{folder / name} has auto_map (the folder's own Python: {sorted(auto_map)}); refused: "
+                f"{remote_code_fix(option)}."
             )
 
 

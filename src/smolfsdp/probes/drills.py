@@ -36,24 +36,43 @@ from smolfsdp.measure.results import load_run
 from smolfsdp.paths import repo_root
 
 
+def final_weights(run_dir: str | Path) -> Path:
+    """The safetensors file a run trained into: ``final_model/model.safetensors``, or for a LoRA run (whose base
+    is frozen) its adapter, ``final_model/adapter/adapter_model.safetensors``.
+
+    Raises ConfigError when ``final_model/`` holds neither, naming what to set."""
+    final = Path(run_dir) / "final_model"
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        if (final / name).is_file():
+            return final / name
+    raise ConfigError(
+        f"{final} holds neither model.safetensors nor adapter/adapter_model.safetensors (a LoRA run's); the "
+        "drills compare final models: run with save_final_model: true."
+    )
+
+
 def max_abs_diff(run_a: str | Path, run_b: str | Path) -> tuple[int, float]:
-    """(tensors compared, largest absolute difference) between two runs' ``final_model/model.safetensors``.
+    """(tensors compared, largest absolute difference) between two runs' final weights (:func:`final_weights`:
+    the model, or a LoRA run's adapter).
 
-    Raises RuntimeError when the two models do not have the same keys.
+    Raises RuntimeError when the two models do not have the same keys; ConfigError when a run has no final weights.
     """
-
-    a = load_file(str(Path(run_a) / "final_model" / "model.safetensors"))
-    b = load_file(str(Path(run_b) / "final_model" / "model.safetensors"))
+    a, b = (load_file(str(final_weights(run))) for run in (run_a, run_b))
     if a.keys() != b.keys():
         raise RuntimeError(f"the two models' keys differ: {sorted(set(a) ^ set(b))[:4]}")
     return len(a), max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def _check_inside(cfg, step: int) -> None:
+    """Before any run: the stop or kill falls inside the run, and the runs write the final models compared."""
     if cfg.max_steps <= 0 or not 1 <= step < cfg.max_steps:
         raise ConfigError(
             f"the drill needs max_steps > {step} >= 1 (got max_steps={cfg.max_steps}); "
             "set max_steps and stop or kill inside the run."
+        )
+    if not cfg.save_final_model:
+        raise ConfigError(
+            "the drill compares final models; set save_final_model: true (it is false in this config)."
         )
 
 
