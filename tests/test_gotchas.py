@@ -11,12 +11,12 @@ from html import escape
 import pytest
 
 from smolfsdp.book import gotchas_view, tables
-from smolfsdp.config import QUANTISED_REFUSAL
 from smolfsdp.errors import ConfigError
 from smolfsdp.gotchas import cases_distributed, explained
 from smolfsdp.gotchas import run_all as gotchas
 from smolfsdp.gotchas.explained import EXPLAINED
 from smolfsdp.gotchas.registry import REPORTED, WRONG
+from smolfsdp.lora_options import QUANTISED_REFUSAL
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
-from smolfsdp.config import GROUPS, QUANTISED_LOADING, QUANTISED_REFUSAL, TrainConfig
+from smolfsdp.config import GROUPS, TrainConfig
 from smolfsdp.errors import ConfigError, did_you_mean
+from smolfsdp.lora_options import QUANTISED_LOADING, QUANTISED_REFUSAL
 
 METAVARS = {int: "INT", float: "FLOAT", str: "TEXT"}
 

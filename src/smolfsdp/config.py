@@ -19,7 +19,7 @@ import yaml
 
 from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError, did_you_mean
-from smolfsdp.lora_options import check_lora
+from smolfsdp.lora_options import QUANTISED_LOADING, QUANTISED_REFUSAL, check_lora
 from smolfsdp.secrets import REDACTED, redact, redacted_keys
 from smolfsdp.yaml_files import read_recipe
 
@@ -326,22 +326,6 @@ class TrainConfig:
 
 def field_names() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
-
-
-#: TRL's quantisation options (``trl.ModelConfig``), refused with the reason rather than as unknown options
-QUANTISED_LOADING = (
-    "load_in_4bit",
-    "load_in_8bit",
-    "bnb_4bit_quant_type",
-    "bnb_4bit_quant_storage",
-    "use_bnb_nested_quant",
-)
-QUANTISED_REFUSAL = (
-    "smolfsdp does not load models in 4 or 8 bits (QLoRA): bitsandbytes' quantised layers need a CUDA GPU, and FSDP1 "
-    "shards them only when their packed bytes are stored in the other parameters' dtype (bnb_4bit_quant_storage); "
-    "see `smolfsdp gotchas --run qlora_integer_storage` and the chapter 'Debugging the seams'. Use --lora on the "
-    "bf16 model instead."
-)
 
 
 def check_keys(keys, where: str) -> None:

@@ -12,6 +12,8 @@ models both).
   FlatParameter holds only frozen weights, so it has no gradient and no reduce-scatter.
 
     smolfsdp train --config configs/runs/lora_smoke.yaml --lora_layout adapter-units
+
+Also TRL's quantised-loading options (QLoRA), which the package refuses with the reason (:data:`QUANTISED_REFUSAL`).
 """
 
 from __future__ import annotations
@@ -76,3 +78,19 @@ def check_lora(cfg) -> None:
                 "adapters cannot share a unit. Set use_orig_params: true, or use fsdp_version: 2."
             )
     check_lora_layout(cfg.lora_layout, cfg.lora, cfg.fsdp_version, cfg.engine)
+
+
+#: TRL's quantisation options (``trl.ModelConfig``), refused with the reason rather than as unknown options
+QUANTISED_LOADING = (
+    "load_in_4bit",
+    "load_in_8bit",
+    "bnb_4bit_quant_type",
+    "bnb_4bit_quant_storage",
+    "use_bnb_nested_quant",
+)
+QUANTISED_REFUSAL = (
+    "smolfsdp does not load models in 4 or 8 bits (QLoRA): bitsandbytes' quantised layers need a CUDA GPU, and FSDP1 "
+    "shards them only when their packed bytes are stored in the other parameters' dtype (bnb_4bit_quant_storage); "
+    "see `smolfsdp gotchas --run qlora_integer_storage` and the chapter 'Debugging the seams'. Use --lora on the "
+    "bf16 model instead."
+)
