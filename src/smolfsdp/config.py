@@ -20,8 +20,9 @@ import yaml
 from smolfsdp.ac_options import check_ac_options
 from smolfsdp.errors import ConfigError, did_you_mean
 from smolfsdp.lora_options import QUANTISED_LOADING, QUANTISED_REFUSAL, check_lora
+from smolfsdp.run_options import check_run_options
 from smolfsdp.secrets import REDACTED, redact, redacted_keys
-from smolfsdp.yaml_files import read_recipe
+from smolfsdp.yaml_files import coerce_value, read_recipe
 
 ENGINES = ("native", "trl")
 FSDP_VERSIONS = (1, 2)
@@ -76,6 +77,12 @@ class TrainConfig:
     # "drop" never cuts the answer (with include_reasoning the reasoning is cut first); "truncate" cuts at
     # the end, so the answer loses its end-of-turn token: for drills only
     too_long: str = _field("drop", MODEL, "rows over max_length: 'drop' (counted) or 'truncate' (drills)")
+    # throughput options, TRL's names (smolfsdp.run_options)
+    packing: bool = _field(False, MODEL, "pack rows into max_length-token rows (TRL's BFD), rows kept apart")
+    padding_free: bool = _field(False, MODEL, "one row per micro-batch, no padding (position ids per row)")
+    attn_implementation: str | None = _field(None, SHARDING, "'sdpa', 'eager', 'flash_attention_2', ...")
+    torch_compile: bool = _field(False, SHARDING, "compile the model with torch.compile")
+    use_liger_kernel: bool = _field(False, SHARDING, "Liger's fused kernels (RMSNorm, RoPE, SwiGLU, loss)")
     eval_size: float = _field(0.1, MODEL, "held out for eval: a fraction (< 1) or a number of rows (>= 1)")
     max_rows: int | None = _field(None, MODEL, "use only the first N rows; unset: all")
     engine: str = _field("native", SHARDING, "'native' (plain PyTorch loop) or 'trl' (TRL SFTTrainer)")
@@ -171,6 +178,7 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1.")
         check_lora(self)  # smolfsdp.lora_options: rank, targets, dropout, engine, lora_layout
         check_ac_options(self.activation_checkpointing, self.ac_mode, self.ac_every, self.engine)
+        check_run_options(self)  # smolfsdp.run_options: packing, padding-free, attention, compile, Liger
         if not self.name or self.name != self.name.strip() or "/" in self.name or self.name.startswith("."):
             raise ConfigError(
                 f"name={self.name!r}: a run name is one plain folder name (no '/', not empty, "
@@ -372,23 +380,4 @@ def load_config(
     check_keys(overrides, "the overrides")
     values.update({k: v for k, v in overrides.items() if v is not None})
     types = {f.name: str(f.type) for f in fields(TrainConfig)}
-    return TrainConfig(**{k: _coerce(k, types[k], v) for k, v in values.items()})
-
-
-def _coerce(key: str, type_name: str, value: Any) -> Any:
-    """YAML reads ``1e-4`` as a string and ``3`` where a float is meant; convert to the field's type."""
-    base = type_name.replace(" | None", "")
-    if value is None or not isinstance(value, str | int | float) or isinstance(value, bool):
-        return value
-    try:
-        if base == "float":
-            return float(value)
-        if base == "int" and not isinstance(value, float):
-            return int(value)
-    except ValueError as err:
-        raise ConfigError(f"{key}={value!r} is not a valid {base}.") from err
-    if base == "str":
-        return str(value)
-    if base == "list[str]" and isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return value
+    return TrainConfig(**{k: coerce_value(k, types[k], v) for k, v in values.items()})

@@ -64,3 +64,22 @@ def read_recipe(p: Path) -> Any:
         raise ConfigError(
             f"{p}{where}: not a plain YAML recipe ({' '.join(problem.split())}); {fix}."
         ) from err
+
+
+def coerce_value(key: str, type_name: str, value: Any) -> Any:
+    """YAML reads ``1e-4`` as a string and ``3`` where a float is meant; convert to the field's type."""
+    base = type_name.replace(" | None", "")
+    if value is None or not isinstance(value, str | int | float) or isinstance(value, bool):
+        return value
+    try:
+        if base == "float":
+            return float(value)
+        if base == "int" and not isinstance(value, float):
+            return int(value)
+    except ValueError as err:
+        raise ConfigError(f"{key}={value!r} is not a valid {base}.") from err
+    if base == "str":
+        return str(value)
+    if base == "list[str]" and isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return value

@@ -1,0 +1,41 @@
+"""Throughput options of a run: packing, padding-free batches, the attention kernel, torch.compile, Liger
+kernels, and the checks on them that the fields alone decide.
+
+One source for the run config (``smolfsdp.config``: ``packing``, ``padding_free``, ``attn_implementation``,
+``torch_compile``, ``use_liger_kernel``), both engines and the estimate. The names are TRL's ``SFTConfig`` /
+transformers' ``TrainingArguments`` fields of the same name (TRL 1.16, transformers 5.x), so a TRL user reads
+them as they know them. Checks that need the installed packages or the device run where a run starts
+(``smolfsdp.launch.validate``).
+
+    python -c "from smolfsdp.run_options import check_run_options; help(check_run_options)"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smolfsdp.errors import ConfigError, did_you_mean
+
+#: transformers' built-in attention implementations (``attn_implementation``); a hub kernel
+#: (``kernels-community/...``) is also accepted by transformers and checked where a run starts.
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def check_packing(cfg: Any) -> None:
+    """Raise ConfigError for packing / padding-free settings the fields alone rule out."""
+
+
+def check_kernels(cfg: Any) -> None:
+    """Raise ConfigError for an unknown ``attn_implementation`` (hub kernels ``org/name`` pass here)."""
+    name = cfg.attn_implementation
+    if name is not None and name not in ATTN_IMPLEMENTATIONS and "/" not in name:
+        raise ConfigError(
+            f"attn_implementation={name!r} is not one transformers knows; use one of {ATTN_IMPLEMENTATIONS} or a "
+            f"hub kernel such as kernels-community/flash-attn.{did_you_mean(name, ATTN_IMPLEMENTATIONS)}"
+        )
+
+
+def check_run_options(cfg: Any) -> None:
+    """The checks of this module, in order (called by ``TrainConfig.__post_init__``)."""
+    check_packing(cfg)
+    check_kernels(cfg)
