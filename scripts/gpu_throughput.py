@@ -123,10 +123,13 @@ def timed(fn, device: torch.device) -> float:
     return start.elapsed_time(end) / 1000
 
 
-def rows_apart(model, packed_batch: dict, lengths: list[int], device) -> float:
-    """Largest |logit| difference between the packed row's last row and that row run alone (bf16 autocast)."""
+def rows_apart(
+    model, packed_batch: dict, lengths: list[int], device, bf16: bool = True
+) -> tuple[float, float]:
+    """Largest |logit| difference between the packed row's last row and that row run alone (bf16 autocast, or
+    fp32 with ``bf16=False``), and the largest |logit| of the row alone."""
     n = lengths[-1]
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         packed = model(input_ids=packed_batch["input_ids"], position_ids=packed_batch["position_ids"]).logits
         alone = model(input_ids=packed_batch["input_ids"][:, -n:]).logits
         ref = alone.float().abs().max().item()
@@ -141,6 +144,7 @@ def main() -> None:
     ap.add_argument(
         "--use-cache", action="store_true", help="keep SmolLM3's use_cache=True (shows rows mixing)"
     )
+    ap.add_argument("--checks", action="store_true", help="only the rows-apart checks and flex_attention")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t_start = time.time()
@@ -156,6 +160,8 @@ def main() -> None:
             loss = model(**batch).loss
         loss.backward()
 
+    if args.checks:
+        return attention_checks(model, data, packed_lengths, device, micro, args)
     micro(data["causal"])  # materialise gradients and AdamW state, then time the step itself
     opt_times = []
     for _ in range(3):
@@ -229,6 +235,53 @@ def main() -> None:
     print(
         f"rows apart: max |packed - alone| logit {diff:.4g} (max |logit| {ref:.4g}); wall {result['wall_s']:.0f} s"
     )
+
+
+def attention_checks(model, data, lengths, device, micro, args) -> None:
+    """Rows apart in fp32 (the kernels' rounding aside, packed == alone), in bf16, and with the KV cache on (which
+    turns transformers' packed-row mask off: rows mix); then flex_attention on the packed micro-batch."""
+    res = {}
+    for label, bf16, cache in (
+        ("fp32", False, False),
+        ("bf16", True, False),
+        ("fp32_use_cache", False, True),
+    ):
+        model.config.use_cache = cache
+        res[label] = rows_apart(model, data["packed"], lengths, device, bf16=bf16)
+        print(
+            f"rows apart {label}: max |packed - alone| {res[label][0]:.4g} (max |logit| {res[label][1]:.4g})",
+            flush=True,
+        )
+    model.config.use_cache = False
+    flex = {}
+    try:
+        t0 = time.time()
+        model.set_attn_implementation("flex_attention")
+        flex["rows_apart_fp32"] = rows_apart(model, data["packed"], lengths, device, bf16=False)
+        for ac in (False, True):
+            if ac:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            for _ in range(2):
+                micro(data["packed"])
+            times = [timed(lambda: micro(data["packed"]), device) for _ in range(args.steps)]
+            flex[f"packed_ac_{'on' if ac else 'off'}_s"] = times
+            print(f"flex_attention packed AC {ac}: {statistics.median(times) * 1000:.1f} ms", flush=True)
+        flex["wall_s"] = time.time() - t0
+    except Exception as err:  # noqa: BLE001 - recorded: which step failed and why
+        flex["error"] = f"{type(err).__name__}: {err}"[:500]
+        print("flex_attention:", flex["error"], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "packed_row_lengths": lengths,
+        "rows_apart": {k: {"max_abs_diff": v[0], "max_abs_logit": v[1]} for k, v in res.items()},
+        "flex_attention": flex,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    (out / "gpu_attention_checks.json").write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":
