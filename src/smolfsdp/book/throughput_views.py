@@ -28,7 +28,7 @@ from smolfsdp.estimate.hardware import fit_verdict, get_gpu
 from smolfsdp.estimate.recipe_peak import BOOK_RECIPE, recipe_peak
 from smolfsdp.estimate.recompute import recompute_share
 from smolfsdp.estimate.scaling import estimate_step
-from smolfsdp.estimate.seed_lengths import load_seed_lengths, seed_like_lengths
+from smolfsdp.estimate.seed_lengths import SEED_LENGTHS_PATH, load_seed_lengths, seed_like_lengths
 from smolfsdp.estimate.token_share import pack_lengths, padded_share, steps_per_epoch
 from smolfsdp.models.modeling import load_tokenizer
 from smolfsdp.paths import recipe
@@ -163,10 +163,8 @@ def efficiency_markdown(recipe_name: str = BOOK_RECIPE) -> str:
         f"{100 * e[f'packed_share_{n}']:.0f} %, and its padding-free collator computes none of the rest. An epoch "
         f"of the {e['rows']:,} seed-like training rows takes {e['steps_padded']:,} optimizer steps of "
         f"{cfg.nproc} GPUs x {k} rows x {cfg.gradient_accumulation_steps} padded, or {e['steps_packed']:,} steps "
-        f"of as many packed rows. The seed-like rows are derived, not measured: {seed['rows']:,} rows, lengths "
-        f"modelled from the data set's published question lengths and file size, SmolLM3's template and about "
-        f"{seed['scenarios']['central']['chars_per_token']:g} characters per token "
-        f"(`{'data/results/published/seed_lengths.json'}` states every source and assumption)."
+        f"of as many packed rows. The seed-like rows are derived, not measured ({seed['rows']:,} rows; "
+        f"`{SEED_LENGTHS_PATH}` states every source and assumption)."
     )
 
 
