@@ -147,7 +147,7 @@ def efficiency_table(recipe_name: str = BOOK_RECIPE) -> pd.DataFrame:
             f"{e['rows']:,} -> {e[f'packed_rows_{PACK_LENGTHS[0]}']:,}"
         )
         rows[name] = row
-    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("rows")
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("row lengths")
 
 
 def efficiency_markdown(recipe_name: str = BOOK_RECIPE) -> str:
@@ -238,8 +238,9 @@ def mfu_markdown(recipe_name: str = BOOK_RECIPE, gpu: str = "H100 SXM") -> str:
     with_ac = run_mfu(gpu, run["model"], seq_len=cfg.max_length, ac_mode="full")
     without = run_mfu(gpu, run["model"], seq_len=cfg.max_length, ac_mode=None)
     return (
-        f"The estimates run the GPU at **{100 * hfu['hfu']:.1f} % hardware FLOP utilisation** ({hfu['text']}). "
-        f"A run's MFU counts only the model's FLOPs: with full checkpointing that is "
+        f"The estimates assume the GPU runs at **{100 * hfu['hfu']:.1f} % hardware FLOP utilisation** (HFU: every "
+        f"FLOP it does, recomputation included). Source: {hfu['text']}. A run's MFU counts only the model's FLOPs: "
+        f"with full checkpointing that is "
         f"**{100 * with_ac['mfu']:.1f} %**, without it **{100 * without['mfu']:.1f} %** "
         f"(`smolfsdp.estimate.calibration.run_mfu`)."
     )
