@@ -39,7 +39,7 @@ def _load(name: str, folder: str | None = None) -> dict[str, Any] | None:
 
 def measured_table(folder: str | None = None) -> pd.DataFrame | None:
     """One row per micro-batch shape and checkpointing setting: median ms per forward + backward, spread,
-    tokens computed and real, real tokens/s, peak allocated and reserved GiB. None without the file."""
+    real tokens/s, peak allocated and reserved GiB. None without the file."""
     data = _load("gpu_throughput.json", folder)
     if data is None:
         return None
@@ -51,7 +51,6 @@ def measured_table(folder: str | None = None) -> pd.DataFrame | None:
                 "activation checkpointing": "on" if r["activation_checkpointing"] else "off",
                 "ms (median)": round(1000 * r["median_s"], 1),
                 "ms (fastest-slowest)": f"{1000 * r['min_s']:.1f}-{1000 * r['max_s']:.1f}",
-                "tokens computed": r["tokens_computed"],
                 "real tokens/s": round(r["tokens_real"] / r["median_s"]),
                 "peak allocated (GiB)": round(r["peak_allocated_bytes"] / GIB, 2),
                 "peak reserved (GiB)": round(r["peak_reserved_bytes"] / GIB, 2),
