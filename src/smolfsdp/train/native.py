@@ -39,18 +39,22 @@ from smolfsdp.train import steps
 from smolfsdp.train.batches import BatchStream, build_loader, count_steps
 from smolfsdp.train.export import save_final_model
 from smolfsdp.train.native_sharding import shard_model
+from smolfsdp.train.speedups import apply_liger, build_kwargs, run_options_record
 
 log = logging.getLogger(__name__)
 
 
 def build(cfg: TrainConfig) -> tuple[Any, Any, nn.Module]:
-    """``(tokenizer, data, model)`` for ``cfg``: the prepared splits and the unsharded model, with
-    LoRA adapters when ``cfg.lora``. Parameters are fp32 always: with ``mixed_precision="bf16"``
+    """``(tokenizer, data, model)`` for ``cfg``: the prepared splits and the unsharded model (its attention
+    kernel and Liger's kernels as the run options ask: ``smolfsdp.train.speedups``), with LoRA adapters when
+    ``cfg.lora``. Parameters are fp32 always: with ``mixed_precision="bf16"``
     FSDP casts to bf16 for compute only."""
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     log.info("building model %s%s", cfg.model, " with LoRA adapters" if cfg.lora else "")
-    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    model = build_model(cfg.model, tokenizer, **build_kwargs(cfg))  # attn_implementation included
+    if cfg.use_liger_kernel:  # Liger's RoPE, RMSNorm, SwiGLU kernels, as the Trainer applies them
+        apply_liger(model)
     if cfg.lora:
         model = apply_lora(model, cfg)
     return tokenizer, data, model
@@ -102,6 +106,7 @@ class NativeTrainer:
         self.trainable_params = count_parameters(model, trainable_only=True)
         self.model, self.evidence = shard_model(model, cfg, info)
         self.local_numel = all_gather_object(self.evidence.pop("local_numel"))
+        self.compiled_layers = self.evidence.pop("compiled_layers")  # torch_compile: layers compiled in place
         # The optimizer sees the sharded parameters: created only now, after wrapping.
         self.optimizer = make_optimizer(self.model, cfg)
         # TRL's collator, the one SFTTrainer uses: right padding, labels padded with -100, attention mask
@@ -311,6 +316,7 @@ class NativeTrainer:
                 "fraction_per_rank": [round(n / total, 4) for n in self.local_numel],
             },
             "memory_per_rank": all_gather_object(held_bytes(self.model, self.optimizer)),
+            "run_options": run_options_record(cfg, self.model, self.compiled_layers),
             "data": self.data.stats(),
             "metrics": metrics,
             "final_model": str(final_dir) if final_dir and not cfg.lora else None,
