@@ -139,7 +139,7 @@ def tokens_per_s(settings: dict, gpu: GPU, name: str) -> float | None:
         )
     except ConfigError:  # a custom GPU (--gpu-memory-gib) has no bf16 peak to price compute on
         return None
-    return step["tokens_per_s_per_gpu"]
+    return float(step["tokens_per_s_per_gpu"])
 
 
 def choose_checkpointing(settings: dict, gpu: GPU, engine: str = "native") -> CheckpointingChoice:
