@@ -2,7 +2,8 @@
 
 This is the path that really shards on CPU (gloo), so the smoke profile shows FSDP, not DDP. It reads
 as torchtitan's trainer does, one function per stage: :func:`build` (tokenizer, data, model, LoRA),
-``shard_model`` (``smolfsdp.train.native_sharding``), :func:`make_optimizer` and :func:`make_scheduler` (only after sharding), then
+``shard_model`` (``smolfsdp.train.native_sharding``; with ``torch_compile`` each decoder layer is then compiled in
+place, ``smolfsdp.train.speedups``), :func:`make_optimizer` and :func:`make_scheduler` (only after sharding), then
 :class:`NativeTrainer`, whose ``train_step`` is one optimizer step top to bottom and whose ``train``
 is the loop with evaluation and checkpoints; the final model (or the LoRA adapter) is gathered and
 saved at the end. The step's arithmetic (the loss is the mean over the global batch, so gradients
@@ -39,7 +40,7 @@ from smolfsdp.train import steps
 from smolfsdp.train.batches import BatchStream, build_loader, count_steps
 from smolfsdp.train.export import save_final_model
 from smolfsdp.train.native_sharding import shard_model
-from smolfsdp.train.speedups import apply_liger, build_kwargs, run_options_record
+from smolfsdp.train.speedups import apply_liger, apply_torch_compile, build_kwargs, run_options_record
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class NativeTrainer:
         self.trainable_params = count_parameters(model, trainable_only=True)
         self.model, self.evidence = shard_model(model, cfg, info)
         self.local_numel = all_gather_object(self.evidence.pop("local_numel"))
-        self.compiled_layers = self.evidence.pop("compiled_layers")  # torch_compile: layers compiled in place
+        self.compiled_layers = apply_torch_compile(self.model, cfg)  # torch_compile: each layer, in place
         # The optimizer sees the sharded parameters: created only now, after wrapping.
         self.optimizer = make_optimizer(self.model, cfg)
         # TRL's collator, the one SFTTrainer uses: right padding, labels padded with -100, attention mask

@@ -4,9 +4,7 @@
 included) and creating the optimizer: :func:`mesh_layout` turns the sharding strategy and the world size into
 a ``(replicate, shard)`` mesh shape, :func:`shard_fsdp2` applies activation checkpointing and ``fully_shard``
 per decoder layer then the root (chapter "LoRA + FSDP2" shows it), :func:`shard_fsdp1` wraps with
-``FullyShardedDataParallel``; with ``torch_compile`` each decoder layer is then compiled in place
-(``smolfsdp.train.speedups.compile_decoder_layers``). The evidence it returns (units, parameter type, mesh) goes
-into ``summary.json``.
+``FullyShardedDataParallel``. The evidence it returns (units, parameter type, mesh) goes into ``summary.json``.
 
     torchrun --standalone --nproc-per-node 2 -m smolfsdp.cli train --fsdp_version 2 --lora true
 """
@@ -25,7 +23,6 @@ from smolfsdp.sharding import fsdp1, fsdp2
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.sharding.selective_ac import apply_selective_activation_checkpointing
 from smolfsdp.sharding.shards import apply_activation_checkpointing
-from smolfsdp.train.speedups import compile_decoder_layers
 
 
 def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[str, Any]]:
@@ -50,9 +47,6 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         model = shard_fsdp2(model, cfg, info, wrap_cls, layout)
         units, local = len(fsdp2.fsdp_units(model)), fsdp2.local_numel(model)
         param_type, reshard = "DTensor", layout["reshard_after_forward"]
-    compiled = (
-        compile_decoder_layers(model, wrap_cls) if cfg.torch_compile else None
-    )  # in place, after sharding
     two_d = layout["two_d"]
     evidence = {
         "wrap_class": wrap_cls.__name__,
@@ -65,7 +59,7 @@ def shard_model(model: nn.Module, cfg, info: DistInfo) -> tuple[nn.Module, dict[
         "mesh_dim_names": list(fsdp2.MESH_DIM_NAMES) if two_d else ["dp_shard"],
         "reshard_after_forward": reshard,
     }
-    return model, {**evidence, "local_numel": local, "compiled_layers": compiled}
+    return model, {**evidence, "local_numel": local}
 
 
 def mesh_layout(cfg: TrainConfig, info: DistInfo) -> dict[str, Any]:

@@ -6,8 +6,8 @@ Liger kernels; and what ``summary.json`` records of them.
   Hub's kernel), so the record reads the one the model really uses, ``model.config._attn_implementation``.
 * ``torch_compile``: the TRL engine passes ``TrainingArguments.torch_compile`` (accelerate compiles the wrapped
   model, :func:`trl_speedup_args`); the native engine compiles each decoder layer in place
-  (:func:`compile_decoder_layers`, torchtitan's per-block compile: one graph per repeated layer, and in place
-  so parameter names, checkpoints and the export keep no ``_orig_mod``), after sharding.
+  (:func:`apply_torch_compile`, torchtitan's per-block compile: one graph per repeated layer, and in place so
+  parameter names, checkpoints and the export keep no ``_orig_mod``), after sharding.
 * ``use_liger_kernel``: the TRL engine passes ``TrainingArguments.use_liger_kernel`` (TRL 1.16 keeps Liger's
   fused linear cross-entropy off, since it patches the LM head itself); the native engine applies the same
   kernels through the same call the Trainer makes (:func:`apply_liger`: transformers' ``apply_liger_kernel``,
@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from smolfsdp.models.modeling import decoder_layers
+from smolfsdp.models.modeling import decoder_layers, resolve_wrap_class
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,16 @@ def compile_decoder_layers(model: nn.Module, wrap_cls: type[nn.Module]) -> int:
     for layer in layers:
         layer.compile()
     return len(layers)
+
+
+def apply_torch_compile(model: nn.Module, cfg) -> int | None:
+    """The native engine's ``torch_compile``: :func:`compile_decoder_layers` on the sharded ``model`` when
+    ``cfg.torch_compile`` (the layers of ``cfg.wrap_class``, else the model's own); returns how many, None when off.
+    Called after ``native_sharding.shard_model``, so the full-size dry run, which shards the same way, never
+    compiles."""
+    if not cfg.torch_compile:
+        return None
+    return compile_decoder_layers(model, resolve_wrap_class(model, cfg.wrap_class))
 
 
 def apply_liger(model: nn.Module) -> nn.Module:
