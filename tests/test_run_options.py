@@ -106,6 +106,19 @@ def test_validate_refuses_gpu_only_options_here():
     assert validate(TrainConfig(attn_implementation="eager")).attn_implementation == "eager"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal a machine without a GPU gives")
+def test_train_command_refuses_before_any_rank_starts(tmp_path):
+    import subprocess
+    import sys
+
+    args = ["train", "--use_liger_kernel", "true", "--output_dir", str(tmp_path)]
+    out = subprocess.run(
+        [sys.executable, "-m", "smolfsdp.cli", *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and "use_liger_kernel: Liger's kernels are Triton GPU kernels" in out.stderr
+    assert not any(tmp_path.iterdir())  # refused before a run folder or a rank
+
+
 # ------------------------------------------------------------------ what the engines hand on
 def test_build_model_uses_the_attention_asked_for_and_the_record_reads_it(tokenizer):
     eager = build_model("tiny", tokenizer, attn_implementation="eager")
@@ -117,7 +130,10 @@ def test_build_model_uses_the_attention_asked_for_and_the_record_reads_it(tokeni
     assert run_options_record(TrainConfig(), default, 4)["attn_implementation"] == {
         "requested": None, "effective": "sdpa"}  # fmt: skip
     assert run_options_record(TrainConfig(torch_compile=True), default, 4)["torch_compile"] == {
-        "requested": True, "compiled_layers": 4}  # fmt: skip
+        "requested": True, "compiled_layers": 4, "compiled_model": False}  # fmt: skip
+    whole = torch.compile(default)  # what accelerate hands the Trainer with torch_compile (not run here)
+    assert run_options_record(TrainConfig(engine="trl", torch_compile=True), default, wrapped=whole)[
+        "torch_compile"] == {"requested": True, "compiled_layers": None, "compiled_model": True}  # fmt: skip
 
 
 def test_trl_engine_passes_compile_and_liger_to_the_trainer(tmp_path):
@@ -177,3 +193,24 @@ def test_compiled_decoder_layers_train_like_eager_ones(version):
     assert eager[0][1] < eager[0][0]  # it trains: the second step's loss is lower
     assert compiled[0] == pytest.approx(eager[0], abs=1e-5)
     assert compiled[1] == pytest.approx(eager[1], rel=1e-4)
+
+
+@pytest.mark.slow  # accelerate compiles the whole FSDP1-wrapped model: ~3 min on a 2-core CPU, cold cache
+def test_trl_engine_compiles_through_the_trainer_and_trains_like_eager(runs):
+    from smolfsdp.config import load_config
+    from smolfsdp.launch import runner
+    from smolfsdp.paths import recipe
+
+    base = dict(output_dir=str(runs), max_steps=2, eval_steps=0)
+    eager = runner.run(load_config(recipe("smoke_trl"), name="trl_eager", **base), capture=True, timeout=900)
+    compiled = runner.run(
+        load_config(recipe("smoke_trl"), name="trl_compiled", torch_compile=True, **base),
+        capture=True,
+        timeout=900,
+    )
+    said = compiled.summary["run_options"]["torch_compile"]
+    assert said == {"requested": True, "compiled_layers": None, "compiled_model": True}
+    assert eager.summary["run_options"]["torch_compile"]["compiled_model"] is False
+    m, e = compiled.summary["metrics"], eager.summary["metrics"]
+    assert m["train_loss_last"] == pytest.approx(e["train_loss_last"], abs=1e-5)
+    assert m["eval_loss_last"] == pytest.approx(e["eval_loss_last"], abs=1e-5)

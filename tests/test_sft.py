@@ -78,7 +78,7 @@ def test_native_fsdp2_run(tmp_path):
     s = runner.run(cfg, capture=True, timeout=600).summary
     assert s["run_options"] == {
         "attn_implementation": {"requested": "eager", "effective": "eager"},
-        "torch_compile": {"requested": False, "compiled_layers": None},
+        "torch_compile": {"requested": False, "compiled_layers": None, "compiled_model": False},
         "use_liger_kernel": False,
     }
     assert s["effective"]["strategy"] == "fsdp2"

@@ -87,17 +87,26 @@ def apply_liger(model: nn.Module) -> nn.Module:
     return model
 
 
-def run_options_record(cfg, model: nn.Module, compiled_layers: int | None = None) -> dict[str, Any]:
+def run_options_record(
+    cfg, model: nn.Module, compiled_layers: int | None = None, wrapped: nn.Module | None = None
+) -> dict[str, Any]:
     """``summary.json``'s ``run_options``: each option as requested and as it ran. ``attn_implementation``'s
     ``effective`` is read from the model (``config._attn_implementation``: transformers' default ``sdpa`` when
-    none was asked for, or what it fell back to); ``compiled_layers``: decoder layers the native engine compiled
-    (None on the TRL engine, where accelerate compiles the wrapped model)."""
+    none was asked for, or what it fell back to); ``compiled_layers``: decoder layers the native engine compiled;
+    ``compiled_model``: whether ``wrapped`` (the Trainer's ``model_wrapped``) is a compiled module, as accelerate
+    makes it with ``torch_compile`` (``torch._dynamo``'s ``OptimizedModule``)."""
+    from torch._dynamo.eval_frame import OptimizedModule  # deferred: torch._dynamo loads on first use
+
     config = getattr(model, "config", None)
     return {
         "attn_implementation": {
             "requested": cfg.attn_implementation,
             "effective": getattr(config, "_attn_implementation", None),
         },
-        "torch_compile": {"requested": cfg.torch_compile, "compiled_layers": compiled_layers},
+        "torch_compile": {
+            "requested": cfg.torch_compile,
+            "compiled_layers": compiled_layers,
+            "compiled_model": isinstance(wrapped, OptimizedModule),
+        },
         "use_liger_kernel": cfg.use_liger_kernel,
     }

@@ -382,7 +382,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         },
         "optimizer": {"optim": args.optim.value, "adamw": built_adamw(trainer.optimizer)},
         "data": data.stats(),
-        "run_options": run_options_record(cfg, model),
+        "run_options": run_options_record(cfg, model, wrapped=trainer.model_wrapped),
         "metrics": {
             "steps": out.global_step,
             "resumed_from": resumed_from,
