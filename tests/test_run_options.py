@@ -14,7 +14,7 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.launch.kernel_checks import check_kernels_here, installed
 from smolfsdp.launch.validate import validate
-from smolfsdp.models.modeling import build_model, load_tokenizer
+from smolfsdp.models.modeling import build_model, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.train.speedups import LIGER_CONFIG, run_options_record
 
@@ -169,8 +169,10 @@ def _steps(rank, world, version):
     out = {}
     for compiled in (False, True):
         cfg = TrainConfig(fsdp_version=version, torch_compile=compiled, nproc=world)
-        model, _ = shard_model(build_model("tiny", tok, seed=0), cfg, info)
-        compiled_layers = apply_torch_compile(model, cfg)  # as NativeTrainer does, after sharding
+        model = build_model("tiny", tok, seed=0)
+        wrap_cls = resolve_wrap_class(model)
+        model, _ = shard_model(model, cfg, info)
+        compiled_layers = apply_torch_compile(model, cfg, wrap_cls)  # as NativeTrainer does, after sharding
         optimizer = make_optimizer(model, cfg)
         losses, norms = [], []
         for batch in batches:

@@ -32,7 +32,7 @@ from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.measure import benchmark
-from smolfsdp.models.modeling import build_model, count_parameters, load_tokenizer
+from smolfsdp.models.modeling import build_model, count_parameters, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
 from smolfsdp.sharding.lora import apply_lora, save_adapter
 from smolfsdp.sharding.shards import local_tensors, storage_bytes
@@ -105,9 +105,12 @@ class NativeTrainer:
         self.tokenizer, self.data, model = build(cfg)
         self.total_params = count_parameters(model)
         self.trainable_params = count_parameters(model, trainable_only=True)
+        # the decoder-layer class, resolved before FSDP2 renames it (FSDPSmolLM3DecoderLayer)
+        wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
         self.model, self.evidence = shard_model(model, cfg, info)
         self.local_numel = all_gather_object(self.evidence.pop("local_numel"))
-        self.compiled_layers = apply_torch_compile(self.model, cfg)  # torch_compile: each layer, in place
+        # torch_compile: each decoder layer compiled in place, after sharding (smolfsdp.train.speedups)
+        self.compiled_layers = apply_torch_compile(self.model, cfg, wrap_cls)
         # The optimizer sees the sharded parameters: created only now, after wrapping.
         self.optimizer = make_optimizer(self.model, cfg)
         # TRL's collator, the one SFTTrainer uses: right padding, labels padded with -100, attention mask

@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from smolfsdp.models.modeling import decoder_layers, resolve_wrap_class
+from smolfsdp.models.modeling import decoder_layers
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,15 @@ def compile_decoder_layers(model: nn.Module, wrap_cls: type[nn.Module]) -> int:
     return len(layers)
 
 
-def apply_torch_compile(model: nn.Module, cfg) -> int | None:
+def apply_torch_compile(model: nn.Module, cfg, wrap_cls: type[nn.Module]) -> int | None:
     """The native engine's ``torch_compile``: :func:`compile_decoder_layers` on the sharded ``model`` when
-    ``cfg.torch_compile`` (the layers of ``cfg.wrap_class``, else the model's own); returns how many, None when off.
-    Called after ``native_sharding.shard_model``, so the full-size dry run, which shards the same way, never
-    compiles."""
+    ``cfg.torch_compile``; returns how many, None when off. ``wrap_cls`` is resolved on the model before sharding
+    (``models.modeling.resolve_wrap_class``): FSDP2 renames the classes it shards (``FSDPSmolLM3DecoderLayer``,
+    a subclass). Called after ``native_sharding.shard_model``, so the full-size dry run, which shards the same
+    way, never compiles."""
     if not cfg.torch_compile:
         return None
-    return compile_decoder_layers(model, resolve_wrap_class(model, cfg.wrap_class))
+    return compile_decoder_layers(model, wrap_cls)
 
 
 def apply_liger(model: nn.Module) -> nn.Module:
