@@ -74,7 +74,13 @@ def test_final_model_loads_and_matches_the_run(fsdp1_run):
 
 def test_native_fsdp2_run(tmp_path):
     cfg = TrainConfig(name="fsdp2", output_dir=str(tmp_path), fsdp_version=2, max_steps=8, eval_steps=4)
+    cfg.attn_implementation = "eager"  # issue 42: the attention asked for reaches the model, and is recorded
     s = runner.run(cfg, capture=True, timeout=600).summary
+    assert s["run_options"] == {
+        "attn_implementation": {"requested": "eager", "effective": "eager"},
+        "torch_compile": {"requested": False, "compiled_layers": None, "compiled_model": False},
+        "use_liger_kernel": False,
+    }
     assert s["effective"]["strategy"] == "fsdp2"
     assert s["effective"]["evidence"]["parameter_type"] == "DTensor"
     assert s["params"]["fraction_per_rank"] == pytest.approx([0.5, 0.5], abs=0.01)

@@ -47,6 +47,8 @@ def test_the_trainer_applies_fsdp1_on_cpu(fsdp_run):
     assert ev["accelerate_distributed_type"] == "DistributedType.FSDP"
     assert s["params"]["fraction_per_rank"] == [0.5, 0.5]
     assert sum(s["params"]["local_numel_per_rank"]) >= s["params"]["total"]  # padding only adds
+    # issue 42: nothing asked, transformers' default attention ran (read from the model, not the config)
+    assert s["run_options"]["attn_implementation"] == {"requested": None, "effective": "sdpa"}
     assert s["requested"]["fsdp_config"]["backward_prefetch"] == "BACKWARD_PRE"
     assert s["requested"]["fsdp_config"]["state_dict_type"] == "SHARDED_STATE_DICT"
     # the Trainer's default optim, a fused AdamW on CPU too: what the estimator models for the TRL engine

@@ -4,6 +4,7 @@
     smolfsdp memory --model smollm3-3b --gpus 8 --activation-checkpointing --ac-mode layer --ac-every 2
     smolfsdp memory --model smollm3-3b --gpus 2 --seq-len 4096 --engine trl   # TRL's loss and fused AdamW
     smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml               # a run recipe's settings
+    smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml --gpu "A100 80GB"   # checkpointing by card
 
 Light at import (the parser answers a misspelt option before torch loads).
 """
@@ -34,6 +35,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    from smolfsdp.estimate.ac_choice import choose_checkpointing  # deferred with the estimator
     from smolfsdp.estimate.memory import estimate_memory, format_table  # deferred: transformers configs
     from smolfsdp.estimate.recommend import recommend  # deferred with hardware
     from smolfsdp.estimate.reserved import format_reserved  # deferred with hardware
@@ -46,6 +48,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
     est = estimate_memory(model, world_size=world, strategy=strategy, offload=offload, **common)
     rec = recommend(model, gpu, world, **common)
     fit = fit_verdict(est, gpu)  # the one verdict: fits / tight / does not fit, with its numbers
+    settings = {"model": model, "world_size": world, "strategy": strategy, "offload": offload, **common}
+    ac = choose_checkpointing(settings, gpu, memory_engine(args))  # the least checkpointing that fits
     if args.json:
         out = {
             "estimate": est.to_dict(),
@@ -55,6 +59,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             "recommendation": {
                 "decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason, "verdict": rec.fit.to_dict()
             },
+            "checkpointing": ac.to_dict(),
         }  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
@@ -64,7 +69,17 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(format_reserved(est, width))
     print(f"\nverdict on {gpu.name}: {fit.line}")
     print(format_fit_verdict(est, fit, rec))
+    print(ac.text)
     return 0
+
+
+def memory_engine(args: argparse.Namespace) -> str:
+    """The engine ``smolfsdp memory`` estimates for: ``--engine``, else the recipe's (``--config``), else native."""
+    if args.engine or not args.config:
+        return args.engine or "native"
+    from smolfsdp.config import load_config  # deferred with the estimator: a light parser
+
+    return load_config(args.config).engine
 
 
 #: ``smolfsdp memory``'s options and the ``estimate_memory`` keyword each sets (``lora*``: :func:`lora_spec`)

@@ -25,13 +25,33 @@ def check_packing(cfg: Any) -> None:
     """Raise ConfigError for packing / padding-free settings the fields alone rule out."""
 
 
+#: Attention implementations whose kernels take only fp16/bf16 inputs: with ``mixed_precision: no`` the model
+#: computes in fp32 and flash-attn refuses its inputs at the first forward.
+HALF_PRECISION_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
 def check_kernels(cfg: Any) -> None:
-    """Raise ConfigError for an unknown ``attn_implementation`` (hub kernels ``org/name`` pass here)."""
+    """Raise ConfigError for kernel options the fields alone rule out: an unknown ``attn_implementation`` (hub
+    kernels ``org/name`` pass here), flash-attention without ``mixed_precision: bf16`` (its kernels take fp16/bf16
+    only), and ``torch_compile`` with native FSDP1 and ``use_orig_params: false`` (torch.compile traces the decoder
+    layers' own parameters, which FSDP1 keeps only as views with ``use_orig_params=True``; the Trainer sets it).
+    Whether the packages and a GPU are there is checked where a run starts (``smolfsdp.launch.kernel_checks``)."""
     name = cfg.attn_implementation
     if name is not None and name not in ATTN_IMPLEMENTATIONS and "/" not in name:
         raise ConfigError(
             f"attn_implementation={name!r} is not one transformers knows; use one of {ATTN_IMPLEMENTATIONS} or a "
-            f"hub kernel such as kernels-community/flash-attn.{did_you_mean(name, ATTN_IMPLEMENTATIONS)}"
+            f"hub kernel such as kernels-community/flash-attn2.{did_you_mean(name, ATTN_IMPLEMENTATIONS)}"
+        )
+    if name in HALF_PRECISION_ATTENTION and cfg.mixed_precision != "bf16":
+        raise ConfigError(
+            f"attn_implementation={name} computes in fp16/bf16 only and mixed_precision={cfg.mixed_precision!r} "
+            "runs the model in fp32; set mixed_precision: bf16, or attn_implementation: sdpa."
+        )
+    if cfg.torch_compile and cfg.engine == "native" and cfg.fsdp_version == 1 and not cfg.use_orig_params:
+        raise ConfigError(
+            "torch_compile with fsdp_version: 1 needs use_orig_params: true (torch.compile traces each decoder "
+            "layer's own parameters; with use_orig_params false FSDP1 hides them in its FlatParameter); set "
+            "use_orig_params: true, or fsdp_version: 2."
         )
 
 

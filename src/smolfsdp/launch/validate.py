@@ -3,7 +3,8 @@
 :class:`smolfsdp.config.TrainConfig` checks types, ranges and field combinations by itself; :func:`validate`
 adds what needs the layers above it: the model name and ``wrap_class`` spelling
 (:mod:`smolfsdp.models.modeling`), the sharding strategy against the mesh (:mod:`smolfsdp.sharding.fsdp2`)
-and the node and rendezvous fields (:func:`check_launch`). ``smolfsdp train``/``bench``,
+the node and rendezvous fields (:func:`check_launch`) and the run options this machine must support
+(:mod:`smolfsdp.launch.kernel_checks`: attention kernel, compiler, Liger). ``smolfsdp train``/``bench``,
 :func:`smolfsdp.launch.runner.preflight` and :func:`smolfsdp.launch.runner.run` call it before any
 expensive work, so a bad value fails in milliseconds with the same message as before.
 
@@ -17,6 +18,7 @@ import re
 
 from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
+from smolfsdp.launch.kernel_checks import check_kernels_here
 from smolfsdp.launch.torchrun import parse_endpoint
 from smolfsdp.models.modeling import check_model_name, normalise_wrap_class_name
 from smolfsdp.sharding.fsdp2 import resolve_mesh_shape
@@ -27,13 +29,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     Raises:
         ConfigError: from :func:`check_launch`, :func:`check_sharding`,
-            :func:`smolfsdp.models.modeling.check_model_name` or ``normalise_wrap_class_name``,
-            each naming the problem and the fix.
+            :func:`smolfsdp.models.modeling.check_model_name`, ``normalise_wrap_class_name`` or
+            :func:`smolfsdp.launch.kernel_checks.check_kernels_here`, each naming the problem and the fix.
     """
     check_run_name(cfg.name)
     check_launch(cfg)
     check_sharding(cfg)
     check_model_name(cfg.model)
+    check_kernels_here(
+        cfg
+    )  # attention kernel, compiler, Liger: installed here, and a GPU where they need one
     if cfg.wrap_class is not None:
         cfg.wrap_class = normalise_wrap_class_name(cfg.wrap_class)
     return cfg

@@ -153,11 +153,15 @@ def build_model(
     trust_remote_code: bool = False,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
+    attn_implementation: str | None = None,
     **tiny_overrides: Any,
 ) -> nn.Module:
     """The causal LM for ``model`` (``"tiny"``, a hub id or a local path), in train mode.
 
-    ``tiny_overrides`` change the tiny preset's geometry (e.g. ``vocab_size=1025``).
+    ``tiny_overrides`` change the tiny preset's geometry (e.g. ``vocab_size=1025``). ``attn_implementation``
+    (``sdpa``, ``eager``, ``flash_attention_2``, a hub kernel ...; None: transformers' default, SDPA where the model
+    supports it) is handed to transformers, which checks it against the model and may adjust it: the one that ran
+    is ``model.config._attn_implementation``.
 
     ``tiny`` is built from config with weights drawn from ``torch.manual_seed(seed)``, so every rank
     builds the same model. Others load with ``from_pretrained``.
@@ -169,15 +173,23 @@ def build_model(
 
     if model == "tiny":
         torch.manual_seed(seed)
+        config = tiny_config(tokenizer, **tiny_overrides)
+        config._attn_implementation = (
+            attn_implementation  # checked by the model's __init__, as from_pretrained does
+        )
         with torch.device(device):
-            net = SmolLM3ForCausalLM(tiny_config(tokenizer, **tiny_overrides))
+            net = SmolLM3ForCausalLM(config)
         if dtype is not None:
             net = net.to(dtype)
     else:
         refuse_remote_code(model, trust_remote_code)
         try:
             net = AutoModelForCausalLM.from_pretrained(
-                model, dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, device_map=None
+                model,
+                dtype=dtype or torch.float32,
+                trust_remote_code=trust_remote_code,
+                device_map=None,
+                attn_implementation=attn_implementation,
             )
         except OSError as err:
             raise ConfigError(f"Could not load model {model!r}: {str(err).splitlines()[0]}") from err

@@ -2,7 +2,8 @@
 
 This is the path that really shards on CPU (gloo), so the smoke profile shows FSDP, not DDP. It reads
 as torchtitan's trainer does, one function per stage: :func:`build` (tokenizer, data, model, LoRA),
-``shard_model`` (``smolfsdp.train.native_sharding``), :func:`make_optimizer` and :func:`make_scheduler` (only after sharding), then
+``shard_model`` (``smolfsdp.train.native_sharding``; with ``torch_compile`` each decoder layer is then compiled in
+place, ``smolfsdp.train.speedups``), :func:`make_optimizer` and :func:`make_scheduler` (only after sharding), then
 :class:`NativeTrainer`, whose ``train_step`` is one optimizer step top to bottom and whose ``train``
 is the loop with evaluation and checkpoints; the final model (or the LoRA adapter) is gathered and
 saved at the end. The step's arithmetic (the loss is the mean over the global batch, so gradients
@@ -31,7 +32,7 @@ from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import TrainConfig
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.measure import benchmark
-from smolfsdp.models.modeling import build_model, count_parameters, load_tokenizer
+from smolfsdp.models.modeling import build_model, count_parameters, load_tokenizer, resolve_wrap_class
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
 from smolfsdp.sharding.lora import apply_lora, save_adapter
 from smolfsdp.sharding.shards import local_tensors, storage_bytes
@@ -39,18 +40,22 @@ from smolfsdp.train import steps
 from smolfsdp.train.batches import BatchStream, build_loader, count_steps
 from smolfsdp.train.export import save_final_model
 from smolfsdp.train.native_sharding import shard_model
+from smolfsdp.train.speedups import apply_liger, apply_torch_compile, build_kwargs, run_options_record
 
 log = logging.getLogger(__name__)
 
 
 def build(cfg: TrainConfig) -> tuple[Any, Any, nn.Module]:
-    """``(tokenizer, data, model)`` for ``cfg``: the prepared splits and the unsharded model, with
-    LoRA adapters when ``cfg.lora``. Parameters are fp32 always: with ``mixed_precision="bf16"``
+    """``(tokenizer, data, model)`` for ``cfg``: the prepared splits and the unsharded model (its attention
+    kernel and Liger's kernels as the run options ask: ``smolfsdp.train.speedups``), with LoRA adapters when
+    ``cfg.lora``. Parameters are fp32 always: with ``mixed_precision="bf16"``
     FSDP casts to bf16 for compute only."""
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     log.info("building model %s%s", cfg.model, " with LoRA adapters" if cfg.lora else "")
-    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    model = build_model(cfg.model, tokenizer, **build_kwargs(cfg))  # attn_implementation included
+    if cfg.use_liger_kernel:  # Liger's RoPE, RMSNorm, SwiGLU kernels, as the Trainer applies them
+        apply_liger(model)
     if cfg.lora:
         model = apply_lora(model, cfg)
     return tokenizer, data, model
@@ -100,8 +105,12 @@ class NativeTrainer:
         self.tokenizer, self.data, model = build(cfg)
         self.total_params = count_parameters(model)
         self.trainable_params = count_parameters(model, trainable_only=True)
+        # the decoder-layer class, resolved before FSDP2 renames it (FSDPSmolLM3DecoderLayer)
+        wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
         self.model, self.evidence = shard_model(model, cfg, info)
         self.local_numel = all_gather_object(self.evidence.pop("local_numel"))
+        # torch_compile: each decoder layer compiled in place, after sharding (smolfsdp.train.speedups)
+        self.compiled_layers = apply_torch_compile(self.model, cfg, wrap_cls)
         # The optimizer sees the sharded parameters: created only now, after wrapping.
         self.optimizer = make_optimizer(self.model, cfg)
         # TRL's collator, the one SFTTrainer uses: right padding, labels padded with -100, attention mask
@@ -311,6 +320,7 @@ class NativeTrainer:
                 "fraction_per_rank": [round(n / total, 4) for n in self.local_numel],
             },
             "memory_per_rank": all_gather_object(held_bytes(self.model, self.optimizer)),
+            "run_options": run_options_record(cfg, self.model, self.compiled_layers),
             "data": self.data.stats(),
             "metrics": metrics,
             "final_model": str(final_dir) if final_dir and not cfg.lora else None,

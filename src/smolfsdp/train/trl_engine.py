@@ -35,6 +35,7 @@ from smolfsdp.sharding import fsdp1, fsdp2
 from smolfsdp.sharding.distributed import DistInfo, all_gather_object
 from smolfsdp.train import accelerate_cpu_fsdp, steps
 from smolfsdp.train.export import save_final_model
+from smolfsdp.train.speedups import build_kwargs, run_options_record, trl_speedup_args
 from smolfsdp.train.trl_callbacks import EvalAtEndCallback, RunWriterCallback, use_one_line_progress
 from smolfsdp.train.trl_trainer import BenchmarkCallback, SmolSFTTrainer, StopAtStepCallback
 
@@ -187,6 +188,7 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str,
         include_num_input_tokens_seen="non_padding",
         disable_tqdm=not info.is_main,
         dataloader_drop_last=True,
+        **trl_speedup_args(cfg),  # torch_compile, use_liger_kernel (smolfsdp.train.speedups)
     )
     if multi:
         keep_fp32_buffers_and_reduce(args, cfg)
@@ -321,7 +323,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
     tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, cfg.trust_remote_code)
     data = prepare_data(cfg, tokenizer)
     log.info("building model %s, then TRL's SFTTrainer (which shards it when training starts)", cfg.model)
-    model = build_model(cfg.model, tokenizer, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code)
+    model = build_model(cfg.model, tokenizer, **build_kwargs(cfg))  # attn_implementation included
     wrap_cls = resolve_wrap_class(model, cfg.wrap_class)
     total_params = sum(p.numel() for p in model.parameters())
     has_eval = data.eval is not None
@@ -380,6 +382,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
         },
         "optimizer": {"optim": args.optim.value, "adamw": built_adamw(trainer.optimizer)},
         "data": data.stats(),
+        "run_options": run_options_record(cfg, model, wrapped=trainer.model_wrapped),
         "metrics": {
             "steps": out.global_step,
             "resumed_from": resumed_from,
