@@ -3,7 +3,7 @@
     smolfsdp memory --model smollm3-3b --gpus 2 --strategy FULL_SHARD --seq-len 4096 [--json]
     smolfsdp memory --model smollm3-3b --gpus 8 --activation-checkpointing --ac-mode layer --ac-every 2
     smolfsdp memory --model smollm3-3b --gpus 2 --seq-len 4096 --engine trl   # TRL's loss and fused AdamW
-    smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml               # a run recipe's settings
+    smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml --gpu "H100 SXM"  # + step time, epoch hours
 
 Light at import (the parser answers a misspelt option before torch loads).
 """
@@ -46,6 +46,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     est = estimate_memory(model, world_size=world, strategy=strategy, offload=offload, **common)
     rec = recommend(model, gpu, world, **common)
     fit = fit_verdict(est, gpu)  # the one verdict: fits / tight / does not fit, with its numbers
+    plan, why = time_plan(args, gpu)
     if args.json:
         out = {
             "estimate": est.to_dict(),
@@ -55,6 +56,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
             "recommendation": {
                 "decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason, "verdict": rec.fit.to_dict()
             },
+            "time": plan.to_dict() if plan else {"not_estimated": why},
         }  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
@@ -64,7 +66,32 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(format_reserved(est, width))
     print(f"\nverdict on {gpu.name}: {fit.line}")
     print(format_fit_verdict(est, fit, rec))
+    print("\n" + "\n".join(plan.lines()) if plan else f"\ntime: not estimated ({why})")
     return 0
+
+
+#: ``smolfsdp memory``'s options and the ``TrainConfig`` field each overrides in the recipe's time plan
+TIME_FIELDS = {
+    "gpus": "nproc", "strategy": "sharding_strategy", "seq_len": "max_length",
+    "micro_batch": "per_device_train_batch_size", "activation_checkpointing": "activation_checkpointing",
+    "ac_mode": "ac_mode", "ac_every": "ac_every", "fsdp_version": "fsdp_version",
+}  # fmt: skip
+
+
+def time_plan(args: argparse.Namespace, gpu):
+    """(``estimate.time_model.plan_time`` for ``--config``'s recipe on ``gpu`` with the options given over it,
+    None) or (None, why not): no ``--config`` (the epoch needs a run's data and batch), a GPU without a bf16 peak."""
+    import math
+
+    if not args.config:
+        return None, "give --config, a run recipe, for step time, tokens/s, MFU and epoch hours"
+    if math.isnan(gpu.bf16_dense_tflops):
+        return None, f"{gpu.name} has no bf16 peak TFLOP/s; give --gpu with one of {', '.join(GPUS)}"
+    from smolfsdp.config import load_config  # deferred with the estimator: a light parser
+    from smolfsdp.estimate.time_model import plan_time  # deferred: the step model
+
+    given = {TIME_FIELDS[k]: v for k, v in vars(args).items() if k in TIME_FIELDS and v != _DEFAULTS[k]}
+    return plan_time(load_config(args.config, **given), gpu.name), None
 
 
 #: ``smolfsdp memory``'s options and the ``estimate_memory`` keyword each sets (``lora*``: :func:`lora_spec`)

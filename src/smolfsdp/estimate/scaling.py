@@ -33,10 +33,11 @@ from smolfsdp.estimate.params import count_parameters, resolve_model_config
 from smolfsdp.estimate.recipes import RECIPES, STRATEGIES, get_recipe
 
 
-def _flops_per_token(config, seq_len: int) -> float:
+def _flops_per_token(config, seq_len: int, lora=None) -> float:
     q = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    n = count_parameters(config).total
-    return flops_per_token(n, config.num_hidden_layers, config.num_attention_heads, int(q), seq_len)
+    n = count_parameters(config, lora)
+    geometry = (config.num_hidden_layers, config.num_attention_heads, int(q), seq_len)
+    return flops_per_token(n.total, *geometry, trainable_params=n.trainable)
 
 
 def estimate_step(
@@ -52,6 +53,7 @@ def estimate_step(
     activation_checkpointing: bool | None = None,
     ac_mode: str = "full",
     ac_every: int | None = None,
+    lora=None,
     **kwargs,
 ) -> dict:
     """Projected time of one optimizer step on one rank, with and without overlap (weak scaling:
@@ -74,8 +76,10 @@ def estimate_step(
     given (True with ``ac_mode`` / ``ac_every``, or False): ``calibration.run_mfu``, the GPU's calibrated HFU less what
     that checkpointing recomputes; None without it: ``calibration.mfu_calibration`` (the GPU's median published
     MFU, pooled over all rows for a GPU without any); ``"calibrated"``: ``calibration.calibrated_mfu`` (ConfigError
-    for a GPU without published rows). Raises ConfigError for mfu outside (0, 1], sizes < 1 or not whole, a
-    sequence longer than the model allows, and ``estimate_collectives``' errors."""
+    for a GPU without published rows). ``lora`` (a ``params.LoraSpec``): the compute counts frozen weights at 4
+    FLOPs per parameter (``flops.flops_per_token``); the collectives stay the full fine-tune's (an upper bound).
+    Raises ConfigError for mfu outside (0, 1], sizes < 1 or not whole, a sequence longer than the model allows,
+    and ``estimate_collectives``' errors."""
     ac = (activation_checkpointing, ac_mode, ac_every)
     mfu = _resolve_mfu(mfu, cluster, n_gpus, kwargs, model=model, seq_len=seq_len, ac=ac)
     if not 0 < mfu <= 1:
@@ -97,7 +101,7 @@ def estimate_step(
         raise ConfigError(
             f"GPU {cl.gpu.name!r} has no bf16 peak TFLOP/s; pick one from smolfsdp.estimate.hardware.GPUS."
         )
-    compute = tokens * _flops_per_token(config, seq_len) / (cl.gpu.bf16_dense_tflops * 1e12 * mfu)
+    compute = tokens * _flops_per_token(config, seq_len, lora) / (cl.gpu.bf16_dense_tflops * 1e12 * mfu)
     step, comm, exposed_min = _overlap(coll, compute, k)
     return {
         "strategy": coll.attrs["strategy"],
