@@ -78,7 +78,9 @@ def test_full_profile_budget_rows(budgets):
     assert real["train s"] == pytest.approx(plan.epoch_s)
     # evaluation: forward only (a third of the FLOPs per token) at the same MFU
     evals = 619 // cfg.eval_steps + 1
-    expected = flops.training_time_s(evals * cfg.eval_size * 2048, real["model FLOPs per token"] / 3, 989, 2, plan.mfu)
+    expected = flops.training_time_s(
+        evals * cfg.eval_size * 2048, real["model FLOPs per token"] / 3, 989, 2, plan.mfu
+    )
     assert real["eval s"] == pytest.approx(expected)
     assert real["checkpoints"] == 619 // cfg.save_steps == 3
     lora, twin = h100.loc["LoRA (FSDP2)"], h100.loc["full fine-tune twin (FSDP2)"]

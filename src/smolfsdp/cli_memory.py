@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from smolfsdp.cli_output import format_fit_verdict
@@ -81,8 +82,6 @@ TIME_FIELDS = {
 def time_plan(args: argparse.Namespace, gpu):
     """(``estimate.time_model.plan_time`` for ``--config``'s recipe on ``gpu`` with the options given over it,
     None) or (None, why not): no ``--config`` (the epoch needs a run's data and batch), a GPU without a bf16 peak."""
-    import math
-
     if not args.config:
         return None, "give --config, a run recipe, for step time, tokens/s, MFU and epoch hours"
     if math.isnan(gpu.bf16_dense_tflops):

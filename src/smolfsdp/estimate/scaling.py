@@ -59,8 +59,8 @@ def estimate_step(
     """Projected time of one optimizer step on one rank, with and without overlap (weak scaling:
     ``micro_batch x seq_len`` tokens per GPU per micro-batch, whatever the GPU count).
 
-    compute: ``tokens x (6N + 12 L H Q T)`` FLOPs (PaLM appendix B, ``smolfsdp.estimate.flops``) at
-    ``mfu`` x the GPU's bf16 dense peak; a third of it is forward, two thirds backward (2N vs 4N).
+    compute: ``tokens x (6N + 12 L H Q T)`` FLOPs (PaLM appendix B, ``smolfsdp.estimate.flops``; ``lora``: 4 per
+    frozen weight, collectives as full) at ``mfu`` x the bf16 dense peak; a third forward, two thirds backward.
     comm: the sum of ``comm.estimate_collectives`` times. Overlap model (PyTorch FSDP paper, sec. 3.3
     and 5.2): forward all-gathers hide behind forward compute, backward all-gathers, reduce-scatters
     and all-reduces behind backward compute, except what nothing can hide: per micro-batch the first
@@ -76,10 +76,8 @@ def estimate_step(
     given (True with ``ac_mode`` / ``ac_every``, or False): ``calibration.run_mfu``, the GPU's calibrated HFU less what
     that checkpointing recomputes; None without it: ``calibration.mfu_calibration`` (the GPU's median published
     MFU, pooled over all rows for a GPU without any); ``"calibrated"``: ``calibration.calibrated_mfu`` (ConfigError
-    for a GPU without published rows). ``lora`` (a ``params.LoraSpec``): the compute counts frozen weights at 4
-    FLOPs per parameter (``flops.flops_per_token``); the collectives stay the full fine-tune's (an upper bound).
-    Raises ConfigError for mfu outside (0, 1], sizes < 1 or not whole, a sequence longer than the model allows,
-    and ``estimate_collectives``' errors."""
+    for a GPU without published rows). Raises ConfigError for mfu outside (0, 1], sizes < 1 or not whole, a
+    sequence longer than the model allows, and ``estimate_collectives``' errors."""
     ac = (activation_checkpointing, ac_mode, ac_every)
     mfu = _resolve_mfu(mfu, cluster, n_gpus, kwargs, model=model, seq_len=seq_len, ac=ac)
     if not 0 < mfu <= 1:

@@ -24,6 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from smolfsdp.errors import ConfigError
+from smolfsdp.estimate.calibration import run_mfu
+from smolfsdp.estimate.cluster import DEFAULT_NETWORK
+from smolfsdp.estimate.params import LoraSpec
+from smolfsdp.estimate.scaling import estimate_step, recipe_dtypes
 from smolfsdp.paths import repo_root
 
 #: What the default ``token_share`` (1.0) assumes, stated beside every number made with it.
@@ -47,7 +51,9 @@ def epoch_rows(cfg) -> tuple[int | None, str]:
     if cfg.dataset == "bundled" or (str(cfg.dataset).endswith(".jsonl") and path.is_file()):
         with path.open() as f:
             total = sum(1 for line in f if line.strip())
-        source = f"{total:,} rows in {path.relative_to(repo_root()) if path.is_relative_to(repo_root()) else path}"
+        source = (
+            f"{total:,} rows in {path.relative_to(repo_root()) if path.is_relative_to(repo_root()) else path}"
+        )
         if cfg.max_rows is not None and cfg.max_rows < total:
             total, source = cfg.max_rows, f"max_rows {cfg.max_rows:,} of the {source}"
     elif cfg.max_rows is not None:
@@ -57,7 +63,10 @@ def epoch_rows(cfg) -> tuple[int | None, str]:
             f"max_length {cfg.max_length:,} are dropped first)"
         )
     else:
-        return None, f"{cfg.dataset} is not read offline and the run sets no max_rows: give max_rows for epoch hours"
+        return (
+            None,
+            f"{cfg.dataset} is not read offline and the run sets no max_rows: give max_rows for epoch hours",
+        )
     held = int(cfg.eval_size) if cfg.eval_size >= 1 else round(cfg.eval_size * total)
     return total - held, f"{source}, less {held:,} held out for evaluation"
 
@@ -150,11 +159,6 @@ def plan_time(
     slot); ``rows``: the epoch's training rows (default :func:`epoch_rows`). ``gpus_per_node`` default: the run's
     ``nproc / nnodes``, at least 8 (one node for 2 GPUs); ``network``: ``cluster.DEFAULT_NETWORK``. Raises
     ConfigError for a share outside (0, 1], a GPU without a bf16 peak, and ``estimate_step``'s errors."""
-    from smolfsdp.estimate.calibration import run_mfu  # deferred: the estimator's heavier modules
-    from smolfsdp.estimate.cluster import DEFAULT_NETWORK
-    from smolfsdp.estimate.params import LoraSpec
-    from smolfsdp.estimate.scaling import estimate_step, recipe_dtypes
-
     share = 1.0 if token_share is None else float(token_share)
     if not 0 < share <= 1:
         raise ConfigError(f"token_share={token_share}: give real / computed tokens as a fraction in (0, 1].")
