@@ -66,9 +66,8 @@ def estimate_step(
     and all-reduces behind backward compute, except what nothing can hide: per micro-batch the first
     forward all-gather (nothing to compute yet) and the last gradient collective of the backward (no
     compute left; for HSDP its reduce-scatter and all-reduce; for DDP the last bucket), and the
-    loop's collectives. Under ``no_sync`` (DDP's default, ``comm.estimate_collectives``) the gradient
-    reductions hide only behind the backward of the micro-batch that syncs (1/k of the backward compute).
-    Communication and compute are assumed not to slow each other down.
+    loop's collectives. Under ``no_sync`` (DDP's default, ``comm.estimate_collectives``) the gradient reductions
+    hide only behind the backward of the micro-batch that syncs (1/k of it); compute and comm do not slow each other.
     ``step_s = sum over phases of exposed + max(compute, comm - exposed)``; ``serial_s = compute +
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
     efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and the
