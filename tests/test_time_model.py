@@ -125,7 +125,7 @@ def test_epoch_rows_and_their_source():
     assert rows == 19_800 and source.startswith(
         "the recipe's max_rows 20,000 (FreedomIntelligence/medical-o1-"
     )
-    assert "not read offline: an upper bound" in source
+    assert "not read offline: at most that many" in source
     rows, why = epoch_rows(book.replace(max_rows=None))
     assert rows is None and "give max_rows" in why
     assert plan_time(book.replace(max_rows=None)).epoch_s is None

@@ -43,7 +43,7 @@ def epoch_rows(cfg) -> tuple[int | None, str]:
     """(training rows of one epoch, where the number comes from) for a ``TrainConfig``: the data set's rows (the
     bundled sample or a local ``.jsonl``: its lines), capped by ``max_rows``, less the held-out ``eval_size`` (a
     count, or a fraction rounded as ``data.prepare`` does). A hub data set is not read offline: ``max_rows`` is
-    the row count then, an upper bound (rows longer than ``max_length`` are dropped first); without ``max_rows``
+    the row count then, at most that many (rows longer than ``max_length`` are dropped first); without ``max_rows``
     the rows are unknown: (None, why)."""
     path = repo_root() / (BUNDLED_ROWS_FILE if cfg.dataset == "bundled" else cfg.dataset)
     if cfg.dataset != "bundled" and Path(cfg.dataset).is_file():
@@ -59,7 +59,7 @@ def epoch_rows(cfg) -> tuple[int | None, str]:
     elif cfg.max_rows is not None:
         total = cfg.max_rows
         source = (
-            f"the recipe's max_rows {total:,} ({cfg.dataset} is not read offline: an upper bound, rows longer than "
+            f"the recipe's max_rows {total:,} ({cfg.dataset} is not read offline: at most that many, rows longer than "
             f"max_length {cfg.max_length:,} are dropped first)"
         )
     else:
