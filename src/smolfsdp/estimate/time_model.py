@@ -157,13 +157,13 @@ def plan_time(
     name of ``hardware.GPUS``). ``token_share``: real / computed tokens in (0, 1] (default 1.0, stated:
     :data:`DEFAULT_TOKEN_SHARE_TEXT`); ``mean_row_tokens``: real tokens per data set row (packing: rows share a
     slot); ``rows``: the epoch's training rows (default :func:`epoch_rows`). ``gpus_per_node`` default: the run's
-    ``nproc / nnodes``, at least 8 (one node for 2 GPUs); ``network``: ``cluster.DEFAULT_NETWORK``. Raises
+    ``nproc / nnodes`` on several nodes, else 8 (chapter 07's assumption); ``network``: ``cluster.DEFAULT_NETWORK``. Raises
     ConfigError for a share outside (0, 1], a GPU without a bf16 peak, and ``estimate_step``'s errors."""
     share = 1.0 if token_share is None else float(token_share)
     if not 0 < share <= 1:
         raise ConfigError(f"token_share={token_share}: give real / computed tokens as a fraction in (0, 1].")
     n = cfg.nproc if n_gpus is None else n_gpus
-    per_node = gpus_per_node or max(8, cfg.nproc // cfg.nnodes if cfg.nnodes > 1 else 8)
+    per_node = gpus_per_node or (cfg.nproc // cfg.nnodes if cfg.nnodes > 1 else 8)
     lora = LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules)) if cfg.lora else None
     ac = cfg.ac_mode if cfg.activation_checkpointing else None
     mfu = run_mfu(gpu, cfg.model, seq_len=cfg.max_length, ac_mode=ac, ac_every=cfg.ac_every, lora=lora)
@@ -183,6 +183,10 @@ def plan_time(
         text = DEFAULT_TOKEN_SHARE_TEXT
     else:
         text = "given" + (f", {row_tokens:,.0f} real tokens per row" if mean_row_tokens is not None else "")
+    if cfg.packing and mean_row_tokens is None:
+        text += (
+            "; packing is on, but without the real tokens per row each row counts as a whole max_length slot"
+        )
     return TimePlan(
         gpu=gpu, n_gpus=n, step_s=float(step["step_s"]), computed_tokens_per_step=computed, token_share=share,
         tokens_per_s_per_gpu=share * float(step["tokens_per_s_per_gpu"]), mfu=mfu["mfu"], mfu_source=mfu["text"],
