@@ -20,6 +20,7 @@ from smolfsdp.estimate.hardware import fit_verdict, get_gpu
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import GIB, estimate_memory
 from smolfsdp.estimate.scaling import estimate_step, mfu_text, scaling_table
+from smolfsdp.estimate.time_model import duration, plan_time
 from smolfsdp.paths import recipe
 
 STRATEGY_NAMES = {
@@ -164,8 +165,6 @@ def recipe_time_view(recipe_name: str = "smollm3_3b_medical", gpus=("H100 SXM", 
     """The recipe on its own ``nproc`` GPUs of each card, from the one time model
     (``smolfsdp.estimate.time_model.plan_time``, what ``smolfsdp memory --config`` prints and chapter 01 states):
     step time, tokens/s per GPU, the MFU, optimizer steps and hours of one epoch. One row per card."""
-    from smolfsdp.estimate.time_model import duration, plan_time  # deferred: used by this view only
-
     cfg = load_config(recipe(recipe_name))
     plans = [plan_time(cfg, gpu) for gpu in gpus]
     return pd.DataFrame(
@@ -182,8 +181,6 @@ def recipe_time_view(recipe_name: str = "smollm3_3b_medical", gpus=("H100 SXM", 
 
 def recipe_time_markdown(recipe_name: str = "smollm3_3b_medical", gpu: str = "H100 SXM") -> str:
     """The sentence under :func:`recipe_time_view`: the command that prints the same numbers, and their sources."""
-    from smolfsdp.estimate.time_model import plan_time  # deferred: used by this view only
-
     cfg = load_config(recipe(recipe_name))
     p = plan_time(cfg, gpu)
     return (
