@@ -19,6 +19,7 @@ from smolfsdp.config import TrainConfig
 from smolfsdp.errors import ConfigError
 from smolfsdp.estimate import adamw_step
 from smolfsdp.estimate.adamw_step import (
+    TRAINER_DEFAULT_OPTIM,
     adamw_temporary_bytes,
     built_adamw,
     engine_optimizer,
@@ -36,6 +37,7 @@ CPU = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), b
 
 def test_each_engine_builds_its_adamw_on_each_device():
     assert trainer_default_optim() == "adamw_torch_fused"  # transformers 5 with torch >= 2.8
+    assert trainer_default_optim() == TRAINER_DEFAULT_OPTIM  # the constant `smolfsdp memory` reads, light
     # TRL's SFTConfig keeps the Trainer's default, which the TRL engine does not override
     assert {f.name: f.default for f in dataclasses.fields(SFTConfig)}["optim"] == trainer_default_optim()
     assert engine_optimizer("trl") == engine_optimizer("trl", "cpu") == "fused"

@@ -15,6 +15,7 @@ from smolfsdp.checkpoint.disk import estimate_checkpoint_bytes
 from smolfsdp.config import load_config
 from smolfsdp.estimate import flops
 from smolfsdp.estimate.params import resolve_model_config
+from smolfsdp.estimate.time_model import plan_time
 from smolfsdp.launch import runner
 from smolfsdp.paths import recipe
 from smolfsdp.sharding import distributed
@@ -71,15 +72,26 @@ def test_full_profile_budget_rows(budgets):
     rows = cfg.max_rows - cfg.eval_size  # 19,800 training rows, 32 per optimizer step
     assert real["optimizer steps"] == -(-rows // 32) == 619
     assert real["tokens (upper bound)"] == 619 * 32 * 2048
-    expected = flops.training_time_s(real["tokens (upper bound)"], real["model FLOPs per token"], 989, 2)
-    assert real["train s"] == pytest.approx(expected)
+    # the one time model: the step time `smolfsdp memory --config` prints, at the calibrated MFU (no flat 35 %)
+    plan = plan_time(cfg, "H100 SXM", 2)
+    assert real["train s"] == pytest.approx(619 * plan.step_s) and real["MFU"] == plan.mfu
+    assert real["train s"] == pytest.approx(plan.epoch_s)
+    # evaluation: forward only (a third of the FLOPs per token) at the same MFU
+    evals = 619 // cfg.eval_steps + 1
+    expected = flops.training_time_s(
+        evals * cfg.eval_size * 2048, real["model FLOPs per token"] / 3, 989, 2, plan.mfu
+    )
+    assert real["eval s"] == pytest.approx(expected)
     assert real["checkpoints"] == 619 // cfg.save_steps == 3
     lora, twin = h100.loc["LoRA (FSDP2)"], h100.loc["full fine-tune twin (FSDP2)"]
     assert lora["optimizer steps"] == twin["optimizer steps"] == full_budget.CH04_FULL_MAX_STEPS
     assert lora["model FLOPs per token"] < twin["model FLOPs per token"]  # frozen weights: no weight gradient
-    # an A100 has a third of an H100's bf16 peak: three times the compute time
-    a100 = budgets["A100 80GB"].set_index("run")
-    assert a100["train s"].sum() == pytest.approx(h100["train s"].sum() * 989 / 312)
+    assert lora["step s"] < twin["step s"]
+    # every row is its run's plan on that GPU: steps x plan_time's step time
+    for gpu, df in budgets.items():
+        for run, (_, row) in zip(full_budget.full_profile_runs(), df.iterrows(), strict=True):
+            assert row["step s"] == pytest.approx(plan_time(run["cfg"], gpu, 2).step_s), run["run"]
+            assert row["train s"] == pytest.approx(row["optimizer steps"] * row["step s"])
 
 
 def test_full_branches_use_the_budgets_sizes_and_no_cell_cut():

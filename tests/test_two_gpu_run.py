@@ -8,6 +8,7 @@ from smolfsdp.book import two_gpu_run
 from smolfsdp.book.scaling_views import book_assumptions
 from smolfsdp.estimate.hardware import fit_verdict, get_gpu, verdict
 from smolfsdp.estimate.recipe_peak import recipe_peak
+from smolfsdp.estimate.time_model import duration
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,8 @@ def test_time_is_estimate_step_over_the_recipes_epoch(text):
     assert t["step"]["tokens_per_gpu"] == 2 * 2048 * 8
     assert t["step"]["n_gpus"] == 2 and t["step"]["mfu"] == book_assumptions()["mfu"]
     assert t["epoch_s"] == pytest.approx(619 * t["step"]["step_s"])
-    assert f"about **{t['step']['step_s']:.1f} s**" in text
-    assert f"about **{math.ceil(t['epoch_s'] / 60):,} minutes**" in text and t["mfu_text"] in text
+    assert f"about **{duration(t['step']['step_s'])}**" in text
+    assert f"about **{duration(t['epoch_s'])}**" in text and t["mfu_text"] in text
 
 
 def test_summary_checks_fill_in_the_recipes_values():

@@ -5,6 +5,7 @@
     smolfsdp memory --model smollm3-3b --gpus 2 --seq-len 4096 --engine trl   # TRL's loss and fused AdamW
     smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml               # a run recipe's settings
     smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml --gpu "A100 80GB"   # checkpointing by card
+    smolfsdp memory --config configs/runs/smollm3_3b_medical.yaml --gpu "H100 SXM"  # + step time, epoch hours
 
 Light at import (the parser answers a misspelt option before torch loads).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from smolfsdp.cli_output import format_fit_verdict
@@ -50,6 +52,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     fit = fit_verdict(est, gpu)  # the one verdict: fits / tight / does not fit, with its numbers
     settings = {"model": model, "world_size": world, "strategy": strategy, "offload": offload, **common}
     ac = choose_checkpointing(settings, gpu, memory_engine(args))  # the least checkpointing that fits
+    plan, why = time_plan(args, gpu)
     if args.json:
         out = {
             "estimate": est.to_dict(),
@@ -60,6 +63,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
                 "decision": rec.decision, "gpus": rec.gpus, "reason": rec.reason, "verdict": rec.fit.to_dict()
             },
             "checkpointing": ac.to_dict(),
+            "time": plan.to_dict() if plan else {"not_estimated": why},
         }  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
@@ -70,6 +74,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(f"\nverdict on {gpu.name}: {fit.line}")
     print(format_fit_verdict(est, fit, rec))
     print(ac.text)
+    print("\n" + "\n".join(plan.lines()) if plan else f"\ntime: not estimated ({why})")
     return 0
 
 
@@ -80,6 +85,28 @@ def memory_engine(args: argparse.Namespace) -> str:
     from smolfsdp.config import load_config  # deferred with the estimator: a light parser
 
     return load_config(args.config).engine
+
+
+#: ``smolfsdp memory``'s options and the ``TrainConfig`` field each overrides in the recipe's time plan
+TIME_FIELDS = {
+    "gpus": "nproc", "strategy": "sharding_strategy", "seq_len": "max_length",
+    "micro_batch": "per_device_train_batch_size", "activation_checkpointing": "activation_checkpointing",
+    "ac_mode": "ac_mode", "ac_every": "ac_every", "fsdp_version": "fsdp_version",
+}  # fmt: skip
+
+
+def time_plan(args: argparse.Namespace, gpu):
+    """(``estimate.time_model.plan_time`` for ``--config``'s recipe on ``gpu`` with the options given over it,
+    None) or (None, why not): no ``--config`` (the epoch needs a run's data and batch), a GPU without a bf16 peak."""
+    if not args.config:
+        return None, "give --config, a run recipe, for step time, tokens/s, MFU and epoch hours"
+    if math.isnan(gpu.bf16_dense_tflops):
+        return None, f"{gpu.name} has no bf16 peak TFLOP/s; give --gpu with one of {', '.join(GPUS)}"
+    from smolfsdp.config import load_config  # deferred with the estimator: a light parser
+    from smolfsdp.estimate.time_model import plan_time  # deferred: the step model
+
+    given = {TIME_FIELDS[k]: v for k, v in vars(args).items() if k in TIME_FIELDS and v != _DEFAULTS[k]}
+    return plan_time(load_config(args.config, **given), gpu.name), None
 
 
 #: ``smolfsdp memory``'s options and the ``estimate_memory`` keyword each sets (``lora*``: :func:`lora_spec`)

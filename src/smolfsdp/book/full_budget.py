@@ -7,12 +7,12 @@ budget and the chapters cannot drift apart; the README's "Full profile: time bud
 
     python -c "from smolfsdp.book.full_budget import full_profile_budget as f; print(f())"
 
-Per run: training tokens bounded above by optimizer steps x rows per step x ``max_length`` (every row
-padded to the longest possible), at ``6N + 12·L·H·Q·T`` model FLOPs per token (LoRA: ``4N + 2N_train``;
-``smolfsdp.estimate.flops.flops_per_token``; activation checkpointing's recompute is not counted,
-as MFU does not count it); evaluation at a third of that per token (forward only); checkpoint writes
-at :data:`DISK_BYTES_PER_S`; and :data:`RUN_OVERHEAD_S` per run for start-up, loading the 3B weights,
-sharding and the final export. Compute runs at ``BUDGET_MFU`` (35 %) of the GPU's bf16 datasheet peak.
+Per run: optimizer steps x the step time of ``smolfsdp.estimate.time_model.plan_time``, the one time model
+``smolfsdp memory --config`` prints and chapters 01 and 07 show (``scaling.estimate_step``: every row counted at
+``max_length``, ``6N + 12·L·H·Q·T`` model FLOPs per token, LoRA ``4N + 2N_train``, at the GPU's calibrated MFU less
+what the run's activation checkpointing recomputes, collectives overlapped); evaluation at a third of the FLOPs per
+token (forward only) at the same MFU; checkpoint writes at :data:`DISK_BYTES_PER_S`; and :data:`RUN_OVERHEAD_S`
+per run for start-up, loading the 3B weights, sharding and the final export.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ import math
 import pandas as pd
 
 from smolfsdp.config import load_config
-from smolfsdp.estimate.flops import BUDGET_MFU, flops_per_token, training_time_s
+from smolfsdp.errors import ConfigError
+from smolfsdp.estimate.flops import flops_per_token, training_time_s
 from smolfsdp.estimate.hardware import get_gpu
 from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
+from smolfsdp.estimate.time_model import epoch_rows, plan_time, run_optimizer_steps
 from smolfsdp.paths import recipe
 
 #: Chapter "LoRA with FSDP2", full profile: the LoRA run and its full fine-tune twin stop here (a
@@ -59,17 +61,17 @@ def full_profile_runs() -> list[dict]:
 
 
 def optimizer_steps(cfg) -> int:
-    """Optimizer steps of a run (benchmark steps, ``max_steps``, or one epoch of the training rows)."""
-    if cfg.benchmark_steps:
-        return cfg.benchmark_steps
-    if cfg.max_steps > 0:
-        return cfg.max_steps
-    rows = cfg.max_rows - cfg.eval_size
+    """Optimizer steps of a run (benchmark steps, ``max_steps``, or its epochs of the training rows,
+    ``time_model.epoch_rows``). ConfigError when the rows are unknown (a hub data set without ``max_rows``)."""
+    rows, why = epoch_rows(cfg)
     per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    return math.ceil(cfg.num_train_epochs * rows / per_step)
+    steps = run_optimizer_steps(cfg, None if rows is None else math.ceil(rows / per_step))
+    if steps is None:
+        raise ConfigError(f"{cfg.name}: optimizer steps unknown ({why}).")
+    return steps
 
 
-def run_budget(cfg, gpu: str, n_gpus: int, mfu: float = BUDGET_MFU) -> dict:
+def run_budget(cfg, gpu: str, n_gpus: int) -> dict:
     """One run's tokens, FLOPs and estimated seconds (see the module docstring for each term)."""
     config = resolve_model_config("smollm3-3b")  # the shipped config.json of the recipes' model
     lora = LoraSpec(cfg.lora_r, cfg.lora_alpha, tuple(cfg.lora_target_modules)) if cfg.lora else None
@@ -89,30 +91,32 @@ def run_budget(cfg, gpu: str, n_gpus: int, mfu: float = BUDGET_MFU) -> dict:
     tied = counts.embedding if config.tie_word_embeddings else 0
     ckpt_bytes = int((4 * (counts.total + tied) + 8 * counts.trainable) * 1.05)
     peak = get_gpu(gpu).bf16_dense_tflops
-    compute = training_time_s(tokens, fpt, peak, n_gpus, mfu)
-    evaluate = training_time_s(eval_tokens, fpt / 3, peak, n_gpus, mfu) if eval_tokens else 0.0
+    plan = plan_time(cfg, gpu, n_gpus)  # the one time model: step time at the calibrated MFU
+    compute = steps * plan.step_s
+    evaluate = training_time_s(eval_tokens, fpt / 3, peak, n_gpus, plan.mfu) if eval_tokens else 0.0
     write = saves * ckpt_bytes / DISK_BYTES_PER_S
     return {
-        "optimizer steps": steps, "tokens (upper bound)": tokens, "model FLOPs per token": fpt,
+        "optimizer steps": steps, "step s": plan.step_s, "MFU": plan.mfu, "tokens (upper bound)": tokens,
+        "model FLOPs per token": fpt,
         "train s": compute, "eval s": evaluate, "checkpoints": saves, "checkpoint bytes": ckpt_bytes,
         "checkpoint write s": write, "overhead s": RUN_OVERHEAD_S,
         "total s": compute + evaluate + write + RUN_OVERHEAD_S,
     }  # fmt: skip
 
 
-def full_profile_budget(gpu: str = "H100 SXM", n_gpus: int = 2, mfu: float = BUDGET_MFU) -> pd.DataFrame:
-    """One row per full-branch run with its estimated seconds on ``n_gpus`` x ``gpu`` at ``mfu``.
+def full_profile_budget(gpu: str = "H100 SXM", n_gpus: int = 2) -> pd.DataFrame:
+    """One row per full-branch run with its estimated seconds on ``n_gpus`` x ``gpu`` (``plan_time``'s step time).
 
     ``df["total s"].sum()`` is the full profile's training time; the chapters' other cells (estimates,
     figures, CPU probes) take minutes beside it.
     """
     rows = [
-        {"chapter": r["chapter"], "run": r["run"], **run_budget(r["cfg"], gpu, n_gpus, mfu)}
+        {"chapter": r["chapter"], "run": r["run"], **run_budget(r["cfg"], gpu, n_gpus)}
         for r in full_profile_runs()
     ]
     return pd.DataFrame(rows)
 
 
-def budget_hours(gpu: str = "H100 SXM", n_gpus: int = 2, mfu: float = BUDGET_MFU) -> float:
+def budget_hours(gpu: str = "H100 SXM", n_gpus: int = 2) -> float:
     """The full profile's estimated training time in hours, one decimal (the README states it)."""
-    return round(float(full_profile_budget(gpu, n_gpus, mfu)["total s"].sum()) / 3600, 1)
+    return round(float(full_profile_budget(gpu, n_gpus)["total s"].sum()) / 3600, 1)

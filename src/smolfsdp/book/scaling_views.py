@@ -20,6 +20,7 @@ from smolfsdp.estimate.hardware import fit_verdict, get_gpu
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import GIB, estimate_memory
 from smolfsdp.estimate.scaling import estimate_step, mfu_text, scaling_table
+from smolfsdp.estimate.time_model import duration, plan_time
 from smolfsdp.paths import recipe
 
 STRATEGY_NAMES = {
@@ -158,6 +159,37 @@ def preview(scaling: pd.DataFrame, n_gpus=(2, 16, 1024)) -> pd.DataFrame:
             "verdict": d["verdict"],
         }
     ).set_index(["model", "strategy", "GPUs"])
+
+
+def recipe_time_view(recipe_name: str = "smollm3_3b_medical", gpus=("H100 SXM", "A100 80GB")) -> pd.DataFrame:
+    """The recipe on its own ``nproc`` GPUs of each card, from the one time model
+    (``smolfsdp.estimate.time_model.plan_time``, what ``smolfsdp memory --config`` prints and chapter 01 states):
+    step time, tokens/s per GPU, the MFU, optimizer steps and hours of one epoch. One row per card."""
+    cfg = load_config(recipe(recipe_name))
+    plans = [plan_time(cfg, gpu) for gpu in gpus]
+    return pd.DataFrame(
+        {
+            "GPUs": [f"{p.n_gpus} x {p.gpu}" for p in plans],
+            "step (s)": [f"{p.step_s:.2f}" for p in plans],
+            "tokens/s per GPU": [f"{p.tokens_per_s_per_gpu:,.0f}" for p in plans],
+            "MFU": [f"{100 * p.mfu:.1f} %" for p in plans],
+            "optimizer steps per epoch": [f"{p.steps_per_epoch:,}" for p in plans],
+            "epoch": [duration(p.epoch_s) for p in plans],
+        }
+    ).set_index("GPUs")
+
+
+def recipe_time_markdown(recipe_name: str = "smollm3_3b_medical", gpu: str = "H100 SXM") -> str:
+    """The sentence under :func:`recipe_time_view`: the command that prints the same numbers, and their sources."""
+    cfg = load_config(recipe(recipe_name))
+    p = plan_time(cfg, gpu)
+    return (
+        f"Read a row across: the {gpu} row's step is the projection's {p.n_gpus}-GPU {cfg.sharding_strategy} step "
+        f"above ({p.step_s:.2f} s), and an epoch is "
+        f"{p.steps_per_epoch:,} of them ({p.epoch_rows:,} training rows, {p.rows_per_step} per step: {p.rows_source}). "
+        f'`smolfsdp memory --config configs/runs/{recipe_name}.yaml --gpu "{gpu}"` prints the same numbers under '
+        f"its memory verdict, and chapter 01 states them. Tokens: {p.token_text}. MFU: {p.mfu_source}."
+    )
 
 
 def efficiency_view(scaling: pd.DataFrame, n_gpus=(8, 16, 1024)) -> pd.DataFrame:

@@ -4,9 +4,8 @@ Chapter "The full fine-tune" (``notebooks/01_finetune.ipynb``, section "Running 
 for the book's recipe (``configs/runs/smollm3_3b_medical.yaml``). Every number comes from the functions the
 other pages use: the peak per GPU from ``smolfsdp.estimate.recipe_peak.recipe_peak`` and the verdict from
 ``smolfsdp.estimate.hardware.fit_verdict`` on the card the book's projections assume
-(``smolfsdp.book.scaling_views.book_assumptions``); the step time from ``smolfsdp.estimate.scaling.estimate_step``
-at the recipe's settings and that calibrated MFU; the epoch's optimizer steps from
-``smolfsdp.book.full_budget.optimizer_steps`` (the recipe's rows). :data:`SUMMARY_CHECKS` names the keys of
+(``smolfsdp.book.scaling_views.book_assumptions``); the step time, the MFU and the epoch from
+``smolfsdp.estimate.time_model.plan_time``, the one time model that ``smolfsdp memory --config`` prints. :data:`SUMMARY_CHECKS` names the keys of
 ``summary.json`` to read once the run is done; ``tests/test_trl_fsdp.py`` holds each to a real run's file.
 
     python -c "from smolfsdp.book.two_gpu_run import expectations_markdown as m; print(m())"
@@ -14,16 +13,14 @@ at the recipe's settings and that calibrated MFU; the epoch's optimizer steps fr
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from smolfsdp.book.full_budget import optimizer_steps
 from smolfsdp.book.scaling_views import book_assumptions, recipe_run
 from smolfsdp.config import load_config
 from smolfsdp.estimate.hardware import fit_verdict, get_gpu
 from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.estimate.recipe_peak import BOOK_RECIPE, MOMENT_TEXT, recipe_peak
-from smolfsdp.estimate.scaling import estimate_step, mfu_text
+from smolfsdp.estimate.time_model import duration, plan_time
 from smolfsdp.paths import recipe, repo_root
 
 GIB = 2**30
@@ -84,29 +81,22 @@ def expected_memory(recipe_name: str = BOOK_RECIPE, gpu: str | None = None) -> d
 
 
 def expected_time(recipe_name: str = BOOK_RECIPE) -> dict[str, Any]:
-    """Estimated seconds per optimizer step and per epoch of the recipe on its ``nproc`` GPUs (``estimate_step``
-    at the recipe's sequence, micro-batch, accumulation, FSDP version, activation checkpointing and the card and
-    MFU of ``book_assumptions``; every sequence counted at ``max_length``, so the most compute a step can take)."""
+    """Estimated seconds per optimizer step and per epoch of the recipe on its ``nproc`` GPUs of the card
+    ``book_assumptions`` assumes: ``plan_time`` (``smolfsdp.estimate.time_model``), what ``smolfsdp memory --config``
+    prints for the recipe and that card; every sequence counted at ``max_length``, so the most compute a step can
+    take. Keys: ``cfg``, ``plan`` (the ``TimePlan``), ``step`` (``estimate_step``'s numbers), ``steps`` (per epoch),
+    ``rows_per_step``, ``epoch_s``, ``mfu_text`` (the MFU and its source), ``gpu``."""
     cfg = load_config(recipe(recipe_name))
-    a = book_assumptions(recipe_name)
-    keys = ("gpu", "gpus_per_node", "network", "mfu", "seq_len", "micro_batch", "gradient_accumulation_steps")
-    step = estimate_step(
-        recipe_run(cfg)["model"],
-        strategy=cfg.sharding_strategy,
-        n_gpus=cfg.nproc,
-        fsdp_version=cfg.fsdp_version,
-        activation_checkpointing=cfg.activation_checkpointing,
-        **{k: a[k] for k in keys},
-    )
-    steps = optimizer_steps(cfg)
+    plan = plan_time(cfg, book_assumptions(recipe_name)["gpu"])
     return {
         "cfg": cfg,
-        "step": step,
-        "steps": steps,
-        "rows_per_step": cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps,
-        "epoch_s": steps * float(step["step_s"]),
-        "mfu_text": mfu_text(a["mfu"], a["gpu"], recipe_run(cfg)),
-        "gpu": a["gpu"],
+        "plan": plan,
+        "step": plan.step,
+        "steps": plan.steps_per_epoch,
+        "rows_per_step": plan.rows_per_step,
+        "epoch_s": plan.epoch_s,
+        "mfu_text": plan.mfu_source,
+        "gpu": plan.gpu,
     }
 
 
@@ -124,15 +114,14 @@ def expectations_markdown(recipe_name: str = BOOK_RECIPE) -> str:
         f"({card.memory_gb:g} GB) the one fit verdict every page and `smolfsdp memory` print reads **{m['fit'].line}**. "
         f"Settings: {tensors.settings_line}."
     )
-    rows = int(cfg.max_rows - cfg.eval_size)
+    plan = t["plan"]
     time = (
-        f"**Time** (estimated: `estimate_step`, not measured). One optimizer step, {step['tokens_per_gpu']:,} "
-        f"tokens per GPU (micro-batch {cfg.per_device_train_batch_size} x {cfg.max_length:,} tokens x "
-        f"{cfg.gradient_accumulation_steps} micro-batches), takes about **{float(step['step_s']):.1f} s** on "
-        f"{cfg.nproc} x {t['gpu']}, so the epoch, at most {t['steps']:,} steps ({rows:,} training rows: "
-        f"`max_rows` less the {cfg.eval_size:,g} held out, {t['rows_per_step']} per step; rows longer than "
-        f"{cfg.max_length:,} tokens are dropped first), takes about "
-        f"**{math.ceil(t['epoch_s'] / 60):,} minutes** at most. Every sequence "
+        f"**Time** (estimated: `plan_time`, the time model `smolfsdp memory --config` prints; not measured). One "
+        f"optimizer step, {step['tokens_per_gpu']:,} tokens per GPU (micro-batch {cfg.per_device_train_batch_size} x "
+        f"{cfg.max_length:,} tokens x {cfg.gradient_accumulation_steps} micro-batches), takes about "
+        f"**{duration(plan.step_s)}** on {cfg.nproc} x {t['gpu']} ({plan.tokens_per_s_per_gpu:,.0f} tokens/s per GPU), "
+        f"so the epoch, at most {t['steps']:,} steps ({plan.epoch_rows:,} training rows: {plan.rows_source}; "
+        f"{t['rows_per_step']} per step), takes about **{duration(plan.epoch_s)}** at most. Every sequence "
         f"is counted at the full {cfg.max_length:,} tokens (the collator pads a batch only to its longest row, so "
         f"real steps are shorter); evaluation every {cfg.eval_steps} steps and the checkpoint writes come on top. "
         f"Assumed: {t['mfu_text']}."

@@ -45,6 +45,10 @@ OPTIMIZER_TEXT = {
 #: a reader's words for each, for the settings line (``recipe_peak.settings_line``)
 ADAMW_WORDS = {"fused": "fused AdamW", "foreach": "foreach AdamW", "for-loop": "for-loop AdamW"}
 ENGINES = ("native", "trl")
+#: transformers' ``TrainingArguments.optim`` default, as :func:`trainer_default_optim` reads it from the pinned
+#: transformers (tests/test_adamw_step.py holds the two equal): a constant, so that ``smolfsdp memory`` need not
+#: import ``transformers.training_args`` (accelerate, peft, half a second) to name the TRL engine's AdamW.
+TRAINER_DEFAULT_OPTIM = "adamw_torch_fused"
 
 
 def trainer_default_optim() -> str:
@@ -68,7 +72,8 @@ def engine_optimizer(engine: str, device: str = "cuda") -> str:
     """The AdamW implementation (a key of :data:`ADAMW_IMPLS`) a smolfsdp engine builds on ``device`` (a device
     type; ``cuda`` by default, what the estimates are for):
 
-    * ``trl``: the Trainer's default ``optim`` (:func:`trainer_default_optim`; ``train.trl_engine.trl_args`` sets
+    * ``trl``: the Trainer's default ``optim`` (:data:`TRAINER_DEFAULT_OPTIM`, :func:`trainer_default_optim`'s;
+      ``train.trl_engine.trl_args`` sets
       none): ``adamw_torch_fused`` is ``fused``, ``adamw_torch`` torch's choice (:func:`torch_default_adamw`);
     * ``native``: ``train.native.make_optimizer`` passes neither flag: torch's choice.
 
@@ -76,7 +81,7 @@ def engine_optimizer(engine: str, device: str = "cuda") -> str:
     check_choice(engine, ENGINES, "engine")
     if engine == "native":
         return torch_default_adamw(device)
-    optim = trainer_default_optim()
+    optim = TRAINER_DEFAULT_OPTIM
     if optim == "adamw_torch_fused":
         return "fused"
     if optim == "adamw_torch":

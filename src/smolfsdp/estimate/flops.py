@@ -32,17 +32,11 @@ def flops_per_token(
     return float(dense + 12 * n_layers * n_heads * head_dim * seq_len)
 
 
-#: The model-FLOPs utilisation a time budget assumes: an assumption stated beside every number made
-#: with it (fully sharded 3B training on 2 GPUs reaches roughly this; the GPU check measures it).
-BUDGET_MFU = 0.35
-
-
-def training_time_s(
-    tokens: float, flops_token: float, peak_tflops: float, n_gpus: int, mfu: float = BUDGET_MFU
-) -> float:
+def training_time_s(tokens: float, flops_token: float, peak_tflops: float, n_gpus: int, mfu: float) -> float:
     """Estimated seconds to process ``tokens`` at ``flops_token`` model FLOPs each (:func:`flops_per_token`)
     on ``n_gpus`` GPUs, each at ``mfu`` of its bf16 dense datasheet peak ``peak_tflops``:
-    ``tokens · flops_token / (n_gpus · peak · mfu)``. An estimate from the formula, never a measurement.
+    ``tokens · flops_token / (n_gpus · peak · mfu)``; ``mfu`` from the calibration (``calibration.run_mfu``,
+    as ``time_model.plan_time`` takes it). An estimate from the formula, never a measurement.
     """
     if min(tokens, flops_token, peak_tflops, n_gpus) <= 0 or not 0 < mfu <= 1:
         raise ValueError("training_time_s: tokens, FLOPs, peak and GPUs must be positive, mfu in (0, 1]")

@@ -1,4 +1,9 @@
-"""Exact parameter counts of a model config, grouped as FSDP wraps them (no weights, meta device).
+"""Exact parameter counts of a model config, grouped as FSDP wraps them (no weights, no model built).
+
+SmolLM3 and Llama configs are counted from the config's numbers (:func:`_analytic_units`: the shapes
+``modeling_smollm3`` / ``modeling_llama`` give each ``nn.Linear`` and norm, in ``named_parameters`` order), which
+keeps ``smolfsdp memory`` fast; any other architecture is built on the meta device and walked.
+tests/test_params_analytic.py holds the two ways equal on the shipped, tiny and Llama configs, with and without LoRA.
 
 Chapters "Where the memory goes" and "Scaling out" (``notebooks/00_memory.ipynb``,
 ``notebooks/07_scaling.ipynb``) count with these; ``smolfsdp.estimate.layout`` pads the groups per rank
@@ -15,8 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from smolfsdp.errors import ConfigError, nearest
 from smolfsdp.models.modeling import load_tokenizer, refuse_remote_code, tiny_config
@@ -136,6 +140,8 @@ def llama3_70b_config():
     """A Llama-3-70B geometry as a ``LlamaConfig`` (values of meta-llama/Meta-Llama-3-70B config.json:
     hidden 8192, 80 layers, 64 heads, 8 KV heads, MLP 28672, vocab 128256, untied embeddings). No
     download; meta-device counting gives 70,553,706,496 parameters."""
+    from transformers import LlamaConfig  # deferred: its modeling imports are not needed to count
+
     return LlamaConfig(
         hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
@@ -147,6 +153,8 @@ def llama3_8b_config():
     """A Llama-3-8B geometry as a ``LlamaConfig`` (meta-llama/Meta-Llama-3-8B config.json: hidden 4096,
     32 layers, 32 heads, 8 KV heads, MLP 14336, vocab 128256, untied): 8.03 B parameters, 16.1 GB in
     bf16, the "16 GB model" of seed 2. No download."""
+    from transformers import LlamaConfig  # deferred: its modeling imports are not needed to count
+
     return LlamaConfig(
         hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
@@ -172,10 +180,75 @@ def _param_specs(module, prefix: str, skip: list[str], lora: LoraSpec | None, se
     return out
 
 
+#: Architectures counted from the config alone: ``model_type`` -> the decoder layer class FSDP wraps
+ANALYTIC_LAYERS = {"smollm3": "SmolLM3DecoderLayer", "llama": "LlamaDecoderLayer"}
+
+
+def _linear(
+    name: str, n_in: int, n_out: int, bias: bool, lora: LoraSpec | None, frozen: bool
+) -> list[ParamSpec]:
+    """An ``nn.Linear(n_in, n_out, bias)``'s parameters as :func:`_param_specs` lists them: the weight
+    ``(n_out x n_in)``, peft's ``lora_A (r x n_in)`` and ``lora_B (n_out x r)`` when targeted, then the bias."""
+    out = [ParamSpec(f"{name}.weight", n_out * n_in, n_out, not frozen)]
+    if lora and name.rsplit(".", 1)[-1] in lora.targets:
+        out += [ParamSpec(f"{name}.lora_A", lora.r * n_in, lora.r, True)]
+        out += [ParamSpec(f"{name}.lora_B", n_out * lora.r, n_out, True)]
+    if bias:
+        out.append(ParamSpec(f"{name}.bias", n_out, n_out, not frozen))
+    return out
+
+
+def _analytic_units(config, lora: LoraSpec | None):
+    """:func:`_units_cached`'s answer for a SmolLM3 or Llama config, from its numbers: per decoder layer the
+    attention's q/k/v/o (``num_attention_heads`` and ``num_key_value_heads`` x ``head_dim``), the MLP's
+    gate/up/down, two RMSNorm weights; the root the embedding, the final norm and, untied, ``lm_head``;
+    buffers the rotary ``inv_freq`` and ``original_inv_freq`` (fp32, ``head_dim / 2`` each)."""
+    h, inter, frozen = config.hidden_size, config.intermediate_size, lora is not None
+    q = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    heads, kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    attn_bias, mlp_bias = bool(config.attention_bias), bool(getattr(config, "mlp_bias", False))
+    units = {}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}"
+        shapes = [
+            ("self_attn.q_proj", h, heads * q, attn_bias), ("self_attn.k_proj", h, kv * q, attn_bias),
+            ("self_attn.v_proj", h, kv * q, attn_bias), ("self_attn.o_proj", heads * q, h, attn_bias),
+            ("mlp.gate_proj", h, inter, mlp_bias), ("mlp.up_proj", h, inter, mlp_bias),
+            ("mlp.down_proj", inter, h, mlp_bias),
+        ]  # fmt: skip
+        specs = [
+            s for name, n_in, n_out, b in shapes for s in _linear(f"{p}.{name}", n_in, n_out, b, lora, frozen)
+        ]
+        norms = [
+            ParamSpec(f"{p}.{n}.weight", h, h, not frozen)
+            for n in ("input_layernorm", "post_attention_layernorm")
+        ]
+        units[p] = specs + norms
+    root = [
+        ParamSpec("model.embed_tokens.weight", config.vocab_size * h, config.vocab_size, not frozen),
+        ParamSpec("model.norm.weight", h, h, not frozen),
+    ]
+    if not config.tie_word_embeddings:  # tied: lm_head is embed_tokens, seen once
+        root.append(ParamSpec("lm_head.weight", config.vocab_size * h, config.vocab_size, not frozen))
+    rotary = len(range(0, int(q * getattr(config, "partial_rotary_factor", 1.0)), 2))
+    return {"root": root, **units}, ANALYTIC_LAYERS[config.model_type], 2 * rotary * 4
+
+
 @functools.lru_cache(maxsize=16)
 def _units_cached(config_json: str, model_type: str, lora: LoraSpec | None):
     kwargs = {k: v for k, v in json.loads(config_json).items() if k != "model_type"}
     config = AutoConfig.for_model(model_type, **kwargs)
+    if model_type in ANALYTIC_LAYERS:
+        return _analytic_units(config, lora)
+    return _meta_units(config, lora)
+
+
+def _meta_units(config, lora: LoraSpec | None):
+    """Any architecture: the model built on the meta device (no memory), its decoder layers found by
+    ``_no_split_modules``, each parameter listed once (tied weights) with LoRA adapters after each target."""
+    import torch  # deferred: only an architecture not counted analytically is built
+    from transformers import AutoModelForCausalLM  # deferred: imports the modeling code
+
     with torch.device("meta"):
         net = AutoModelForCausalLM.from_config(config)
     wrap = next(n for n in net._no_split_modules if any(type(m).__name__ == n for m in net.modules()))

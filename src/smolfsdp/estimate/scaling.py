@@ -33,10 +33,11 @@ from smolfsdp.estimate.params import count_parameters, resolve_model_config
 from smolfsdp.estimate.recipes import RECIPES, STRATEGIES, get_recipe
 
 
-def _flops_per_token(config, seq_len: int) -> float:
+def _flops_per_token(config, seq_len: int, lora=None) -> float:
     q = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    n = count_parameters(config).total
-    return flops_per_token(n, config.num_hidden_layers, config.num_attention_heads, int(q), seq_len)
+    n = count_parameters(config, lora)
+    geometry = (config.num_hidden_layers, config.num_attention_heads, int(q), seq_len)
+    return flops_per_token(n.total, *geometry, trainable_params=n.trainable)
 
 
 def estimate_step(
@@ -52,21 +53,21 @@ def estimate_step(
     activation_checkpointing: bool | None = None,
     ac_mode: str = "full",
     ac_every: int | None = None,
+    lora=None,
     **kwargs,
 ) -> dict:
     """Projected time of one optimizer step on one rank, with and without overlap (weak scaling:
     ``micro_batch x seq_len`` tokens per GPU per micro-batch, whatever the GPU count).
 
-    compute: ``tokens x (6N + 12 L H Q T)`` FLOPs (PaLM appendix B, ``smolfsdp.estimate.flops``) at
-    ``mfu`` x the GPU's bf16 dense peak; a third of it is forward, two thirds backward (2N vs 4N).
+    compute: ``tokens x (6N + 12 L H Q T)`` FLOPs (PaLM appendix B, ``smolfsdp.estimate.flops``; ``lora``: 4 per
+    frozen weight, collectives as full) at ``mfu`` x the bf16 dense peak; a third forward, two thirds backward.
     comm: the sum of ``comm.estimate_collectives`` times. Overlap model (PyTorch FSDP paper, sec. 3.3
     and 5.2): forward all-gathers hide behind forward compute, backward all-gathers, reduce-scatters
     and all-reduces behind backward compute, except what nothing can hide: per micro-batch the first
     forward all-gather (nothing to compute yet) and the last gradient collective of the backward (no
     compute left; for HSDP its reduce-scatter and all-reduce; for DDP the last bucket), and the
-    loop's collectives. Under ``no_sync`` (DDP's default, ``comm.estimate_collectives``) the gradient
-    reductions hide only behind the backward of the micro-batch that syncs (1/k of the backward compute).
-    Communication and compute are assumed not to slow each other down.
+    loop's collectives. Under ``no_sync`` (DDP's default, ``comm.estimate_collectives``) the gradient reductions
+    hide only behind the backward of the micro-batch that syncs (1/k of it); compute and comm do not slow each other.
     ``step_s = sum over phases of exposed + max(compute, comm - exposed)``; ``serial_s = compute +
     comm``; ``efficiency = compute / step_s`` (1.0 when all communication is hidden; weak-scaling
     efficiency against a GPU that only computes). Cluster: ``cluster`` or ``n_gpus`` (default 2) and the
@@ -97,7 +98,7 @@ def estimate_step(
         raise ConfigError(
             f"GPU {cl.gpu.name!r} has no bf16 peak TFLOP/s; pick one from smolfsdp.estimate.hardware.GPUS."
         )
-    compute = tokens * _flops_per_token(config, seq_len) / (cl.gpu.bf16_dense_tflops * 1e12 * mfu)
+    compute = tokens * _flops_per_token(config, seq_len, lora) / (cl.gpu.bf16_dense_tflops * 1e12 * mfu)
     step, comm, exposed_min = _overlap(coll, compute, k)
     return {
         "strategy": coll.attrs["strategy"],

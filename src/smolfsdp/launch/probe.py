@@ -34,11 +34,12 @@ from typing import Any
 
 from smolfsdp.launch.processes import run_group
 from smolfsdp.launch.progress import HEARTBEAT_S, heartbeat, in_notebook, live_say
-from smolfsdp.launch.torchrun import launch_env, torchrun_command
+from smolfsdp.launch.rank_env import launch_env
+from smolfsdp.launch.torchrun import torchrun_command
 
 
 def cpu_probe_env(nproc: int) -> dict[str, str]:
-    """:func:`smolfsdp.launch.torchrun.launch_env` with every GPU hidden (``CUDA_VISIBLE_DEVICES=""``), for
+    """:func:`smolfsdp.launch.rank_env.launch_env` with every GPU hidden (``CUDA_VISIBLE_DEVICES=""``), for
     ranks that shard on CPU on purpose: the book's probes and gotchas.
 
     Why: on a machine with GPUs, ``init_distributed()`` picks NCCL, while these probes build a CPU

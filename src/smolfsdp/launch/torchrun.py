@@ -49,11 +49,8 @@ from smolfsdp.launch.accelerate_launch import accelerate_command
 from smolfsdp.launch.failures import explain_failure
 from smolfsdp.launch.host_checks import check_resources, run_lock
 from smolfsdp.launch.processes import spawn, stop_group
+from smolfsdp.launch.rank_env import FLIGHT_RECORDER_ENTRIES, THREADS_NOTE, launch_env  # noqa: F401 (re-exported)
 from smolfsdp.paths import pid_alive
-
-#: Flight-recorder entries kept per process group (torch's ring buffer of recent collectives):
-#: names the collective in a timeout error (smolfsdp.sharding.distributed.name_collective_errors).
-FLIGHT_RECORDER_ENTRIES = 2000
 
 
 # ------------------------------------------------------------------------------ commands
@@ -192,23 +189,6 @@ def wait_for_endpoint(
     )
 
 
-def launch_env(nproc: int, max_restarts: int = 0) -> dict[str, str]:
-    """This process's environment plus the settings every run's ranks need (thread count, flight recorder)."""
-    env = dict(os.environ)
-    if max_restarts:
-        # torchrun 2.13 lets the workers share its rendezvous TCPStore; a restarted group then reads the
-        # dead group's gloo addresses from it ("connectFullMesh failed ... Connection refused", 4 of 6
-        # restarts here). A fresh store per restart (rank 0 hosts it on a new port) avoids the race.
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    # Two processes on a 2-core box: one intra-op thread each, or they fight over the cores.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    # torch's flight recorder: the last collectives of each rank, so a timeout can name its collective
-    env.setdefault("TORCH_FR_BUFFER_SIZE", str(FLIGHT_RECORDER_ENTRIES))
-    return env
-
-
 # ------------------------------------------------------------------------------ running
 TMP_PREFIX = "smolfsdp-"  # + launcher pid + "-": the private folder of the ranks' unredacted config.yaml
 
@@ -271,12 +251,13 @@ def launch(
         cmd = command_for(cfg, ["train", "--config", str(cfg_path)])
         if accelerate_config is not None:
             cmd = accelerate_command(cfg, accelerate_config, ["train", "--config", str(cfg_path)])
-        proc = spawn(  # its own process group, SIGTERMed if this process dies (smolfsdp.launch.processes)
-            cmd,
-            env=launch_env(cfg.nproc // cfg.nnodes, cfg.max_restarts),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        env = launch_env(cfg.nproc // cfg.nnodes, cfg.max_restarts)
+        note = f"[smolfsdp] {env[THREADS_NOTE]}"  # the threads each rank gets, and why: once per node
+        if not capture:
+            print(note, file=sys.stderr, flush=True)
+        elif on_line:
+            on_line(note)
+        proc = spawn(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # its own process group
         try:  # from the moment torchrun exists: a signal in any later line must still stop it
             lines = queue.Queue() if on_line else None
             out = _Tee(proc.stdout, echo=not capture, keep_all=capture, lines=lines)
@@ -288,7 +269,7 @@ def launch(
             if isinstance(err, subprocess.TimeoutExpired):
                 err.output = out.join()  # what the run printed before it timed out
             raise
-        text = out.join()
+        text = (note + "\n" if capture else "") + out.join()
         _drain(lines, on_line)  # what the pump read after the last poll
     if proc.returncode != 0:
         line = "[smolfsdp] " + explain_failure(text, proc.returncode, cfg)
