@@ -21,6 +21,8 @@ from smolfsdp.data.packing import (
 )
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.errors import ConfigError
+from smolfsdp.estimate.packed import masked_attention_bytes
+from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.launch import runner
 from smolfsdp.models.modeling import build_model, load_tokenizer
 from smolfsdp.train.batches import count_label_tokens
@@ -189,3 +191,62 @@ def test_two_rank_run_reports_packed_rows_and_real_token_share(tmp_path, engine,
         assert "packing" not in data and data["collation"] == "padded"
         assert m["steps"] == data["train_rows"] // 8
         assert 0.7 < data["real_token_share"] < 1.0
+
+
+def _saved_bytes(model, **inputs) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one training forward (weights left out)."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in weights:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.train()(**inputs, **NO_CACHE)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_path_bytes_equal_saved_tensors(tok, dtype):
+    """A packed row takes SDPA's masked path: per layer the expanded K and V and the additive mask, byte for byte
+    what ``estimate.packed.masked_attention_bytes`` counts beyond the same tokens in one unmasked row."""
+    model = build_model("tiny", tok, dtype=dtype)
+    ids = torch.randint(0, len(tok), (1, 256), generator=torch.Generator().manual_seed(0))
+    pos = torch.cat([torch.arange(100), torch.arange(156)])[None]
+    extra = _saved_bytes(model, input_ids=ids, labels=ids, position_ids=pos) - _saved_bytes(
+        model, input_ids=ids, labels=ids
+    )
+    c = torch.finfo(dtype).bits // 8
+    assert extra == model.config.num_hidden_layers * masked_attention_bytes(model.config, 1, 256, c) > 0
+
+
+def test_estimator_and_dry_run_size_the_packed_row():
+    """The estimator already sizes ``micro_batch x max_length`` tokens per micro-batch (every row full): a packed
+    micro-batch is those tokens in one row, so what changes is the masked path, one layer's worth under activation
+    checkpointing; the dry run traces that row (one flattened row, positions restarting) and the extra it traces is
+    the extra the estimate adds, to the byte."""
+    from smolfsdp.audit.dryrun.dry_run import dry_run, micro_batches
+    from smolfsdp.estimate.memory import estimate_memory
+    from smolfsdp.estimate.recipe_peak import recipe_settings
+
+    base = dict(model="tiny", max_length=128, per_device_train_batch_size=2, fsdp_version=2, nproc=2)
+    padded, packed = TrainConfig(**base), TrainConfig(**base, packing=True)
+    (b_pad,), (b_pack,) = micro_batches(padded, 1024), micro_batches(packed, 1024)
+    assert b_pad["input_ids"].shape == (2, 128) and b_pack["input_ids"].shape == (1, 256)
+    assert b_pack["position_ids"][0].tolist() == list(range(128)) * 2
+    settings = recipe_settings(packed)
+    assert settings["packing"] and settings["seq_len"] * settings["micro_batch"] == 256
+    assert not recipe_settings(TrainConfig(**base, packing=True, attn_implementation="flash_attention_2"))[
+        "packing"
+    ]
+    est = {p: estimate_memory(**recipe_settings(padded, packing=p)) for p in (False, True)}
+    extra, layers = masked_attention_bytes("tiny", 1, 256, 4), resolve_model_config("tiny").num_hidden_layers
+    diff_no_ac = est[True].activations_no_ac_bytes - est[False].activations_no_ac_bytes
+    diff_ac = est[True].activations_ac_bytes - est[False].activations_ac_bytes
+    assert diff_no_ac - diff_ac == (layers - 1) * extra > 0  # checkpointing keeps one layer's recompute only
+    traced = {p: dry_run(TrainConfig(**base, packing=p), world_size=2) for p in (False, True)}
+    assert traced[True].setup["packing"] and "packing" not in traced[False].setup
+    assert traced[True].peak_bytes - traced[False].peak_bytes == diff_no_ac  # traced extra == estimated extra

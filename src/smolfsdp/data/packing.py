@@ -131,6 +131,17 @@ def attention_seq_len(batch: dict[str, torch.Tensor]) -> float:
     return sum(n * n for n in lengths) / max(sum(lengths), 1)
 
 
+def flatten_full_rows(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A padded-shape batch of full rows (``input_ids``, ``labels``: ``(rows, seq_len)``, no padding) as the
+    padding-free collator hands it over: one row of ``rows x seq_len`` tokens, ``position_ids`` restarting at each
+    row, the label at each row start -100. The full-size dry run's packed micro-batch (every packed row full)."""
+    rows, seq_len = batch["input_ids"].shape
+    pos = torch.arange(seq_len).repeat(rows)[None]
+    labels = batch["labels"].reshape(1, -1).clone()
+    labels[pos == 0] = -100
+    return {"input_ids": batch["input_ids"].reshape(1, -1), "labels": labels, "position_ids": pos}
+
+
 def check_rows_apart(batch: dict[str, torch.Tensor]) -> None:
     """Raise ValueError for a micro-batch that holds several rows in one (``position_ids`` restart at 0 inside a
     row) and an ``attention_mask``: transformers then builds a plain causal mask and the rows attend to each other

@@ -23,6 +23,7 @@ from smolfsdp.estimate.adamw_step import ADAMW_IMPLS
 from smolfsdp.estimate.layout import sharded_state
 from smolfsdp.estimate.loss_path import LEGACY_HF_LOSS, LOSS_PATHS, logits_component_bytes, with_loss_path  # noqa: F401
 from smolfsdp.estimate.moments import peak_moments
+from smolfsdp.estimate.packed import with_packed_attention
 from smolfsdp.estimate.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.estimate.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
 from smolfsdp.estimate.record_stream import fsdp1_stream_held
@@ -189,7 +190,7 @@ def estimate_memory(
     legacy_hf_loss: bool = False,
     loss_path: str = "transformers",
     adamw: str = "foreach",
-    ac_mode: str = "full", ac_every: int | None = None,
+    ac_mode: str = "full", ac_every: int | None = None, packing: bool = False,
 ) -> MemoryEstimate:  # fmt: skip
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -209,7 +210,8 @@ def estimate_memory(
     :func:`_activations`; ``loss_path``: :data:`LOSS_PATHS`, the code computing the loss (``measure.loss_path``).
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants;
-    ``adamw``: its AdamW step (``adamw_step``: ``foreach`` adds a v-sized temporary, ``fused`` none).
+    ``adamw``: its AdamW step (``adamw_step``: ``foreach`` adds a v-sized temporary, ``fused`` none). ``packing``:
+    one flattened row of ``micro_batch x seq_len`` tokens on SDPA's masked path (``smolfsdp.estimate.packed``).
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
 
@@ -222,6 +224,7 @@ def estimate_memory(
     group = shard_group_size(strategy, world_size, gpus_per_node)
     st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch)
     act, _ = with_loss_path(act, loss_path, micro_batch * seq_len, config, rec.compute_bytes, legacy_hf_loss)
+    act = with_packed_attention(act, config, micro_batch, seq_len, rec.compute_bytes) if packing else act
     full, c = st["full_units"], rec.compute_bytes
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
     host = sum(static.values()) if offload else 0
