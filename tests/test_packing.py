@@ -9,7 +9,7 @@ import pytest
 import torch
 from _dist import run_distributed
 
-from smolfsdp.config import TrainConfig
+from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.data.packing import (
     attention_seq_len,
     build_collator,
@@ -25,12 +25,14 @@ from smolfsdp.estimate.packed import masked_attention_bytes
 from smolfsdp.estimate.params import resolve_model_config
 from smolfsdp.launch import runner
 from smolfsdp.models.modeling import build_model, load_tokenizer
+from smolfsdp.paths import repo_root
 from smolfsdp.train.batches import count_label_tokens
 from smolfsdp.train.steps import NO_CACHE, micro_batch_backward
 
 N_ROWS = 4
 MAX_LENGTH = 1024
 PADDED, PACKED = TrainConfig(), TrainConfig(packing=True)
+ROOT = repo_root()
 
 
 def _data(tok, n=N_ROWS):
@@ -162,19 +164,20 @@ def test_refusals(tok):
     "engine,packing,batch", [("native", True, 1), ("trl", True, 1), ("native", False, 4)]
 )
 def test_two_rank_run_reports_packed_rows_and_real_token_share(tmp_path, engine, packing, batch):
-    cfg = TrainConfig(
+    cfg = load_config(
+        ROOT / "configs/runs/smoke_packed.yaml",  # the packed smoke recipe, cut to one short epoch
         name=f"{engine}_{packing}",
         output_dir=str(tmp_path),
         engine=engine,
         packing=packing,
         max_rows=44,
-        max_length=MAX_LENGTH,
         eval_size=4,
         per_device_train_batch_size=batch,
         num_train_epochs=1,
         eval_steps=0,
         save_final_model=False,
     )
+    assert cfg.max_length == MAX_LENGTH
     s = runner.run(cfg, capture=True, timeout=600).summary
     data, m = s["data"], s["metrics"]
     assert data["train_tokens_real"] == m["tokens"] > 0
@@ -250,3 +253,13 @@ def test_estimator_and_dry_run_size_the_packed_row():
     traced = {p: dry_run(TrainConfig(**base, packing=p), world_size=2) for p in (False, True)}
     assert traced[True].setup["packing"] and "packing" not in traced[False].setup
     assert traced[True].peak_bytes - traced[False].peak_bytes == diff_no_ac  # traced extra == estimated extra
+
+
+def test_the_cli_line_says_packed_rows_and_the_share():
+    from smolfsdp.cli_output import format_data
+
+    data = {"rows_in": 180, "kept": 180, "train_rows": 162, "eval_rows": 18, "mapping": "medical_o1",
+            "packing": {"train": {"packed_rows": 41, "packing_fill": 0.9712}}, "real_token_share": 1.0}  # fmt: skip
+    line = format_data(data)
+    assert "162 train / 18 eval (train packed into 41 rows, 97.1% full)" in line
+    assert "100.0% of the tokens computed were real" in line

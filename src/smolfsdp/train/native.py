@@ -135,7 +135,7 @@ class NativeTrainer:
             f"{ev['fsdp_units']} FSDP units ({ev['parameter_type']}), {info.world_size} ranks; "
             f"{self.total_steps} steps of {self.samples_per_step} sequences"
         )
-        self.meter = None
+        self.meter, self.tokens_computed = None, 0  # input tokens computed by this launch's steps (all ranks)
         if cfg.benchmark_steps:  # per-step throughput and memory for bench.json
             self.meter = benchmark.StepMeter(cfg, info, self.model, self.total_params, self.trainable_params)
 
@@ -292,9 +292,9 @@ class NativeTrainer:
             **steps.eval_metrics([(step, loss) for step, loss in evals if loss is not None]),
             "train_runtime_s": round(train_time, 2),
             "tokens": tokens,
-            "tokens_computed": computed,
             "tokens_per_s": round(tokens / train_time, 1),
         }
+        self.tokens_computed = computed
         return self.summary(metrics, final_dir, adapter)
 
     def summary(self, metrics: dict[str, Any], final_dir: Path | None, adapter: dict | None) -> dict:
@@ -330,7 +330,7 @@ class NativeTrainer:
     def token_fields(self, metrics: dict[str, Any]) -> dict[str, Any]:
         """``data``'s real-token share over the steps this launch ran (``data.packing.token_share``); rank 0
         logs it."""
-        fields = token_share(self.cfg, metrics["tokens"], metrics["tokens_computed"])
+        fields = token_share(self.cfg, metrics["tokens"], self.tokens_computed)
         if self.info.is_main:
             log.info(token_share_line(fields))
         return fields
