@@ -160,16 +160,20 @@ def test_refusals(tok):
         pack_rows(ds, 100)
 
 
-@pytest.mark.parametrize(
-    "engine,packing,batch", [("native", True, 1), ("trl", True, 1), ("native", False, 4)]
-)
-def test_two_rank_run_reports_packed_rows_and_real_token_share(tmp_path, engine, packing, batch):
+#: (engine, collation, rows per micro-batch): packed on both engines, padding-free alone on TRL (whose SFTConfig
+#: needs max_length=None for it, data.packing.sft_collation_args), and padded for the share padding costs
+RUNS = [("native", "packed", 1), ("trl", "packed", 1), ("trl", "padding_free", 4), ("native", "padded", 4)]
+
+
+@pytest.mark.parametrize("engine,collation,batch", RUNS)
+def test_two_rank_run_reports_packed_rows_and_real_token_share(tmp_path, engine, collation, batch):
     cfg = load_config(
         ROOT / "configs/runs/smoke_packed.yaml",  # the packed smoke recipe, cut to one short epoch
-        name=f"{engine}_{packing}",
+        name=f"{engine}_{collation}",
         output_dir=str(tmp_path),
         engine=engine,
-        packing=packing,
+        packing=collation == "packed",
+        padding_free=collation == "padding_free",
         max_rows=44,
         eval_size=4,
         per_device_train_batch_size=batch,
@@ -180,19 +184,21 @@ def test_two_rank_run_reports_packed_rows_and_real_token_share(tmp_path, engine,
     assert cfg.max_length == MAX_LENGTH
     s = runner.run(cfg, capture=True, timeout=600).summary
     data, m = s["data"], s["metrics"]
-    assert data["train_tokens_real"] == m["tokens"] > 0
+    assert data["collation"] == collation and data["train_tokens_real"] == m["tokens"] > 0
     share = data["train_tokens_real"] / data["train_tokens_computed"]
     assert data["real_token_share"] == round(share, 4)
-    if packing:
+    if collation == "packed":
         train = data["packing"]["train"]
         assert train["rows"] == data["train_rows"] == train["rows_in_packed"]
         assert train["packed_rows"] < train["rows"] / 3
         assert m["steps"] == train["packed_rows"] // 2  # steps per epoch follow the packed rows (1 x 2 ranks)
-        assert data["collation"] == "packed" and data["real_token_share"] == 1.0  # no padding computed
+        assert data["real_token_share"] == 1.0  # no padding computed
         assert data["eval_rows"] == data["packing"]["eval"]["rows_in_packed"] == 4
+    elif collation == "padding_free":  # the same rows per step as padded, none of the padding
+        assert "packing" not in data and m["steps"] == data["train_rows"] // 8
+        assert data["real_token_share"] == 1.0
     else:  # 4 rows of 180-234 tokens per micro-batch, each padded to its longest
-        assert "packing" not in data and data["collation"] == "padded"
-        assert m["steps"] == data["train_rows"] // 8
+        assert "packing" not in data and m["steps"] == data["train_rows"] // 8
         assert 0.7 < data["real_token_share"] < 1.0
 
 
