@@ -90,7 +90,7 @@ def test_the_recipe_as_configured_traces_the_estimated_peak():
         settings_line(settings_from_setup(run["setup"])) == peak.settings_line
     )  # the same settings, in words
     assert traced_moment(run["peak_moment"]) == peak.moment == "loss"
-    assert round(run["peak_bytes"] / GIB, 2) == 25.94 and run["peak_bytes"] == pytest.approx(
+    assert round(run["peak_bytes"] / GIB, 2) == 25.95 and run["peak_bytes"] == pytest.approx(
         peak.bytes, rel=1e-3
     )
     table = compare_committed(run, ROOT).set_index("component")
@@ -176,7 +176,7 @@ def test_every_chapter_quotes_the_same_peak_for_the_same_settings():
     )
     one = recipe_peak(
         gradient_accumulation_steps=run["setup"]["gradient_accumulation_steps"], loss_path="transformers",
-        adamw="foreach",
+        adamw="foreach", packing=False,  # the grid's rows were traced unpacked, the recipe packs since (hA)
     )  # fmt: skip
     assert settings_line(settings_from_setup(run["setup"])) == one.settings_line  # the same words for both
     assert run["peak_bytes"] == pytest.approx(one.bytes, rel=5e-3)  # traced vs estimated, same settings

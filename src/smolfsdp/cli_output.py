@@ -83,6 +83,11 @@ def format_data(d: dict) -> str:
     )
     if "train_rows" in d:
         text += f", {d['train_rows']:,} train / {d.get('eval_rows', 0):,} eval"
+    if d.get("packing"):  # smolfsdp.data.packing: packed rows, and how full they are
+        t = d["packing"]["train"]
+        text += f" (train packed into {t['packed_rows']:,} rows, {t['packing_fill']:.1%} full)"
+    if d.get("real_token_share") is not None:
+        text += f", {d['real_token_share']:.1%} of the tokens computed were real"
     return text + (f", columns {d['mapping']}" if d.get("mapping") else "")
 
 

@@ -22,7 +22,25 @@ ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3
 
 
 def check_packing(cfg: Any) -> None:
-    """Raise ConfigError for packing / padding-free settings the fields alone rule out."""
+    """Raise ConfigError for packing / padding-free settings that would let a row attend to another.
+
+    A padding-free (or packed) micro-batch is one row whose rows are told apart only by ``position_ids`` that
+    restart at 0 (``smolfsdp.data.packing``). transformers keeps them apart in its mask for ``sdpa``, ``eager``
+    and ``flex_attention`` and through the varlen path for flash attention and hub kernels that export
+    ``flash_attn_varlen_func`` (``integrations/hub_kernels.py``: ``load_and_register_attn_kernel``). A hub kernel
+    named by its function (``org/name:function``) is registered with the flash attention mask, which is None for
+    a batch without padding: the function gets no mask and no promise that it reads ``cu_seq_lens``, so it is
+    refused here. (The other way rows meet, a KV cache, is ruled out in code: ``smolfsdp.train.steps.NO_CACHE``.)
+    """
+    name = cfg.attn_implementation
+    if (cfg.packing or cfg.padding_free) and name is not None and "/" in name and ":" in name:
+        what = "packing" if cfg.packing else "padding_free"
+        raise ConfigError(
+            f"{what}: true with attn_implementation={name!r}: transformers hands a kernel named by its function "
+            "no mask, so the rows of a padding-free batch could attend to each other; use 'sdpa', "
+            "'flash_attention_2' or the kernel repository without ':function', or set packing and padding_free "
+            "to false."
+        )
 
 
 #: Attention implementations whose kernels take only fp16/bf16 inputs: with ``mixed_precision: no`` the model

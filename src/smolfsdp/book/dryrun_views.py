@@ -173,7 +173,8 @@ def book_peak_lines(grid: dict) -> list[str]:
     # the estimate at the traced row's own settings, its loss and AdamW step included (the committed rows went
     # through transformers' loss and a foreach AdamW, the native engine's: settings_from_setup says which)
     traced = {
-        k: settings_from_setup(run["setup"])[k] for k in ("gradient_accumulation_steps", "loss_path", "adamw")
+        k: settings_from_setup(run["setup"])[k]
+        for k in ("gradient_accumulation_steps", "loss_path", "adamw", "packing")
     }
     one = recipe_peak(**traced)
     recipe, device = recipe_peak(), recipe_peak(include="device")

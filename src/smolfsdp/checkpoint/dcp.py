@@ -284,7 +284,7 @@ TRAJECTORY_FIELDS = (
     "lora_alpha", "lora_dropout", "lora_target_modules", "num_train_epochs", "max_steps",
     "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay",
     "warmup_ratio", "lr_scheduler_type", "max_grad_norm", "mixed_precision", "benchmark_steps",
-    "benchmark_warmup_steps",
+    "benchmark_warmup_steps", "packing",
 )  # fmt: skip
 
 

@@ -53,6 +53,7 @@ from smolfsdp.data.chat import (
 )
 from smolfsdp.data.columns import resolve_mapping, row_fields
 from smolfsdp.data.files import load_rows
+from smolfsdp.data.packing import pack_rows, packing_stats
 from smolfsdp.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,9 @@ class PreparedData:
     mapping: str
     counts: dict[str, int] = field(default_factory=dict)
     too_long: str = "drop"
+    #: with ``packing``: ``{"train": ..., "eval": ...}`` of ``smolfsdp.data.packing.packing_stats``; the splits
+    #: then hold packed rows (``seq_lengths`` column), and ``train_rows``/``eval_rows`` still count tokenised rows
+    packing: dict[str, Any] | None = None
 
     @property
     def n_rows(self) -> int:
@@ -89,23 +93,27 @@ class PreparedData:
     def n_truncated(self) -> int:
         return self.counts["truncated"]
 
+    def split_rows(self) -> dict[str, int]:
+        """The kept rows' train/eval split, in tokenised rows (before any packing)."""
+        if self.packing is not None:
+            return {
+                "train_rows": self.packing["train"]["rows"],
+                "eval_rows": self.packing.get("eval", {}).get("rows", 0),
+            }
+        return {"train_rows": len(self.train), "eval_rows": 0 if self.eval is None else len(self.eval)}
+
     def row_counts(self) -> dict[str, int]:
         """Every row accounted for, counts only: rows in, each outcome, the notes on kept rows
         (reasoning cut, truncated, duplicate questions), and the kept rows' train/eval split."""
-        return {
-            **{k: v for k, v in self.counts.items() if isinstance(v, int)},
-            "train_rows": len(self.train),
-            "eval_rows": 0 if self.eval is None else len(self.eval),
-        }
+        return {**{k: v for k, v in self.counts.items() if isinstance(v, int)}, **self.split_rows()}
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "mapping": self.mapping,
-            **self.counts,
-            "too_long": self.too_long,
-            "train_rows": len(self.train),
-            "eval_rows": 0 if self.eval is None else len(self.eval),
-        }
+        """The run's ``summary.json`` ``data``: the mapping, every row's fate, the split, and with ``packing`` each
+        split's packed rows (``smolfsdp.data.packing.packing_stats``)."""
+        out = {"mapping": self.mapping, **self.counts, "too_long": self.too_long, **self.split_rows()}
+        if self.packing is not None:
+            out["packing"] = self.packing
+        return out
 
 
 OUTCOMES = ("kept", "dropped_empty_question", "dropped_empty_answer", "dropped_too_long")
@@ -229,7 +237,29 @@ def prepare_data(cfg, tokenizer) -> PreparedData:
                 "distinct questions)."
             )
         data, eval_ds = data.select(train_idx), data.select(eval_idx)
-    return PreparedData(data, eval_ds, mname, counts, cfg.too_long)
+    prepared = PreparedData(data, eval_ds, mname, counts, cfg.too_long)
+    return pack_splits(prepared, cfg.max_length) if cfg.packing else prepared
+
+
+def pack_splits(prepared: PreparedData, max_length: int) -> PreparedData:
+    """Both splits packed by TRL's BFD into rows of at most ``max_length`` tokens (``smolfsdp.data.packing``), the
+    count of each split's packed rows recorded (rank 0 logs it). The eval split is packed too: its loss is the
+    token-weighted mean over the same label tokens either way (``smolfsdp.train.steps.evaluate``), and packed it
+    takes fewer forwards."""
+    splits = {"train": prepared.train, "eval": prepared.eval}
+    stats, packed = {}, {}
+    for name, ds in splits.items():
+        if ds is None:
+            continue
+        packed[name] = pack_rows(ds, max_length)
+        stats[name] = packing_stats(ds, packed[name], max_length)
+        s = stats[name]
+        log.info(
+            "data: %s split packed (TRL BFD): %d rows -> %d rows of at most %d tokens, %.1f%% full (%d real tokens)",
+            name, s["rows"], s["packed_rows"], max_length, 100 * s["packing_fill"], s["real_tokens"],
+        )  # fmt: skip
+    prepared.train, prepared.eval, prepared.packing = packed["train"], packed.get("eval"), stats
+    return prepared
 
 
 def encode_rows(

@@ -23,6 +23,7 @@ from smolfsdp.estimate.adamw_step import ADAMW_IMPLS
 from smolfsdp.estimate.layout import sharded_state
 from smolfsdp.estimate.loss_path import LEGACY_HF_LOSS, LOSS_PATHS, logits_component_bytes, with_loss_path  # noqa: F401
 from smolfsdp.estimate.moments import peak_moments
+from smolfsdp.estimate.packed import with_packed_attention
 from smolfsdp.estimate.params import LoraSpec, count_parameters, model_units, resolve_model_config
 from smolfsdp.estimate.recipes import GIB, RECIPES, STRATEGIES, Recipe, check_choice
 from smolfsdp.estimate.record_stream import fsdp1_stream_held
@@ -189,7 +190,7 @@ def estimate_memory(
     legacy_hf_loss: bool = False,
     loss_path: str = "transformers",
     adamw: str = "foreach",
-    ac_mode: str = "full", ac_every: int | None = None,
+    ac_mode: str = "full", ac_every: int | None = None, packing: bool = False,
 ) -> MemoryEstimate:  # fmt: skip
     """Per-rank bytes of training ``model`` (a name for ``resolve_model_config`` or a config).
 
@@ -209,7 +210,7 @@ def estimate_memory(
     :func:`_activations`; ``loss_path``: :data:`LOSS_PATHS`, the code computing the loss (``measure.loss_path``).
     ``gradient_accumulation_steps`` > 1: the last micro-batch's backward starts with every gradient shard held.
     ``peak_bytes``: the fullest moment of a step (``moments``), held to the full-size dry run, plus constants;
-    ``adamw``: its AdamW step (``adamw_step``: ``foreach`` adds a v-sized temporary, ``fused`` none).
+    ``adamw``: its AdamW step (``adamw_step``: ``foreach`` adds a v-sized temporary, ``fused`` none). ``packing``: :func:`_state`.
     On the device every loading peaks at the largest FSDP unit held in full (the root or a layer): FSDP
     moves one unit at a time to the device and shards it there; the whole model never sits on one GPU.
 
@@ -220,7 +221,7 @@ def estimate_memory(
     config = _check_seq_len(resolve_model_config(model), seq_len)
     spec = LoraSpec() if lora is True else (lora or None)
     group = shard_group_size(strategy, world_size, gpus_per_node)
-    st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch)
+    st, act, units = _state(config, rec, group, rank, fsdp_version, spec, lora_layout, seq_len, micro_batch, packing)  # fmt: skip
     act, _ = with_loss_path(act, loss_path, micro_batch * seq_len, config, rec.compute_bytes, legacy_hf_loss)
     full, c = st["full_units"], rec.compute_bytes
     static = {k: st[k] for k in ("params", "grads", "master", "optimizer")}
@@ -286,17 +287,15 @@ def _with_moments(est: MemoryEstimate, config, steps: int, spec) -> MemoryEstima
     return est
 
 
-def _state(
-    config, rec: Recipe, group: int, rank: int, fsdp_version: int, spec, lora_layout: str, seq_len, mb
-):
+def _state(config, rec: Recipe, group: int, rank: int, fsdp_version: int, spec, lora_layout: str, seq_len, mb, packing):  # fmt: skip
     """(``sharded_state``, ``activation_breakdown``, adapters as own units) for ``lora_layout`` (ConfigError
-    for an unknown one)."""
+    for an unknown one). ``packing``: one flattened row on SDPA's masked path (``smolfsdp.estimate.packed``)."""
     check_choice(lora_layout, LORA_LAYOUTS, "lora_layout")
     units = fsdp_version == 1 and lora_layout == "adapter-units"
     st = sharded_state(config, rec, group, rank % group, fsdp_version, spec, adapter_units=units)
     base_grads = fsdp_version == 1 and not units
     act = activation_breakdown(config, mb * seq_len, seq_len, rec.compute_bytes, spec, base_grads=base_grads)
-    return st, act, units
+    return st, with_packed_attention(act, config, mb, seq_len, rec.compute_bytes) if packing else act, units
 
 
 def _check_inputs(strategy, recipe, loading, world_size, fsdp_version, micro_batch, seq_len, rank) -> Recipe:

@@ -22,6 +22,7 @@ from smolfsdp.config import TrainConfig, load_config
 from smolfsdp.estimate.adamw_step import ADAMW_WORDS, engine_optimizer, traced_adamw
 from smolfsdp.estimate.loss_path import engine_loss_path
 from smolfsdp.estimate.memory import MemoryEstimate, estimate_memory
+from smolfsdp.estimate.packed import MASKED_PATH
 from smolfsdp.estimate.params import LoraSpec
 from smolfsdp.paths import recipe
 
@@ -73,7 +74,7 @@ def recipe_settings(cfg: TrainConfig | str = BOOK_RECIPE, **overrides) -> dict:
         micro_batch=cfg.per_device_train_batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         activation_checkpointing=cfg.activation_checkpointing, fsdp_version=cfg.fsdp_version,
         offload=cfg.cpu_offload, lora=lora, loss_path=engine_loss_path(cfg.engine), adamw=engine_optimizer(cfg.engine),
-        ac_mode=cfg.ac_mode, ac_every=cfg.ac_every,
+        ac_mode=cfg.ac_mode, ac_every=cfg.ac_every, packing=cfg.packing and cfg.attn_implementation in MASKED_PATH,
         lora_layout=cfg.lora_layout if cfg.lora and cfg.fsdp_version == 1 else "in-unit",
     )  # fmt: skip
     unknown = set(overrides) - set(settings)
@@ -91,7 +92,7 @@ def settings_from_setup(setup: dict) -> dict:
         gradient_accumulation_steps=setup["gradient_accumulation_steps"],
         activation_checkpointing=setup["activation_checkpointing"], lora=setup["lora"],
         offload=setup.get("cpu_offload", False), loss_path=setup.get("loss_path", "transformers"),
-        adamw=traced_adamw(setup),
+        adamw=traced_adamw(setup), packing=setup.get("packing", False),
     )  # fmt: skip
 
 
@@ -102,7 +103,8 @@ def settings_line(settings: dict, include: str = "tensors") -> str:
     s = settings
     parts = [
         f"FSDP{s['fsdp_version']} {s['strategy']} x {s['world_size']}",
-        f"micro-batch {s['micro_batch']} x {s['seq_len']:,} tokens",
+        f"micro-batch {s['micro_batch']} x {s['seq_len']:,} tokens"
+        + (" packed into one row" if s.get("packing") else ""),
         f"gradient accumulation {s['gradient_accumulation_steps']}",
         f"activation checkpointing {'on' if s['activation_checkpointing'] else 'off'}",
         "LoRA" if s.get("lora") else "full fine-tune",

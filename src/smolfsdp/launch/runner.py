@@ -77,7 +77,8 @@ def preflight(cfg: TrainConfig, progress: Callable[[str], None] | None = None) -
     per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     if len(data.train) < per_step:
         raise ConfigError(
-            f"{len(data.train)} training rows cannot fill one optimizer step of {cfg.nproc} processes x "
+            f"{len(data.train)} {'packed ' if cfg.packing else ''}training rows cannot fill one optimizer step of "
+            f"{cfg.nproc} processes x "
             f"{cfg.per_device_train_batch_size} rows x {cfg.gradient_accumulation_steps} accumulation steps = "
             f"{per_step} rows. Add rows, or lower per_device_train_batch_size, nproc or eval_size."
             + too_long_hint(data.counts, cfg)

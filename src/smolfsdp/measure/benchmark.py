@@ -11,12 +11,13 @@ What is counted, per optimizer step (all ranks together):
 
 * ``step_time_ms``: wall time of one optimizer step on rank 0 (data, forward, backward, clip,
   optimizer), after ``torch.cuda.synchronize`` on GPU (the CPU has no asynchronous queue to wait on).
-* ``tokens``: non-padding input tokens (``attention_mask`` ones) of the global batch; prompt and
+* ``tokens``: non-padding input tokens (``attention_mask`` ones; padding-free: all) of the global batch; prompt and
   answer tokens both count, padding does not. ``tokens_per_s = tokens / step_time``.
 * model FLOPs per token, PaLM appendix B (Chowdhery et al. 2022, "PaLM: Scaling Language Modeling
   with Pathways", arXiv:2204.02311): ``6 N + 12 L H Q T`` with N the parameters that take part in a
   matmul (SmolLM3 ties ``lm_head`` to ``embed_tokens``: the matrix counts once, as ``lm_head``), L
-  layers, H attention heads, Q head dimension, T the (padded) sequence length of the batch.
+  layers, H attention heads, Q head dimension, T the (padded) sequence length of the batch (padding-free:
+  the token-weighted mean row length, ``smolfsdp.data.packing.attention_seq_len``).
   LoRA: frozen weights get no weight gradient, so N splits into ``4 N_frozen + 6 N_trainable``
   (forward 2N, input gradients 2N for all weights, weight gradients 2N for trainable ones only).
 * ``tflops``: model FLOPs per second per rank; ``mfu = tflops / peak`` with the bf16 dense peak of
@@ -40,13 +41,17 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from smolfsdp.data.packing import attention_seq_len
 from smolfsdp.estimate.flops import flops_per_token
 from smolfsdp.estimate.hardware import gpu_from_device_name
 from smolfsdp.sharding.distributed import all_gather_object
 from smolfsdp.sharding.shards import storage_bytes
 
 BENCH_FILE = "bench.json"
-TOKENS_COUNTED = "non-padding input tokens (attention_mask == 1) of the global batch, prompt and answer"
+TOKENS_COUNTED = (
+    "non-padding input tokens (attention_mask == 1; every token of a padding-free batch) of the global batch, "
+    "prompt and answer"
+)
 
 
 def model_geometry(model: torch.nn.Module) -> dict[str, int]:
@@ -184,7 +189,7 @@ class StepMeter:
         self._tensor_bytes = storage_bytes(tensors)
 
     def metrics(self, step: int, step_ms: float, tokens: int, samples: int, micro) -> dict[str, Any]:
-        seq = statistics.fmean(int(b["input_ids"].shape[1]) for b in micro)
+        seq = statistics.fmean(attention_seq_len(b) for b in micro)  # padding-free: each row's own length
         fpt = flops_per_token(self.n_params, seq_len=seq, trainable_params=self.trainable, **self.geometry)
         row: dict[str, Any] = {
             "warmup": step <= self.cfg.benchmark_warmup_steps,

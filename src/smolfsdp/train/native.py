@@ -26,10 +26,16 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_scheduler
-from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import TrainConfig
+from smolfsdp.data.packing import (
+    build_collator,
+    count_computed_tokens,
+    count_real_tokens,
+    token_share,
+    token_share_line,
+)
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.measure import benchmark
 from smolfsdp.models.modeling import build_model, count_parameters, load_tokenizer, resolve_wrap_class
@@ -113,8 +119,9 @@ class NativeTrainer:
         self.compiled_layers = apply_torch_compile(self.model, cfg, wrap_cls)
         # The optimizer sees the sharded parameters: created only now, after wrapping.
         self.optimizer = make_optimizer(self.model, cfg)
-        # TRL's collator, the one SFTTrainer uses: right padding, labels padded with -100, attention mask
-        self.collator = DataCollatorForLanguageModeling(pad_token_id=self.tokenizer.pad_token_id)
+        # TRL's collator, the one SFTTrainer builds: padded (right padding, labels -100, attention mask), or with
+        # packing / padding_free one flattened row per micro-batch with position ids per row (data.packing)
+        self.collator = build_collator(self.tokenizer.pad_token_id, cfg)
         loader, sampler = build_loader(self.data.train, self.collator, cfg, info)
         self.steps_per_epoch, self.total_steps = count_steps(len(loader), len(self.data.train), cfg, info)
         self.scheduler = make_scheduler(self.optimizer, cfg, self.total_steps)
@@ -137,7 +144,7 @@ class NativeTrainer:
             f"{ev['fsdp_units']} FSDP units ({ev['parameter_type']}), {info.world_size} ranks; "
             f"{self.total_steps} steps of {self.samples_per_step} sequences"
         )
-        self.meter = None
+        self.meter, self.tokens_computed = None, 0  # input tokens computed by this launch's steps (all ranks)
         if cfg.benchmark_steps:  # per-step throughput and memory for bench.json
             self.meter = benchmark.StepMeter(cfg, info, self.model, self.total_params, self.trainable_params)
 
@@ -180,8 +187,9 @@ class NativeTrainer:
         """The step's ``metrics.jsonl`` record: loss and non-padding input tokens over all ranks (one small
         all-reduce, after the step is timed), and in benchmark mode the meter's throughput and memory."""
         info = self.info
-        tokens = sum(int(b["attention_mask"].sum()) for b in micro)
-        stats = torch.tensor([loss, tokens], device=info.device, dtype=torch.float64)
+        tokens = sum(count_real_tokens(b) for b in micro)
+        computed = sum(count_computed_tokens(b) for b in micro)
+        stats = torch.tensor([loss, tokens, computed], device=info.device, dtype=torch.float64)
         dist.all_reduce(stats)
         record = {
             "split": "train",
@@ -192,6 +200,7 @@ class NativeTrainer:
             "grad_norm": grad_norm,
             "step_time_ms": step_ms,
             "tokens": int(stats[1]),
+            "tokens_computed": int(stats[2]),
             "label_tokens": n_items,
             "samples": self.samples_per_step,
         }
@@ -248,7 +257,7 @@ class NativeTrainer:
                 benchmark.PROFILING_LINE, cfg.profile_wait, cfg.profile_warmup, cfg.profile_active, run_dir
             )
         evals = [(self.start_step, self.evaluate(self.start_step))] if cfg.eval_on_start else []
-        train_losses, tokens, t_train = [], 0, time.perf_counter()
+        train_losses, tokens, computed, t_train = [], 0, 0, time.perf_counter()
         last_step = min(self.total_steps, cfg.stop_at_step or self.total_steps)
         bar = tqdm(
             total=self.total_steps,
@@ -260,7 +269,7 @@ class NativeTrainer:
         for step in range(self.start_step + 1, last_step + 1):
             record = self.train_step(step)
             train_losses.append(record["loss"])
-            tokens += record["tokens"]
+            tokens, computed = tokens + record["tokens"], computed + record["tokens_computed"]
             if prof is not None:
                 prof.step()
             if step % cfg.logging_steps == 0 or step == self.total_steps:
@@ -294,6 +303,7 @@ class NativeTrainer:
             "tokens": tokens,
             "tokens_per_s": round(tokens / train_time, 1),
         }
+        self.tokens_computed = computed
         return self.summary(metrics, final_dir, adapter)
 
     def summary(self, metrics: dict[str, Any], final_dir: Path | None, adapter: dict | None) -> dict:
@@ -321,11 +331,19 @@ class NativeTrainer:
             },
             "memory_per_rank": all_gather_object(held_bytes(self.model, self.optimizer)),
             "run_options": run_options_record(cfg, self.model, self.compiled_layers),
-            "data": self.data.stats(),
+            "data": {**self.data.stats(), **self.token_fields(metrics)},
             "metrics": metrics,
             "final_model": str(final_dir) if final_dir and not cfg.lora else None,
             "adapter": adapter,
         }
+
+    def token_fields(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """``data``'s real-token share over the steps this launch ran (``data.packing.token_share``); rank 0
+        logs it."""
+        fields = token_share(self.cfg, metrics["tokens"], self.tokens_computed)
+        if self.info.is_main:
+            log.info(token_share_line(fields))
+        return fields
 
 
 def run_native(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:

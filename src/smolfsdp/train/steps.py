@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from smolfsdp.data.chat import IGNORE_INDEX
+from smolfsdp.data.packing import check_rows_apart
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.train.batches import count_label_tokens
 
@@ -24,7 +25,14 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "labels", "position_ids")
 
 
 def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    """The batch on ``device``; non-tensor entries (the padding-free collator's ``max_length_q``) as they are."""
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+#: Every training and eval forward runs without a KV cache. SmolLM3's config keeps ``use_cache=True``; with a
+#: cache, transformers' ``create_causal_mask`` skips its packed-sequence check, so the rows of a padding-free
+#: batch would attend to each other (``smolfsdp.data.packing``). TRL's ``compute_loss`` passes the same.
+NO_CACHE = {"use_cache": False}
 
 
 def forward_backward(
@@ -43,6 +51,8 @@ def forward_backward(
     with ``reduce_loss=False`` the loss is this rank's share (sum it over ranks to get the mean),
     so the training loop can fold that all-reduce into its per-step one.
     """
+    for batch in micro_batches:
+        check_rows_apart(batch)  # a packed row with an attention mask would attend across its rows
     local_items = torch.tensor([sum(count_label_tokens(b) for b in micro_batches)], device=device)
     dist.all_reduce(local_items)
     n_items = int(local_items.item())
@@ -66,7 +76,8 @@ def micro_batch_backward(
     label tokens (see :func:`forward_backward`); returns the detached fp32 loss (a 0-d tensor, no sync).
     The full-size dry run (``smolfsdp.audit.dryrun``) calls this on fake tensors, for a TRL-engine recipe with
     ``fused_lm_head=True`` (``forward_kwargs`` go to the model's forward)."""
-    out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1), **forward_kwargs)
+    kwargs = {**NO_CACHE, **forward_kwargs}
+    out = model(**_to(batch, device), num_items_in_batch=max(n_items, 1), **kwargs)
     (out.loss * world_size).backward()
     return out.loss.detach().float()
 
@@ -125,7 +136,7 @@ def evaluate(model: nn.Module, eval_ds, collator, batch_size: int, info: DistInf
             batch["labels"] = torch.full_like(batch["labels"], IGNORE_INDEX)
         batch = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
         n = count_label_tokens(batch)
-        out = model(**_to(batch, info.device), num_items_in_batch=1)  # loss = summed token loss
+        out = model(**_to(batch, info.device), num_items_in_batch=1, **NO_CACHE)  # loss = summed token loss
         sums += torch.tensor(
             [out.loss.double().item() if n else 0.0, n], device=info.device, dtype=torch.float64
         )

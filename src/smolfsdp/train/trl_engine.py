@@ -26,6 +26,7 @@ from trl import SFTConfig
 
 from smolfsdp.checkpoint import dcp as checkpoint
 from smolfsdp.config import TrainConfig
+from smolfsdp.data.packing import sft_collation_args
 from smolfsdp.data.prepare import prepare_data
 from smolfsdp.estimate.adamw_step import built_adamw
 from smolfsdp.measure import benchmark
@@ -171,7 +172,6 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str,
         save_strategy="steps" if cfg.save_steps > 0 else "no",
         save_steps=cfg.save_steps if cfg.save_steps > 0 else 500,
         report_to="none",
-        max_length=cfg.max_length,
         # TRL defaults bf16=True and gradient_checkpointing=True; neither works or is wanted on CPU,
         # and transformers warns HF gradient checkpointing under FSDP adds an all-gather (FSDP's own is used).
         bf16=cfg.mixed_precision == "bf16" and not on_cpu,
@@ -185,7 +185,7 @@ def trl_args(cfg: TrainConfig, info: DistInfo, output_dir: str, wrap_class: str,
         fsdp_config=trainer_fsdp_config(cfg, wrap_class, on_cpu=on_cpu) if multi else None,
         dataset_kwargs={"skip_prepare_dataset": True},  # smolfsdp.data.prepare already tokenised with labels
         remove_unused_columns=False,
-        include_num_input_tokens_seen="non_padding",
+        **sft_collation_args(cfg),  # padded, padding-free or packed (data.packing): max_length, packing, ...
         disable_tqdm=not info.is_main,
         dataloader_drop_last=True,
         **trl_speedup_args(cfg),  # torch_compile, use_liger_kernel (smolfsdp.train.speedups)
@@ -381,7 +381,7 @@ def run_trl(cfg: TrainConfig, info: DistInfo, writer) -> dict[str, Any]:
             "fraction_per_rank": [round(n / total_params, 4) for n in local],
         },
         "optimizer": {"optim": args.optim.value, "adamw": built_adamw(trainer.optimizer)},
-        "data": data.stats(),
+        "data": {**data.stats(), **trainer.token_fields()},  # a collective: every rank
         "run_options": run_options_record(cfg, model, wrapped=trainer.model_wrapped),
         "metrics": {
             "steps": out.global_step,

@@ -23,6 +23,7 @@ Two things the stock Trainer does not do the way this book needs:
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,13 @@ from transformers import TrainerCallback
 from trl import SFTTrainer
 
 from smolfsdp.checkpoint import dcp as checkpoint
+from smolfsdp.data.packing import count_computed_tokens, count_real_tokens, token_share, token_share_line
 from smolfsdp.measure.benchmark import StepMeter
 from smolfsdp.sharding.distributed import DistInfo
 from smolfsdp.train import steps
 
 SCHEDULER_FILE = "scheduler.json"
+log = logging.getLogger(__name__)
 
 
 def _inner_optimizer(optimizer):
@@ -66,6 +69,7 @@ class SmolSFTTrainer(SFTTrainer):
         self.smol_run_dir = Path(run_dir) if run_dir is not None else Path(self.args.output_dir)
         self.last_batch: list[dict[str, torch.Tensor]] = []  # the step's micro-batches (benchmark)
         self.fetch_s = 0.0  # time the step's get_batch_samples took
+        self.tokens_real = self.tokens_computed = 0  # this rank's, this launch's training micro-batches
 
     def get_eval_dataloader(self, eval_dataset=None):
         """Every eval row, as the native engine evaluates them. ``dataloader_drop_last`` (set for training's
@@ -102,6 +106,19 @@ class SmolSFTTrainer(SFTTrainer):
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+    def token_fields(self) -> dict[str, Any]:
+        """``data``'s real-token share over this launch's training micro-batches, all ranks
+        (``data.packing.token_share``; an all-reduce: call on every rank); rank 0 logs it."""
+        counts = torch.tensor(
+            [self.tokens_real, self.tokens_computed], dtype=torch.int64, device=self.args.device
+        )
+        if dist.is_initialized():
+            dist.all_reduce(counts)
+        fields = token_share(self.smol_cfg, int(counts[0]), int(counts[1]))
+        if self.args.should_save:
+            log.info(token_share_line(fields))
+        return fields
 
     # ------------------------------------------------------------------ checkpoints
     def _save_checkpoint(self, model, trial) -> None:
@@ -156,6 +173,9 @@ class SmolSFTTrainer(SFTTrainer):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
         self.fetch_s = time.perf_counter() - t0
         self.last_batch = batches
+        # this rank's real and computed input tokens (smolfsdp.data.packing), summed over ranks at the end
+        self.tokens_real += sum(count_real_tokens(b) for b in batches)
+        self.tokens_computed += sum(count_computed_tokens(b) for b in batches)
         return batches, num_items
 
 
@@ -208,8 +228,11 @@ class BenchmarkCallback(TrainerCallback):
             torch.cuda.synchronize(self.info.device)
         step_ms = (time.perf_counter() - self._t0 - self._scan_s + self.trainer.fetch_s) * 1e3
         micro = self.trainer.last_batch
+        rows = self.trainer.args.per_device_train_batch_size * len(
+            micro
+        )  # rows the loader gave (packed rows)
         counts = torch.tensor(
-            [sum(int(b["attention_mask"].sum()) for b in micro), sum(len(b["input_ids"]) for b in micro)],
+            [sum(count_real_tokens(b) for b in micro), rows],
             dtype=torch.int64,
             device=self.info.device,
         )

@@ -50,6 +50,7 @@ from smolfsdp.audit.dryrun.tracker import (
     untracked_sharding_propagation,
 )
 from smolfsdp.config import TrainConfig
+from smolfsdp.data.packing import flatten_full_rows
 from smolfsdp.estimate.adamw_step import ADAMW_IMPLS, OPTIMIZER_TEXT, engine_optimizer
 from smolfsdp.estimate.flops import flops_per_token
 from smolfsdp.estimate.loss_path import engine_loss_path
@@ -162,7 +163,8 @@ def micro_batches(cfg: TrainConfig, vocab_size: int) -> list[dict[str, torch.Ten
     # No attention_mask: rows are full length, and for a mask of ones transformers' SDPA path passes no mask
     # (is_causal) on real tensors; under fake tensors it cannot see the ones and would build a 4-D mask,
     # which the CPU attention kernel copies to fp32 for every layer (1.1 GiB saved for SmolLM3-3B at 2 x 2048).
-    return [{"input_ids": ids, "labels": ids.clone()} for _ in range(cfg.gradient_accumulation_steps)]
+    rows = [{"input_ids": ids, "labels": ids.clone()} for _ in range(cfg.gradient_accumulation_steps)]
+    return [flatten_full_rows(b) for b in rows] if cfg.packing else rows  # packed: one row, positions per row
 
 
 @contextmanager
@@ -384,12 +386,12 @@ def _setup(
         trainable=trainable,
         tracker=tracker_cls.__mro__[2].__name__,
         wrap=evidence,
-        loss_path=engine_loss_path(
-            cfg.engine
-        ),  # smolfsdp.estimate.loss_path: the code that computes the loss
+        loss_path=engine_loss_path(cfg.engine),  # smolfsdp.estimate.loss_path: the code computing the loss
     )
     if cfg.lora and cfg.fsdp_version == 1:  # where the adapters sit (smolfsdp.lora_options)
         out["lora_layout"] = cfg.lora_layout
+    if cfg.packing:  # one flattened row per micro-batch on SDPA's masked path (smolfsdp.estimate.packed)
+        out["packing"] = True
     if cfg.engine == "trl":
         out["trainer_path"] = "modelled: " + TRAINER_FSDP1_ARGS
     if loop is not None:  # another project's loop stepped the model: its loss
