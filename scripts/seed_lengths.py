@@ -25,14 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from smolfsdp.book.throughput_views import bundled_chars_per_token
-    from smolfsdp.estimate.seed_lengths import SEED_LENGTHS_PATH, derive_seed_lengths
+    from smolfsdp.estimate.seed_lengths import SEED_LENGTHS_PATH, derive_seed_lengths, sample_lengths
+    from smolfsdp.estimate.token_share import packed_share
 
     bundled = bundled_chars_per_token()
     bundled["use"] = (
         "recorded, not used: the bundled tokenizer is a 1,024-token BPE built for the smoke runs, not SmolLM3's "
         "128,256-token one, so its characters per token would overstate the seed rows' token counts"
     )
-    text = json.dumps(derive_seed_lengths(bundled), indent=1) + "\n"
+    first = derive_seed_lengths(bundled)  # the rows and scenarios, then TRL's BFD over them
+    fill = {
+        str(n): packed_share(sample_lengths(first["scenarios"]["central"], first["rows"], n), n)
+        for n in (2048, 4096)
+    }
+    text = json.dumps(derive_seed_lengths(bundled, fill), indent=1) + "\n"
     if args.print:
         print(text, end="")
         return 0

@@ -70,19 +70,22 @@ def test_full_profile_budget_rows(budgets):
     real = h100.loc["the real run: 1 epoch (TRL, FSDP1)"]
     cfg = load_config(recipe("smollm3_3b_medical"))
     rows = cfg.max_rows - cfg.eval_size  # 19,800 training rows, 32 per optimizer step
-    assert real["optimizer steps"] == -(-rows // 32) == 619
-    assert real["tokens (upper bound)"] == 619 * 32 * 2048
-    # the one time model: the step time `smolfsdp memory --config` prints, at the calibrated MFU (no flat 35 %)
-    plan = plan_time(cfg, "H100 SXM", 2)
-    assert real["train s"] == pytest.approx(619 * plan.step_s) and real["MFU"] == plan.mfu
+    # the one time model: the steps and step time `smolfsdp memory --config` prints, at the calibrated MFU
+    plan = plan_time(
+        cfg, "H100 SXM", 2
+    )  # the recipe packs: fewer steps than a step per 32 of its 19,800 rows
+    steps = plan.steps_per_epoch
+    assert real["optimizer steps"] == steps < -(-rows // 32) == 619
+    assert real["tokens (upper bound)"] == steps * 32 * 2048
+    assert real["train s"] == pytest.approx(steps * plan.step_s) and real["MFU"] == plan.mfu
     assert real["train s"] == pytest.approx(plan.epoch_s)
     # evaluation: forward only (a third of the FLOPs per token) at the same MFU
-    evals = 619 // cfg.eval_steps + 1
+    evals = steps // cfg.eval_steps + 1
     expected = flops.training_time_s(
         evals * cfg.eval_size * 2048, real["model FLOPs per token"] / 3, 989, 2, plan.mfu
     )
     assert real["eval s"] == pytest.approx(expected)
-    assert real["checkpoints"] == 619 // cfg.save_steps == 3
+    assert real["checkpoints"] == steps // cfg.save_steps == 3
     lora, twin = h100.loc["LoRA (FSDP2)"], h100.loc["full fine-tune twin (FSDP2)"]
     assert lora["optimizer steps"] == twin["optimizer steps"] == full_budget.CH04_FULL_MAX_STEPS
     assert lora["model FLOPs per token"] < twin["model FLOPs per token"]  # frozen weights: no weight gradient

@@ -18,7 +18,9 @@ from smolfsdp.config import load_config
 from smolfsdp.errors import ConfigError
 from smolfsdp.estimate.calibration import run_mfu
 from smolfsdp.estimate.scaling import estimate_step
-from smolfsdp.estimate.time_model import duration, epoch_rows, plan_time
+from smolfsdp.estimate.seed_lengths import packed_fill, seed_like_lengths
+from smolfsdp.estimate.time_model import data_tokens, duration, epoch_rows, plan_time
+from smolfsdp.estimate.token_share import padded_share
 from smolfsdp.paths import recipe
 
 BOOK = "configs/runs/smollm3_3b_medical.yaml"
@@ -58,11 +60,13 @@ def test_cli_json_carries_the_plan(capsys):
     assert out["step_s"] == pytest.approx(plan.step_s) and out["epoch_h"] == pytest.approx(
         plan.epoch_s / 3600
     )
-    assert out["steps_per_epoch"] == 619 and out["epoch_rows"] == 19_800 and out["rows_per_step"] == 32
+    data = data_tokens(load_config(recipe("smollm3_3b_medical")))  # the recipe packs the seed's rows
+    packed = math.ceil(19_800 * data.mean_row_tokens / (data.share * 32_768 * 2))
+    assert (
+        out["steps_per_epoch"] == packed == 337 and out["epoch_rows"] == 19_800 and out["rows_per_step"] == 32
+    )
     assert out["mfu"] == plan.mfu and out["mfu_source"] == plan.mfu_source
-    assert out["tokens_per_s_per_gpu"] == pytest.approx(
-        32_768 / plan.step_s
-    )  # share 1.0: all computed tokens
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(data.share * 32_768 / plan.step_s)
 
 
 def test_options_given_over_the_recipe_reach_the_time(capsys):
@@ -72,7 +76,10 @@ def test_options_given_over_the_recipe_reach_the_time(capsys):
     cfg = load_config(recipe("smollm3_3b_medical"), nproc=4, per_device_train_batch_size=4)
     assert out["n_gpus"] == 4 and out["rows_per_step"] == 4 * 4 * 8
     assert out["step_s"] == pytest.approx(plan_time(cfg, "H100 SXM").step_s)
-    assert out["steps_per_epoch"] == math.ceil(19_800 / 128) == 155
+    data = data_tokens(cfg)
+    assert out["steps_per_epoch"] == math.ceil(
+        19_800 * data.mean_row_tokens / (data.share * 4 * 2048 * 8 * 4)
+    )
 
 
 def test_without_a_recipe_or_a_peak_the_time_says_why(capsys):
@@ -85,7 +92,7 @@ def test_without_a_recipe_or_a_peak_the_time_says_why(capsys):
 
 def test_plan_is_estimate_step_at_the_calibrated_mfu():
     cfg = load_config(recipe("smollm3_3b_medical"))
-    plan = plan_time(cfg, "H100 SXM")
+    plan = plan_time(cfg, "H100 SXM", token_share=1.0)  # every row a whole max_length slot
     mfu = run_mfu("H100 SXM", "smollm3-3b", seq_len=2048, ac_mode="full")
     assert (plan.mfu, plan.mfu_source) == (mfu["mfu"], mfu["text"]) and "H100 SXM" in plan.mfu_source
     assert "activation checkpointing full" in plan.mfu_source  # the recompute taken off the HFU, stated
@@ -94,14 +101,14 @@ def test_plan_is_estimate_step_at_the_calibrated_mfu():
     assert plan.step_s == pytest.approx(step["step_s"]) and plan.computed_tokens_per_step == 2 * 2048 * 8
     assert plan.epoch_s == pytest.approx(619 * plan.step_s) and plan.run_steps == 619
     # without checkpointing: nothing recomputed, MFU = the HFU, a shorter step
-    off = plan_time(cfg.replace(activation_checkpointing=False), "H100 SXM")
+    off = plan_time(cfg.replace(activation_checkpointing=False), "H100 SXM", token_share=1.0)
     assert off.mfu == run_mfu("H100 SXM", "smollm3-3b", seq_len=2048, ac_mode=None)["mfu"] > plan.mfu
     assert off.step_s < plan.step_s
 
 
 def test_token_share_and_packing_set_tokens_and_steps():
     cfg = load_config(recipe("smollm3_3b_medical"))
-    full = plan_time(cfg, "H100 SXM")
+    full = plan_time(cfg, "H100 SXM", token_share=1.0)
     padded = plan_time(cfg, "H100 SXM", token_share=0.8)  # one row per slot, 80 % of it real
     assert padded.step_s == full.step_s and padded.steps_per_epoch == full.steps_per_epoch == 619
     assert padded.tokens_per_s_per_gpu == pytest.approx(0.8 * full.tokens_per_s_per_gpu)
@@ -145,3 +152,22 @@ def test_memory_command_builds_no_model_and_loads_no_modeling_code():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "none"
+
+
+def test_the_seeds_rows_set_the_share_the_step_and_the_epoch():
+    """For the seed's data set the plan batches the seed-like rows as the run does: packed rows fill TRL's BFD
+    share of each max_length slot; unpacked, each slot is the mean row padded to its micro-batch's longest."""
+    cfg = load_config(recipe("smollm3_3b_medical"))
+    lengths = seed_like_lengths(2048)
+    mean = sum(lengths) / len(lengths)
+    packed = plan_time(cfg, "H100 SXM")
+    assert packed.token_share == packed_fill(2048) and "TRL's BFD" in packed.token_text
+    assert packed.computed_tokens_per_step == 2 * 2048 * 8
+    assert packed.steps_per_epoch == math.ceil(19_800 * mean / (packed_fill(2048) * 32_768 * 2))
+    unpacked = plan_time(cfg.replace(packing=False), "H100 SXM")
+    share = padded_share(lengths, 2, cfg.seed)
+    assert unpacked.token_share == share and unpacked.steps_per_epoch == 619  # a row per slot, 32 per step
+    assert unpacked.computed_tokens_per_step == 2 * round(mean / share) * 8
+    assert unpacked.step_s < packed.step_s  # padded rows are shorter than a packed 2,048-token row
+    other = plan_time(cfg.replace(dataset="bundled", packing=False), "H100 SXM")
+    assert other.token_share == 1.0 and "every row fills max_length" in other.token_text

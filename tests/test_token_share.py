@@ -78,14 +78,15 @@ def test_steps_per_epoch_is_the_budgets_rule():
     cfg = load_config(recipe("smollm3_3b_medical"))
     rows = cfg.max_rows - cfg.eval_size
     batch = dict(n_gpus=2, micro_batch=2, gradient_accumulation_steps=8)
-    assert steps_per_epoch(rows, **batch) == optimizer_steps(cfg) == math.ceil(19_800 / 32) == 619
+    unpacked = cfg.replace(packing=False)  # the recipe packs; its rows unpacked make a step per 32 rows
+    assert steps_per_epoch(rows, **batch) == optimizer_steps(unpacked) == math.ceil(19_800 / 32) == 619
     assert steps_per_epoch(32, **batch) == 1 and steps_per_epoch(33, **batch) == 2
 
 
 # ---------------------------------------------------------------------------- the seed-like lengths
 def test_committed_seed_lengths_equal_todays_derivation():
     committed = json.loads((repo_root() / sl.SEED_LENGTHS_PATH).read_text())
-    derived = json.loads(json.dumps(sl.derive_seed_lengths(committed["bundled"])))
+    derived = json.loads(json.dumps(sl.derive_seed_lengths(committed["bundled"], committed["packed_fill"])))
     assert committed == derived, "run `python scripts/seed_lengths.py` and commit the file"
 
 
@@ -116,3 +117,11 @@ def test_seed_like_rows_are_cut_at_max_length_and_seeded():
     assert max(at_4096) > 2048 and sum(at_4096) > sum(at_2048)  # the rows cut at 2,048 keep their reasoning
     with pytest.raises(ConfigError, match="scenario 'tight'"):
         sl.seed_like_lengths(2048, "tight")
+
+
+def test_committed_packed_fill_is_trls_bfd_today():
+    """The time model reads the packed fill without importing TRL: the committed number is TRL's BFD over the
+    seed-like rows, recomputed here."""
+    for n in (2048, 4096):
+        assert sl.packed_fill(n) == pytest.approx(packed_share(sl.seed_like_lengths(n), n), abs=1e-12)
+    assert sl.packed_fill(1234) is None

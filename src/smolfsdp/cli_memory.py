@@ -75,7 +75,27 @@ def cmd_memory(args: argparse.Namespace) -> int:
     print(format_fit_verdict(est, fit, rec))
     print(ac.text)
     print("\n" + "\n".join(plan.lines()) if plan else f"\ntime: not estimated ({why})")
+    if plan and plan.step.get("mfu") and est.activation_checkpointing:
+        print(measured_checkpointing_line())
     return 0
+
+
+def measured_checkpointing_line() -> str:
+    """What one H200 measured of activation checkpointing's cost (``book.measured_throughput``), beside the
+    estimate's recompute FLOPs, or that it was not measured."""
+    from smolfsdp.book.measured_throughput import measured_facts  # deferred: reads data/results/h200/
+
+    f = measured_facts()
+    if f is None:
+        return (
+            "measured: checkpointing's time cost has not been measured on a GPU (scripts/gpu_throughput.py)"
+        )
+    lo, hi = f["ac_cost_spread"]
+    return (
+        f"measured ({f['device']}, one process, no FSDP, {f['date']}): checkpointing every decoder layer took "
+        f"{f['ac_cost']:.2f}x the time of none ({lo:.2f}-{hi:.2f}x), more than the FLOPs it recomputes: with it on, "
+        "these step times are likely optimistic (data/results/h200/gpu_throughput.json)"
+    )
 
 
 def memory_engine(args: argparse.Namespace) -> str:

@@ -17,8 +17,6 @@ per run for start-up, loading the 3B weights, sharding and the final export.
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from smolfsdp.config import load_config
@@ -26,7 +24,7 @@ from smolfsdp.errors import ConfigError
 from smolfsdp.estimate.flops import flops_per_token, training_time_s
 from smolfsdp.estimate.hardware import get_gpu
 from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_config
-from smolfsdp.estimate.time_model import epoch_rows, plan_time, run_optimizer_steps
+from smolfsdp.estimate.time_model import plan_time
 from smolfsdp.paths import recipe
 
 #: Chapter "LoRA with FSDP2", full profile: the LoRA run and its full fine-tune twin stop here (a
@@ -61,14 +59,13 @@ def full_profile_runs() -> list[dict]:
 
 
 def optimizer_steps(cfg) -> int:
-    """Optimizer steps of a run (benchmark steps, ``max_steps``, or its epochs of the training rows,
-    ``time_model.epoch_rows``). ConfigError when the rows are unknown (a hub data set without ``max_rows``)."""
-    rows, why = epoch_rows(cfg)
-    per_step = cfg.nproc * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    steps = run_optimizer_steps(cfg, None if rows is None else math.ceil(rows / per_step))
-    if steps is None:
-        raise ConfigError(f"{cfg.name}: optimizer steps unknown ({why}).")
-    return steps
+    """Optimizer steps of a run (benchmark steps, ``max_steps``, or its epochs of the training rows: ``plan_time``'s
+    epoch, packed rows where the run packs). ConfigError when the rows are unknown (a hub data set without
+    ``max_rows``)."""
+    plan = plan_time(cfg)
+    if plan.run_steps is None:
+        raise ConfigError(f"{cfg.name}: optimizer steps unknown ({plan.rows_source}).")
+    return plan.run_steps
 
 
 def run_budget(cfg, gpu: str, n_gpus: int) -> dict:

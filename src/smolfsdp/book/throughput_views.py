@@ -45,7 +45,12 @@ def bundled_config(recipe_name: str = BOOK_RECIPE, max_length: int | None = None
     """The recipe's data settings on the bundled sample with the bundled tokenizer (``model: tiny``): its
     ``max_length`` (or ``max_length``), reasoning as the recipe says, every row in the training split
     (``eval_size: 0``: the recipe holds out 200 rows, more than the 180 bundled)."""
-    overrides = {"model": "tiny", "dataset": "bundled", "eval_size": 0}
+    overrides = {
+        "model": "tiny",
+        "dataset": "bundled",
+        "eval_size": 0,
+        "packing": False,
+    }  # lengths of rows, unpacked
     if max_length is not None:
         overrides["max_length"] = max_length
     return load_config(recipe(recipe_name), **overrides)

@@ -118,12 +118,13 @@ def expectations_markdown(recipe_name: str = BOOK_RECIPE) -> str:
     time = (
         f"**Time** (estimated: `plan_time`, the time model `smolfsdp memory --config` prints; not measured). One "
         f"optimizer step, {step['tokens_per_gpu']:,} tokens per GPU (micro-batch {cfg.per_device_train_batch_size} x "
-        f"{cfg.max_length:,} tokens x {cfg.gradient_accumulation_steps} micro-batches), takes about "
-        f"**{duration(plan.step_s)}** on {cfg.nproc} x {t['gpu']} ({plan.tokens_per_s_per_gpu:,.0f} tokens/s per GPU), "
-        f"so the epoch, at most {t['steps']:,} steps ({plan.epoch_rows:,} training rows: {plan.rows_source}; "
-        f"{t['rows_per_step']} per step), takes about **{duration(plan.epoch_s)}** at most. Every sequence "
-        f"is counted at the full {cfg.max_length:,} tokens (the collator pads a batch only to its longest row, so "
-        f"real steps are shorter); evaluation every {cfg.eval_steps} steps and the checkpoint writes come on top. "
+        f"{step['tokens_per_gpu'] // (cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps):,} tokens x "
+        f"{cfg.gradient_accumulation_steps} micro-batches), takes about "
+        f"**{duration(plan.step_s)}** on {cfg.nproc} x {t['gpu']} ({plan.tokens_per_s_per_gpu:,.0f} real tokens/s per "
+        f"GPU; {plan.token_text}), so the epoch, {t['steps']:,} steps "
+        f"({plan.epoch_rows:,} training rows: {plan.rows_source}; {t['rows_per_step']} "
+        f"{'packed ' if cfg.packing else ''}rows per step), takes about **{duration(plan.epoch_s)}**; evaluation "
+        f"every {cfg.eval_steps} steps and the checkpoint writes come on top. "
         f"Assumed: {t['mfu_text']}."
     )
     return memory + "\n\n" + time

@@ -180,10 +180,12 @@ def _summary(lengths: list[int], max_length: int) -> dict:
     }
 
 
-def derive_seed_lengths(bundled: dict) -> dict:
+def derive_seed_lengths(bundled: dict, packed_fill: dict | None = None) -> dict:
     """The content of :data:`SEED_LENGTHS_PATH`: rows, the three scenarios' parameters, a summary of each
     (seed 0, ``max_length`` 2,048), :data:`PUBLISHED`, :data:`ASSUMED`, and ``bundled`` (the bundled tokenizer's
-    characters per token on the bundled rows, measured by ``scripts/seed_lengths.py``; recorded, not used)."""
+    characters per token on the bundled rows, measured by ``scripts/seed_lengths.py``; recorded, not used) and
+    ``packed_fill`` (``{max_length: real / slot tokens}`` of the central scenario packed by TRL's BFD,
+    ``token_share.packed_share``, computed by the script so that the time model reads it without importing TRL)."""
     hist = PUBLISHED["question_histogram"]
     q_mu, q_sigma = fit_lognormal(hist["edges_chars"], hist["counts"])
     files = PUBLISHED["file_sizes_bytes"]
@@ -198,6 +200,7 @@ def derive_seed_lengths(bundled: dict) -> dict:
         "published": PUBLISHED,
         "assumed": ASSUMED,
         "bundled": bundled,
+        **({"packed_fill": packed_fill} if packed_fill is not None else {}),
     }
 
 
@@ -220,3 +223,9 @@ def seed_like_lengths(max_length: int = 2048, scenario: str = "central", seed: i
     if scenario not in data["scenarios"]:
         raise ConfigError(f"scenario {scenario!r}: pick one of {', '.join(data['scenarios'])}.")
     return sample_lengths(data["scenarios"][scenario], data["rows"], max_length, seed)
+
+
+def packed_fill(max_length: int) -> float | None:
+    """The central scenario's packed fill at ``max_length`` (real tokens / packed slot tokens, TRL's BFD) as
+    committed by ``scripts/seed_lengths.py``; None for a length it did not pack."""
+    return load_seed_lengths().get("packed_fill", {}).get(str(max_length))

@@ -28,6 +28,8 @@ from smolfsdp.estimate.calibration import run_mfu
 from smolfsdp.estimate.cluster import DEFAULT_NETWORK
 from smolfsdp.estimate.params import LoraSpec
 from smolfsdp.estimate.scaling import estimate_step, recipe_dtypes
+from smolfsdp.estimate.seed_lengths import DATASET, SEED_LENGTHS_PATH, packed_fill, seed_like_lengths
+from smolfsdp.estimate.token_share import padded_share
 from smolfsdp.paths import repo_root
 
 #: What the default ``token_share`` (1.0) assumes, stated beside every number made with it.
@@ -69,6 +71,45 @@ def epoch_rows(cfg) -> tuple[int | None, str]:
         )
     held = int(cfg.eval_size) if cfg.eval_size >= 1 else round(cfg.eval_size * total)
     return total - held, f"{source}, less {held:,} held out for evaluation"
+
+
+@dataclass(frozen=True)
+class DataTokens:
+    """Real and computed tokens of a run's data (:func:`data_tokens`): ``share`` real / computed, ``mean_row_tokens``
+    real tokens per data set row, ``slot_tokens`` tokens computed per micro-batch row (a packed row: ``max_length``;
+    a padded row: the mean row padded to its micro-batch's longest), ``text`` where they come from."""
+
+    share: float
+    mean_row_tokens: float
+    slot_tokens: int
+    text: str
+
+
+def data_tokens(cfg) -> DataTokens | None:
+    """The seed's data set (``seed_lengths.DATASET``, what the 3B recipes train on) as the run batches it, from the
+    seed-like row lengths (``seed_lengths``: derived from published pieces, not measured): packed (``packing``),
+    TRL's BFD fills ``packed_fill`` of each ``max_length`` row; padding-free alone computes only real tokens;
+    otherwise each micro-batch is padded to its longest row (``token_share.padded_share`` at the run's micro-batch,
+    shuffled by its seed). None for any other data set, or a ``max_length`` whose packed fill is not committed."""
+    if cfg.dataset != DATASET:
+        return None
+    lengths = seed_like_lengths(cfg.max_length)
+    mean = sum(lengths) / len(lengths)
+    source = f"the seed-like rows of {SEED_LENGTHS_PATH}, derived from published pieces"
+    if cfg.packing:
+        fill = packed_fill(cfg.max_length)
+        if fill is None:
+            return None
+        text = (
+            f"packed: TRL's BFD fills {100 * fill:.1f} % of each {cfg.max_length:,}-token row with {source}"
+        )
+        return DataTokens(fill, mean, cfg.max_length, text)
+    if cfg.padding_free:
+        return DataTokens(1.0, mean, round(mean), f"padding-free: only real tokens computed ({source})")
+    share = padded_share(lengths, cfg.per_device_train_batch_size, cfg.seed)
+    text = f"padded to each micro-batch's longest row: {100 * share:.1f} % real at micro-batch "
+    text += f"{cfg.per_device_train_batch_size} on {source}"
+    return DataTokens(share, mean, round(mean / share), text)
 
 
 def duration(seconds: float) -> str:
@@ -159,7 +200,8 @@ def plan_time(
     slot); ``rows``: the epoch's training rows (default :func:`epoch_rows`). ``gpus_per_node`` default: the run's
     ``nproc / nnodes`` on several nodes, else 8 (chapter 07's assumption); ``network``: ``cluster.DEFAULT_NETWORK``. Raises
     ConfigError for a share outside (0, 1], a GPU without a bf16 peak, and ``estimate_step``'s errors."""
-    share = 1.0 if token_share is None else float(token_share)
+    data = data_tokens(cfg) if token_share is None and mean_row_tokens is None else None
+    share = (data.share if data else 1.0) if token_share is None else float(token_share)
     if not 0 < share <= 1:
         raise ConfigError(f"token_share={token_share}: give real / computed tokens as a fraction in (0, 1].")
     n = cfg.nproc if n_gpus is None else n_gpus
@@ -170,20 +212,25 @@ def plan_time(
     precision = recipe_dtypes("hf-fsdp-bf16" if cfg.mixed_precision == "bf16" else "fp32")
     step = estimate_step(
         cfg.model, strategy=cfg.sharding_strategy, n_gpus=n, gpu=gpu, gpus_per_node=per_node,
-        network=network or DEFAULT_NETWORK, seq_len=cfg.max_length, micro_batch=cfg.per_device_train_batch_size,
+        network=network or DEFAULT_NETWORK, seq_len=data.slot_tokens if data else cfg.max_length, micro_batch=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, mfu=mfu["mfu"], fsdp_version=cfg.fsdp_version,
         lora=lora, **precision,
     )  # fmt: skip
     computed = int(step["tokens_per_gpu"])
     rows_per_step = n * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     n_rows, source = (rows, "given") if rows is not None else epoch_rows(cfg)
-    row_tokens = share * cfg.max_length if mean_row_tokens is None else float(mean_row_tokens)
+    if data is not None:
+        mean_row_tokens = data.mean_row_tokens if cfg.packing else None  # unpacked: a row per slot
+    slot = data.slot_tokens if data else cfg.max_length
+    row_tokens = share * slot if mean_row_tokens is None else float(mean_row_tokens)
     steps = None if n_rows is None else math.ceil(n_rows * row_tokens / (share * computed * n) - 1e-9)
-    if token_share is None:
+    if data is not None:
+        text = data.text
+    elif token_share is None:
         text = DEFAULT_TOKEN_SHARE_TEXT
     else:
         text = "given" + (f", {row_tokens:,.0f} real tokens per row" if mean_row_tokens is not None else "")
-    if cfg.packing and mean_row_tokens is None:
+    if cfg.packing and mean_row_tokens is None and data is None:
         text += (
             "; packing is on, but without the real tokens per row each row counts as a whole max_length slot"
         )
