@@ -21,7 +21,7 @@ Micro-batch shapes, each timed with activation checkpointing off and on (transfo
 
 Per setting: two warm-up micro-batches, then ``--steps`` timed forward + backward passes (CUDA events; median and
 spread), the peak allocated and reserved bytes with the gradients held (as under gradient accumulation), and,
-once, the fused AdamW step. Writes ``<out>/gpu_throughput.json``; committed under ``data/results/gpu/``.
+once, the fused AdamW step. Writes ``<out>/gpu_throughput.json``; committed under ``data/results/h200/``.
 
     python3 scripts/gpu_throughput.py --out /tmp/x            # on the GPU machine
     python3 scripts/gpu_throughput.py --out /tmp/x --tiny     # a 2-layer stand-in, any device (a check of the script)

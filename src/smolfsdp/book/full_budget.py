@@ -8,8 +8,8 @@ budget and the chapters cannot drift apart; the README's "Full profile: time bud
     python -c "from smolfsdp.book.full_budget import full_profile_budget as f; print(f())"
 
 Per run: optimizer steps x the step time of ``smolfsdp.estimate.time_model.plan_time``, the one time model
-``smolfsdp memory --config`` prints and chapters 01 and 07 show (``scaling.estimate_step``: every row counted at
-``max_length``, ``6N + 12·L·H·Q·T`` model FLOPs per token, LoRA ``4N + 2N_train``, at the GPU's calibrated MFU less
+``smolfsdp memory --config`` prints and chapters 01 and 07 show (``scaling.estimate_step``: the recipes' rows as
+``time_model.data_tokens`` batches them, packed into ``max_length`` slots, ``6N + 12·L·H·Q·T`` model FLOPs per token, LoRA ``4N + 2N_train``, at the GPU's calibrated MFU less
 what the run's activation checkpointing recomputes, collectives overlapped); evaluation at a third of the FLOPs per
 token (forward only) at the same MFU; checkpoint writes at :data:`DISK_BYTES_PER_S`; and :data:`RUN_OVERHEAD_S`
 per run for start-up, loading the 3B weights, sharding and the final export.
@@ -27,8 +27,8 @@ from smolfsdp.estimate.params import LoraSpec, count_parameters, resolve_model_c
 from smolfsdp.estimate.time_model import plan_time
 from smolfsdp.paths import recipe
 
-#: Chapter "LoRA with FSDP2", full profile: the LoRA run and its full fine-tune twin stop here (a
-#: third of the epoch): the chapter compares their memory and loss over the same steps, not epochs.
+#: Chapter "LoRA with FSDP2", full profile: the LoRA run and its full fine-tune twin stop here (about
+#: 60 % of the packed epoch): the chapter compares their memory and loss over the same steps, not epochs.
 CH04_FULL_MAX_STEPS = 200
 #: Chapter "Reading the profiler", full profile: benchmark steps, and a profiled window of one step
 #: without input shapes, so a 3B trace stays near a million events (read by the streaming loader).

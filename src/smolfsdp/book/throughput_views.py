@@ -29,6 +29,7 @@ from smolfsdp.estimate.recipe_peak import BOOK_RECIPE, recipe_peak
 from smolfsdp.estimate.recompute import recompute_share
 from smolfsdp.estimate.scaling import estimate_step
 from smolfsdp.estimate.seed_lengths import SEED_LENGTHS_PATH, load_seed_lengths, seed_like_lengths
+from smolfsdp.estimate.time_model import data_tokens
 from smolfsdp.estimate.token_share import pack_lengths, padded_share, steps_per_epoch
 from smolfsdp.models.modeling import load_tokenizer
 from smolfsdp.paths import recipe
@@ -204,9 +205,10 @@ def checkpointing_cost(recipe_name: str = BOOK_RECIPE, gpu: str = "H100 SXM") ->
 
 def checkpointing_table(recipe_name: str = BOOK_RECIPE, gpu: str = "H100 SXM") -> pd.DataFrame:
     """:func:`checkpointing_cost` as a table: memory need, recomputed FLOPs, MFU, step time, tokens/s per GPU,
-    and real tokens/s per GPU padded (tokens/s x the seed-like padded share at the recipe's micro-batch)."""
+    and real tokens/s per GPU (tokens/s x the real share of the seed-like rows as the recipe batches them:
+    ``time_model.data_tokens``, the packed fill when it packs, else the padded share at its micro-batch)."""
     cfg = load_config(recipe(recipe_name))
-    share = efficiency_numbers(recipe_name)[SEED_LIKE][f"padded_share_mb{cfg.per_device_train_batch_size}"]
+    share = data_tokens(cfg).share
     rows = {}
     for mode, c in checkpointing_cost(recipe_name, gpu).items():
         rows[f"checkpointing {mode}"] = {
@@ -215,7 +217,7 @@ def checkpointing_table(recipe_name: str = BOOK_RECIPE, gpu: str = "H100 SXM") -
             "MFU (%)": 100 * c["mfu"]["mfu"],
             "step (s)": float(c["step"]["step_s"]),
             "tokens/s per GPU": float(c["step"]["tokens_per_s_per_gpu"]),
-            "real tokens/s per GPU, padded": float(c["step"]["tokens_per_s_per_gpu"]) * share,
+            "real tokens/s per GPU": float(c["step"]["tokens_per_s_per_gpu"]) * share,
         }
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis(f"{cfg.nproc} x {gpu}")
 

@@ -83,8 +83,8 @@ def expected_memory(recipe_name: str = BOOK_RECIPE, gpu: str | None = None) -> d
 def expected_time(recipe_name: str = BOOK_RECIPE) -> dict[str, Any]:
     """Estimated seconds per optimizer step and per epoch of the recipe on its ``nproc`` GPUs of the card
     ``book_assumptions`` assumes: ``plan_time`` (``smolfsdp.estimate.time_model``), what ``smolfsdp memory --config``
-    prints for the recipe and that card; every sequence counted at ``max_length``, so the most compute a step can
-    take. Keys: ``cfg``, ``plan`` (the ``TimePlan``), ``step`` (``estimate_step``'s numbers), ``steps`` (per epoch),
+    prints for the recipe and that card (the seed's rows batched as the recipe batches them:
+    ``time_model.data_tokens``). Keys: ``cfg``, ``plan`` (the ``TimePlan``), ``step`` (``estimate_step``'s numbers), ``steps`` (per epoch),
     ``rows_per_step``, ``epoch_s``, ``mfu_text`` (the MFU and its source), ``gpu``."""
     cfg = load_config(recipe(recipe_name))
     plan = plan_time(cfg, book_assumptions(recipe_name)["gpu"])

@@ -49,7 +49,7 @@ class CheckpointingChoice:
 
     ``choice``: a key of :data:`AC_SETTINGS`, or ``"none fits"``; ``verdicts``: the fit verdict of each setting
     tried, in order; ``tokens_per_s``: estimated tokens/s per GPU of each setting that fits (``estimate_step``;
-    empty where the step model cannot price the run: a custom GPU, LoRA); ``engine``, ``gpu``: what was asked;
+    empty for a custom GPU and LoRA); ``engine``, ``gpu``: what was asked;
     ``asked``: the setting the given settings already use."""
 
     choice: str
@@ -79,7 +79,7 @@ class CheckpointingChoice:
             head = f"activation checkpointing on {self.gpu} ({self.engine} engine): {self.choice}: "
             head += self.verdicts[self.choice].line
             if self.choice in self.tokens_per_s:
-                head += f"; an estimated {self.tokens_per_s[self.choice]:,.0f} tokens/s per GPU"
+                head += f"; an estimated {self.tokens_per_s[self.choice]:,.0f} computed tokens/s per GPU"
                 if self.choice != "full" and self.gain is not None:
                     head += f", {self.gain:+.0%} over full checkpointing"
                 head += " (smolfsdp.estimate.scaling.estimate_step)"
@@ -118,7 +118,8 @@ def asked_setting(settings: dict) -> str:
 
 def tokens_per_s(settings: dict, gpu: GPU, name: str) -> float | None:
     """Estimated tokens/s per GPU of ``settings`` with the checkpointing of ``name`` (``estimate_step``); None
-    where the step model cannot price it (LoRA; a GPU without a bf16 peak in ``hardware.GPUS``)."""
+    for LoRA (not priced here: ``time_model.plan_time`` prices a LoRA recipe) and a GPU without a bf16 peak in
+    ``hardware.GPUS``. Computed tokens: padding and packing fill are not taken off."""
     from smolfsdp.estimate.scaling import estimate_step  # deferred: pandas, the collectives model
 
     if settings.get("lora"):

@@ -10,9 +10,12 @@ time budget (``smolfsdp.book.full_budget``) call :func:`plan_time`, so every pag
 The step: ``scaling.estimate_step`` at the run's sequence (``max_length``), micro-batch, gradient accumulation,
 strategy, FSDP version and precision, on ``n_gpus`` x ``gpu`` (one node unless the run has ``nnodes``), at the MFU
 of ``calibration.run_mfu``: the GPU's HFU fitted to published runs, less the FLOPs the run's activation
-checkpointing recomputes. Tokens: every micro-batch row is ``max_length`` tokens of compute (a packed row is; a
-padded row is as long as the longest of its micro-batch, so this is the most a step can compute), of which a share
-``token_share`` is real (not padding). Epoch: the run's training rows (:func:`epoch_rows`), ``mean_row_tokens`` each
+checkpointing recomputes. Tokens: for the seed's data set, :func:`data_tokens` batches its seed-like rows as the run
+does (a packed row is a ``max_length`` slot that TRL's BFD fills to a share; a padded row is the mean row padded to
+its micro-batch's longest, and the step is estimated at that length); for other data every micro-batch row is a
+whole ``max_length`` slot (the most a step can compute), of which a share ``token_share`` is real. The packed row's
+attention is priced as causal rows of ``max_length``, not as SDPA's masked kernel over the flattened micro-batch
+(measured 23 % slower per token than causal on an H200: ``smolfsdp.book.measured_throughput``). Epoch: the run's training rows (:func:`epoch_rows`), ``mean_row_tokens`` each
 (default ``token_share x max_length``, i.e. one row per sequence slot as without packing):
 ``steps = ceil(rows x mean_row_tokens / (token_share x computed tokens per step))``.
 """
@@ -131,7 +134,9 @@ class TimePlan:
     gpu: str
     n_gpus: int
     step_s: float  # one optimizer step, communication overlapped (scaling.estimate_step)
-    computed_tokens_per_step: int  # per GPU: micro-batch x max_length x micro-batches
+    computed_tokens_per_step: (
+        int  # per GPU: micro-batch x row slot (max_length, or a padded row) x micro-batches
+    )
     token_share: float  # real tokens / computed tokens
     tokens_per_s_per_gpu: float  # real tokens
     mfu: float
@@ -153,9 +158,9 @@ class TimePlan:
         """What ``smolfsdp memory`` prints: step time, tokens/s per GPU, the MFU and its source, epoch hours."""
         out = [
             f"step time (estimated): {duration(self.step_s)} per optimizer step on {self.n_gpus} x {self.gpu} "
-            f"({self.computed_tokens_per_step:,} tokens per GPU computed)",
-            f"tokens/s per GPU (estimated): {self.tokens_per_s_per_gpu:,.0f} "
-            f"({100 * self.token_share:.0f} % of the computed tokens real; {self.token_text})",
+            f"({self.computed_tokens_per_step:,} tokens per GPU in its row slots)",
+            f"real tokens/s per GPU (estimated): {self.tokens_per_s_per_gpu:,.0f} "
+            f"({100 * self.token_share:.0f} % of the tokens in the row slots; {self.token_text})",
             f"MFU: {self.mfu_source}",
         ]
         if self.epoch_s is None:
