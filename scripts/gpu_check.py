@@ -47,7 +47,11 @@ REQUIRED = {
     "smolfsdp.audit.gpu_check.profiled_window": "the trace checks and analyze-trace",
 }
 #: Imported where present, read without otherwise (not on the GPU machine's image).
-OPTIONAL = {"ijson": "smolfsdp.traces.load: faster trace parsing; the standard library reads without it"}
+OPTIONAL = {
+    "ijson": "smolfsdp.traces.load: faster trace parsing; the standard library reads without it",
+    "trl": "smolfsdp.data.packing (loaded with train.steps): TRL's packer and padding-free collator, which the "
+    "check never calls (it feeds random full rows)",
+}
 
 
 def check_gpu(simulate_cpu: bool) -> None:

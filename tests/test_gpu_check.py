@@ -183,7 +183,8 @@ def test_import_check_names_every_third_party_module_the_path_imports(sim):
     checked = set(script.REQUIRED) | set(script.OPTIONAL)
     assert "smolfsdp.traces.load" in loaded and "ijson" in modules_missing_on_gpu_image()
     assert eager - ours <= checked, eager - ours - checked
-    assert not (deferred - ours - checked) & set(modules_missing_on_gpu_image())
+    missing = (deferred - ours - checked) & set(modules_missing_on_gpu_image())
+    assert not missing, sorted(missing)
     assert {"torch", "transformers", "pandas", "tqdm"} <= eager
     assert set(script.OPTIONAL) <= set(modules_missing_on_gpu_image())  # optional because it is absent there
 

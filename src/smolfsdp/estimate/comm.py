@@ -87,8 +87,8 @@ def estimate_collectives(
     gradient reductions in ``reduce_dtype`` (fp32, as smolfsdp's FSDP1 ``MixedPrecision`` and FSDP2
     ``MixedPrecisionPolicy`` set it; ignored when ``mixed_precision="no"``).
     ``include_loop``: also the small all-reduces ``smolfsdp.train.native``'s loop makes each step (label
-    tokens: 1 int64; gradient norm: FSDP1 one fp32, FSDP2 one fp32 per parameter tensor; loss and
-    tokens: 2 fp64), for comparing with a trace of that loop.
+    tokens: 1 int64; gradient norm: FSDP1 one fp32, FSDP2 one fp32 per parameter tensor; loss, real and
+    computed tokens: 3 fp64), for comparing with a trace of that loop.
 
     Cluster: ``cluster``, or one built from ``n_gpus`` (default 2) and ``cluster_spec`` (``gpu``,
     ``gpus_per_node``, ``nodes``, ``network``: ``smolfsdp.estimate.cluster.CLUSTER_KEYS``) as
@@ -171,7 +171,7 @@ def _loop_rows(rows: _Rows, config, fsdp_version: int, strategy: str) -> None:
     rows.add("loop", "step", "all-reduce", "world", n, 1, 1, 1, 8)  # label tokens, int64
     gn = n_tensors if fsdp_version == 2 and strategy != "NO_SHARD" else 1
     rows.add("loop", "step", "all-reduce", "world", n, 1, gn, gn, 4)  # gradient norm(s), fp32
-    rows.add("loop", "step", "all-reduce", "world", n, 1, 2, 2, 8)  # loss and tokens, fp64
+    rows.add("loop", "step", "all-reduce", "world", n, 1, 3, 3, 8)  # loss, real and computed tokens, fp64
 
 
 def _check_dtypes(fsdp_version: int, mixed_precision: str, reduce_dtype: str) -> None:
