@@ -171,3 +171,12 @@ def test_the_seeds_rows_set_the_share_the_step_and_the_epoch():
     assert unpacked.step_s < packed.step_s  # padded rows are shorter than a packed 2,048-token row
     other = plan_time(cfg.replace(dataset="bundled", packing=False), "H100 SXM")
     assert other.token_share == 1.0 and "every row fills max_length" in other.token_text
+
+
+def test_an_option_typed_at_its_default_still_overrides_the_recipe(capsys):
+    """`--micro-batch 1` is the parser's default; typed over a recipe of micro-batch 2 it must still count."""
+    out = json.loads(_memory(capsys, "--gpu", "H100 SXM", "--micro-batch", "1", "--gpus", "1", "--json"))
+    cfg = load_config(recipe("smollm3_3b_medical"), per_device_train_batch_size=1, nproc=1)
+    assert out["estimate"]["micro_batch"] == 1 and out["estimate"]["world_size"] == 1
+    assert out["time"]["rows_per_step"] == 1 * 1 * 8 and out["time"]["n_gpus"] == 1
+    assert out["time"]["step_s"] == pytest.approx(plan_time(cfg, "H100 SXM").step_s)

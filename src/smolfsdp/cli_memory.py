@@ -125,7 +125,7 @@ def time_plan(args: argparse.Namespace, gpu):
     from smolfsdp.config import load_config  # deferred with the estimator: a light parser
     from smolfsdp.estimate.time_model import plan_time  # deferred: the step model
 
-    given = {TIME_FIELDS[k]: v for k, v in vars(args).items() if k in TIME_FIELDS and v != _DEFAULTS[k]}
+    given = {TIME_FIELDS[k]: v for k, v in given_options(args).items() if k in TIME_FIELDS}
     return plan_time(load_config(args.config, **given), gpu.name), None
 
 
@@ -148,7 +148,7 @@ def memory_settings(args: argparse.Namespace) -> dict:
     from smolfsdp.config import load_config  # deferred with the estimator: a light parser
     from smolfsdp.estimate.recipe_peak import recipe_settings  # deferred: transformers configs
 
-    given = {k: v for k, v in vars(args).items() if k in _DEFAULTS and v != _DEFAULTS[k]}
+    given = given_options(args)
     if args.config:
         cfg = load_config(args.config)
         settings, engine = recipe_settings(cfg), given.get("engine", cfg.engine)
@@ -289,6 +289,24 @@ def add_memory_parser(sub: argparse._SubParsersAction, common: dict) -> None:
     )  # fmt: skip
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="a GPU not in the table, by memory")
     p.add_argument("--json", action="store_true", help="the estimate and verdict as JSON")
+    for action in p._actions:  # every value option records that it was typed (argparse keeps no such record)
+        if type(action) is argparse._StoreAction:
+            action.__class__ = _Typed
+
+
+class _Typed(argparse._StoreAction):
+    """A value option that also adds its name to ``namespace.typed``, so an option typed with its default value
+    (``--micro-batch 1`` over a recipe of 2) still overrides the recipe (:func:`given_options`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.typed = {*getattr(namespace, "typed", ()), self.dest}
+
+
+def given_options(args: argparse.Namespace) -> dict:
+    """The options given on the command line: typed, or set to other than their default."""
+    typed = getattr(args, "typed", ())
+    return {k: v for k, v in vars(args).items() if k in _DEFAULTS and (k in typed or v != _DEFAULTS[k])}
 
 
 def _parser_defaults() -> dict:
