@@ -34,3 +34,15 @@ def test_rows_apart_on_the_gpu():
 def test_absent_files_say_so(tmp_path):
     assert measured_table(str(tmp_path)) is None and measured_facts(str(tmp_path)) is None
     assert measured_markdown(str(tmp_path)).startswith("**No GPU measurement")
+
+
+def test_break_even_share_is_packed_real_over_padded_computed_rate():
+    rows = {
+        (r["batch"], r["activation_checkpointing"]): r
+        for r in json.loads((H200 / "gpu_throughput.json").read_text())["rows"]
+    }
+    pk, pd_ = rows["packed", False], rows["padded", False]
+    want = (pk["tokens_real"] / pk["median_s"]) / (pd_["tokens_computed"] / pd_["median_s"])
+    f = measured_facts()
+    assert f["break_even_share"] == pytest.approx(want) and 0.85 < want < 0.92  # 15,476 / 17,422 tok/s
+    assert f"break even where padded rows are {100 * want:.0f} % real" in measured_markdown()

@@ -84,6 +84,10 @@ def measured_facts(folder: str | None = None) -> dict[str, Any] | None:
         / (padded["tokens_real"] / padded["median_s"]),
         "mask_cost": packed["median_s"] / off["median_s"],
         "padded_real_share": padded["tokens_real"] / padded["tokens_computed"],
+        # the real share at which padded rows would match packed ones per real token: packed real tokens/s over
+        # padded computed tokens/s (the padded kernel's time does not depend on how much of its row is padding)
+        "break_even_share": (packed["tokens_real"] / packed["median_s"])
+        / (padded["tokens_computed"] / padded["median_s"]),
     }
     if checks:
         facts["rows_apart"] = {k: v["max_abs_diff"] for k, v in checks["rows_apart"].items()}
@@ -106,7 +110,8 @@ def measured_markdown(folder: str | None = None) -> str:
         f"timed passes) and held {f['ac_activation_gib']:.1f} GiB less at the peak. Packed rows ran "
         f"**{100 * (f['packed_vs_padded'] - 1):+.0f} %** real tokens/s against rows padded to "
         f"{100 * f['padded_real_share']:.1f} % real: SDPA's block-diagonal mask cost {100 * (f['mask_cost'] - 1):.0f} % "
-        "more time per token than the causal kernel, which takes back most of what padding wasted"
+        "more time per token than the causal kernel, which takes back most of what padding wasted: the two break even "
+        f"where padded rows are {100 * f['break_even_share']:.0f} % real"
     )
     if "flex_vs_sdpa" in f:
         text += f"; flex_attention ran the same packed micro-batch in {f['flex_vs_sdpa']:.2f}x SDPA's time"
